@@ -1,0 +1,15 @@
+"""Algorithms: pure tensor math behind one contract (see base.py). Never imports Ray.
+
+REGISTRY is the one place the engine finds algorithms by name.
+"""
+from .base import Algorithm
+from .fedavg import FedAvg
+from .fedavg_plus import FedAvgPlus
+from .fedprox import FedProx
+from .local import Local
+
+REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus)}
+
+
+def get(name: str) -> type[Algorithm]:
+    return REGISTRY[name]

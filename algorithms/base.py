@@ -1,0 +1,189 @@
+"""The algorithm contract (DESIGN.md §3).
+
+An algorithm is a small object built from a frozen hyperparameter dataclass. The engine calls
+its client side inside host actors and its server side in the server; it never reads an
+algorithm's fields. Everything here is pure tensor math: no Ray, no MLflow, no files.
+
+Client side:  init_client, train, evaluate (and personalize for unseen clients).
+Server side:  init_server, broadcast, aggregate.
+
+A client's reply is a dataclass of tensors and numbers whose fields are *summed* across clients
+(weighted parameter sums, sample counts, sufficient statistics), so hosts pre-sum their clients'
+replies and the server adds the host sums. A field of type ``PerClient`` is concatenated
+(a dict keyed by client id) instead of summed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class PerClient(dict):
+    """A reply field keyed by client id; reduction takes the union (associative)."""
+
+
+@dataclass
+class Weighted:
+    """A weighted term of a sum: the reduction adds ``weight * v`` for each tensor and ``weight``.
+
+    After reduction ``values`` hold the float64 sums Σ_k w_k·v_k and ``weight`` holds Σ_k w_k.
+    Products of float32 tensors with integer weights are exact in float64, and the sums are
+    accumulated in float64 in client-id order, so the result does not depend on how clients
+    are grouped into hosts (up to float64 rounding, far below float32 resolution).
+    """
+
+    values: list[torch.Tensor]
+    weight: float
+
+    def mean(self, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        """Σ w·v / Σ w, cast back to ``dtype``."""
+        return [(v / self.weight).to(dtype) for v in self.values]
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """Local-SGD settings shared by every algorithm (the paper's defaults live in subclasses)."""
+
+    lr: float = 0.05
+    local_epochs: int = 1
+    batch_size: int = 32
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # "constant" or "step": lr x0.1 at R/2 and again at 3R/4 (FedEM's official schedule).
+    lr_schedule: str = "constant"
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"lr_schedule": ("constant", "step")}
+    POSITIVE: ClassVar[tuple[str, ...]] = ("lr", "local_epochs", "batch_size")
+    NONNEGATIVE: ClassVar[tuple[str, ...]] = ("momentum", "weight_decay")
+
+    def lr_at(self, round_: int, rounds: int) -> float:
+        if self.lr_schedule == "step":
+            if round_ >= (3 * rounds) // 4:
+                return self.lr * 0.01
+            if round_ >= rounds // 2:
+                return self.lr * 0.1
+        return self.lr
+
+
+@dataclass
+class Context:
+    """What a client step may know besides its state, the message and its data."""
+
+    round: int            # 0-based round index
+    rounds: int           # total rounds of the run
+    cid: int              # client id
+    generator: torch.Generator   # derived from (seed, round, cid, purpose)
+    device: torch.device = torch.device("cpu")
+
+
+@dataclass
+class ClientData:
+    """One client's shard: tensors already on the host's device."""
+
+    cid: int
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_y.shape[0])
+
+    def to(self, device: torch.device) -> "ClientData":
+        if device.type == "cpu":
+            return self
+        return ClientData(self.cid, *(t.to(device) for t in (
+            self.train_x, self.train_y, self.val_x, self.val_y, self.test_x, self.test_y)))
+
+
+@dataclass
+class EvalResult:
+    """Per-client evaluation on its local test split (counts, so means can be weighted)."""
+
+    correct: float
+    total: int
+    loss_sum: float
+    # accuracy of the global model on this client's test split, where a method has one
+    global_correct: float | None = None
+
+
+class Algorithm:
+    """Base class: subclasses set ``name``, ``Hyper``, ``ClientState`` and override methods."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Hyper: ClassVar[type] = LocalTraining
+    ClientState: ClassVar[type | None] = None
+    has_global_model: ClassVar[bool] = True
+    communicates: ClassVar[bool] = True
+
+    def __init__(self, hyper: Any, model_fn, rounds: int):
+        self.hp = hyper
+        self.model_fn = model_fn   # () -> nn.Module with the run's initial weights
+        self.rounds = rounds
+        self._scratch: nn.Module | None = None
+
+    # -- helpers shared by subclasses ------------------------------------------------------
+    def scratch_model(self, device: torch.device) -> nn.Module:
+        """A module reused for every client on this host (weights are loaded, never rebuilt)."""
+        if self._scratch is None:
+            self._scratch = self.model_fn().to(device)
+        return self._scratch
+
+    # -- server side -----------------------------------------------------------------------
+    def init_server(self, model: nn.Module, rng: np.random.Generator) -> Any:
+        raise NotImplementedError
+
+    def broadcast(self, server_state: Any, round_: int) -> Any:
+        raise NotImplementedError
+
+    def aggregate(self, server_state: Any, reduced: Any, round_: int) -> Any:
+        raise NotImplementedError
+
+    # -- client side -----------------------------------------------------------------------
+    def init_client(self, cid: int, rng: np.random.Generator) -> Any:
+        return None
+
+    def train(self, state: Any, message: Any, data: ClientData, ctx: Context) -> tuple[Any, Any, float]:
+        """Return (new client state, reply, mean training loss)."""
+        raise NotImplementedError
+
+    def evaluate(self, state: Any, message: Any, data: ClientData, ctx: Context) -> EvalResult:
+        raise NotImplementedError
+
+
+def state_to_tree(state: Any) -> Any:
+    """A client state as plain containers of tensors/numbers (loadable with weights_only=True)."""
+    if state is None:
+        return None
+    if dataclasses.is_dataclass(state):
+        return {f.name: state_to_tree(getattr(state, f.name)) for f in dataclasses.fields(state)}
+    if isinstance(state, (list, tuple)):
+        return [state_to_tree(s) for s in state]
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    return state
+
+
+def tree_to_state(cls: type | None, tree: Any) -> Any:
+    if tree is None or cls is None:
+        return tree
+    return cls(**tree)
+
+
+__all__ = [
+    "Algorithm", "ClientData", "Context", "EvalResult", "LocalTraining", "PerClient", "Weighted",
+    "field", "state_to_tree", "tree_to_state",
+]

@@ -1,0 +1,58 @@
+"""FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017.
+
+Each sampled client starts from the global model, runs local SGD on its train split, and replies
+with its parameters weighted by its number of training samples n_k; the server sets the global
+model to Σ_k n_k θ_k / Σ_k n_k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from .base import Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted
+from .local_sgd import accuracy_and_loss, get_params, load_params, local_sgd, predict_logits
+
+
+@dataclass(frozen=True)
+class FedAvgHyper(LocalTraining):
+    pass
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    summary = "FedAvg (McMahan et al. 2017): sample-weighted average of local SGD models"
+    Hyper = FedAvgHyper
+
+    # server: the state is the list of global parameters
+    def init_server(self, model: nn.Module, rng: np.random.Generator) -> list[torch.Tensor]:
+        return get_params(model)
+
+    def broadcast(self, server_state: list[torch.Tensor], round_: int) -> list[torch.Tensor]:
+        return server_state
+
+    def aggregate(self, server_state, reduced: Weighted, round_: int) -> list[torch.Tensor]:
+        if reduced is None or reduced.weight == 0:
+            return server_state
+        return reduced.mean(server_state[0].dtype)
+
+    # client
+    def penalty(self, message: list[torch.Tensor], ctx: Context):
+        """Extra loss term for subclasses (FedProx); FedAvg has none."""
+        return None
+
+    def train(self, state, message: list[torch.Tensor], data: ClientData, ctx: Context):
+        model = self.scratch_model(ctx.device)
+        load_params(model, message)
+        loss = local_sgd(model, data.train_x, data.train_y, self.hp, ctx,
+                         penalty=self.penalty(message, ctx))
+        return state, Weighted([p.detach() for p in model.parameters()], float(data.num_train)), loss
+
+    def evaluate(self, state, message: list[torch.Tensor], data: ClientData, ctx: Context) -> EvalResult:
+        model = self.scratch_model(ctx.device)
+        load_params(model, message)
+        correct, loss = accuracy_and_loss(predict_logits(model, data.test_x), data.test_y)
+        return EvalResult(correct, data.num_test, loss, global_correct=correct)

@@ -1,0 +1,34 @@
+"""FedProx — Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020.
+
+FedAvg whose local objective adds the proximal term (μ/2)·‖w − w_global‖², which keeps local
+models close to the broadcast global model under heterogeneous data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .base import Context
+from .fedavg import FedAvg, FedAvgHyper
+
+
+@dataclass(frozen=True)
+class FedProxHyper(FedAvgHyper):
+    mu: float = field(default=0.01, metadata={"min": 0.0, "help": "proximal coefficient μ"})
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+    summary = "FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss"
+    Hyper = FedProxHyper
+
+    def penalty(self, message: list[torch.Tensor], ctx: Context):
+        mu = self.hp.mu
+        if mu == 0:
+            return None
+        anchor = [m.to(ctx.device) for m in message]
+
+        def prox(model):
+            return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+        return prox

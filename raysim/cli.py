@@ -1,0 +1,114 @@
+"""The `raysim` command: run, validate, list.
+
+Exit codes: 0 success; 2 invalid input (scenario, override, missing data); 1 failure during the
+run; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):          # argparse's own errors: one line, exit 2
+        self.print_usage(sys.stderr)
+        print(f"raysim: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="raysim", description="Federated-learning simulator on Ray.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run a scenario end to end")
+    r.add_argument("file", help="scenario YAML")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set algorithm.lr=0.01 --set rounds=5")
+    r.add_argument("--address", default=None,
+                   help="join a Ray cluster ('auto' or HOST:PORT); default: start a local Ray")
+    r.add_argument("--engine", choices=("ray", "serial"), default="ray",
+                   help="ray (default) or serial: every host in this process, the reference engine")
+    r.add_argument("--summary", default=None, metavar="PATH", help="write the run summary as JSON")
+    r.add_argument("--resume", default=None, metavar="RUN_ID",
+                   help="continue the MLflow run RUN_ID from its last checkpoint")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
+    v = sub.add_parser("validate", help="check a scenario without running it")
+    v.add_argument("file")
+    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("list", help="algorithms, datasets, models and partitioners")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except SystemExit:
+        raise
+    except BaseException as e:          # noqa: BLE001 - map every error to an exit code
+        return _report(e, getattr(args, "verbose", False))
+
+
+def _dispatch(args) -> int:
+    from raysim import config
+    if args.command == "list":
+        from raysim.setup import describe_registries
+        for section, items in describe_registries():
+            print(f"{section}:")
+            width = max(len(n) for n, _ in items)
+            for name, summary in items:
+                print(f"  {name:<{width}}  {summary}")
+        return EXIT_OK
+    sc = config.load(args.file, args.overrides)
+    if args.command == "validate":
+        print(f"{args.file}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
+              f"{sc.data.clients} clients, {sc.rounds} rounds)")
+        return EXIT_OK
+    from raysim.run import run
+    summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
+                  summary_path=args.summary, verbose=args.verbose, progress=not args.quiet)
+    final = summary["final"]
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if isinstance(v, float))
+    print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
+    print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
+          f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
+          f"{summary['tracking_uri']}")
+    return EXIT_OK
+
+
+def _report(e: BaseException, verbose: bool) -> int:
+    from raysim.config import ScenarioError
+    from raysim.data import DataError
+    if isinstance(e, KeyboardInterrupt):
+        print("raysim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if isinstance(e, (ScenarioError, DataError)):
+        print(f"raysim: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    cause = _root_cause(e)
+    if isinstance(cause, (ScenarioError, DataError)):
+        print(f"raysim: {cause}", file=sys.stderr)
+        return EXIT_INPUT
+    if verbose:
+        traceback.print_exception(e)
+    msg = str(cause).strip().splitlines()
+    print(f"raysim: run failed: {type(cause).__name__}: {msg[-1] if msg else ''}"
+          + ("" if verbose else " (rerun with -v for the traceback)"), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """Unwrap Ray's task errors to the user's exception where Ray keeps it."""
+    inner = getattr(e, "cause", None)
+    if isinstance(inner, BaseException):
+        return _root_cause(inner)
+    return e
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Scenario files: load, override, validate (DESIGN.md §4).
+
+A scenario is one YAML mapping. Every key is checked against a dataclass schema; an algorithm's,
+dataset's, model's and partitioner's own options load into that component's own dataclass, so
+its defaults come from one place. Every problem is reported as ONE line
+``FILE: KEY.PATH: what is wrong; what is allowed`` through ScenarioError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ScenarioError(Exception):
+    """Invalid scenario, override or data; the message is one line naming file and key."""
+
+
+# ----------------------------------------------------------------------------- schema
+@dataclass(frozen=True)
+class SamplingCfg:
+    fraction: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0,
+                                   "help": "share of training clients sampled per round"})
+    count: int | None = field(default=None, metadata={"min": 1, "help": "clients sampled per round"})
+
+
+@dataclass(frozen=True)
+class EvalCfg:
+    every: int = field(default=1, metadata={"min": 1, "help": "evaluate every N rounds (and after the last)"})
+    unseen_fraction: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0,
+                                   "help": "share of clients that never train and are evaluated as unseen"})
+
+
+@dataclass(frozen=True)
+class ResourcesCfg:
+    hosts: int = field(default=2, metadata={"min": 1, "help": "host actors; each hosts many clients"})
+    cpus_per_host: float = field(default=1.0, metadata={"gt": 0.0})
+    gpus_per_host: float = field(default=0.0, metadata={"min": 0.0})
+
+
+@dataclass(frozen=True)
+class TrackingCfg:
+    uri: str | None = field(default=None, metadata={"help": "MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"})
+    experiment: str = "raysim"
+
+
+@dataclass(frozen=True)
+class CheckpointCfg:
+    every: int = field(default=0, metadata={"min": 0, "help": "write a checkpoint every N rounds (0: only at the end)"})
+    dir: str = "checkpoints"
+
+
+@dataclass(frozen=True)
+class SplitsCfg:
+    train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0})
+    val: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
+    test: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0})
+
+
+@dataclass(frozen=True)
+class Component:
+    """A named component with its own options dataclass (dataset, model, algorithm, partition)."""
+    name: str
+    params: Any
+
+
+@dataclass(frozen=True)
+class DataCfg:
+    dataset: Component
+    clients: int
+    partition: Component | None
+    splits: SplitsCfg
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: str
+    name: str
+    seed: int
+    rounds: int
+    data: DataCfg
+    model: Component
+    algorithm: Component
+    sampling: SamplingCfg
+    eval: EvalCfg
+    resources: ResourcesCfg
+    tracking: TrackingCfg
+    checkpoint: CheckpointCfg
+    raw: dict            # the validated mapping after overrides (logged as params/artifact)
+
+
+TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
+            "resources", "tracking", "checkpoint")
+
+
+# ----------------------------------------------------------------------------- helpers
+class _Ctx:
+    def __init__(self, file: str):
+        self.file = file
+
+    def fail(self, path: str, msg: str) -> typing.NoReturn:
+        raise ScenarioError(f"{self.file}: {path}: {msg}" if path else f"{self.file}: {msg}")
+
+
+def _type_name(t) -> str:
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(t))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(t)[0])}"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string",
+            type(None): "null"}.get(t, getattr(t, "__name__", str(t)))
+
+
+def _coerce(ctx: _Ctx, path: str, t, value):
+    """Check ``value`` against the annotation ``t``; return it converted (int->float, list->tuple)."""
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(t)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(ctx, path, a, value)
+            except ScenarioError:
+                pass
+        ctx.fail(path, f"{value!r} is not {_type_name(t)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            ctx.fail(path, f"{value!r} is not {_type_name(t)}")
+        elem = typing.get_args(t)[0]
+        return tuple(_coerce(ctx, f"{path}[{i}]", elem, v) for i, v in enumerate(value))
+    if t is bool:
+        if not isinstance(value, bool):
+            ctx.fail(path, f"{value!r} is not true/false")
+        return value
+    if t is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            ctx.fail(path, f"{value!r} is not an integer")
+        return value
+    if t is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            ctx.fail(path, f"{value!r} is not a number")
+        if value != value or value in (float("inf"), float("-inf")):
+            ctx.fail(path, f"{value!r} is not a finite number")
+        return float(value)
+    if t is str:
+        if not isinstance(value, str):
+            ctx.fail(path, f"{value!r} is not a string")
+        return value
+    raise TypeError(f"unsupported schema type {t!r} at {path}")
+
+
+def _check_range(ctx: _Ctx, path: str, meta, value) -> None:
+    if value is None:
+        return
+    vals = value if isinstance(value, tuple) else (value,)
+    for v in vals:
+        if isinstance(v, str):
+            continue
+        if "min" in meta and v < meta["min"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be >= {meta['min']}")
+        if "gt" in meta and v <= meta["gt"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be > {meta['gt']}")
+        if "max" in meta and v > meta["max"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be <= {meta['max']}")
+        if "lt" in meta and v >= meta["lt"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be < {meta['lt']}")
+    if "choices" in meta and value not in meta["choices"]:
+        ctx.fail(path, f"{value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
+
+
+def load_dataclass(ctx: _Ctx, path: str, cls: type, mapping: Any, skip: tuple[str, ...] = ()):
+    """Build ``cls`` from ``mapping``: unknown keys, wrong types and out-of-range values fail."""
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        ctx.fail(path, f"expected a mapping of options, got {type(mapping).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in mapping if k not in fields and k not in skip]
+    if unknown:
+        allowed = ", ".join(fields) or "(no options)"
+        ctx.fail(_join(path, str(unknown[0])), f"unknown key; allowed keys here: {allowed}")
+    kwargs = {}
+    choices = getattr(cls, "CHOICES", {})
+    positive = getattr(cls, "POSITIVE", ())
+    nonneg = getattr(cls, "NONNEGATIVE", ())
+    for name, f in fields.items():
+        if name not in mapping:
+            continue
+        p = _join(path, name)
+        value = _coerce(ctx, p, hints[name], mapping[name])
+        meta = dict(f.metadata)
+        if name in choices:
+            meta["choices"] = choices[name]
+        if name in positive:
+            meta.setdefault("gt", 0)
+        if name in nonneg:
+            meta.setdefault("min", 0)
+        _check_range(ctx, p, meta, value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _component(ctx: _Ctx, path: str, mapping: Any, key: str, registry: dict, params_of, default=None):
+    """A section ``{key: NAME, ...options}``: NAME picked from ``registry``; options into its Params."""
+    if mapping is None:
+        mapping = {}
+    if isinstance(mapping, str):
+        mapping = {key: mapping}
+    if not isinstance(mapping, dict):
+        ctx.fail(path, f"expected a mapping with '{key}', got {type(mapping).__name__}")
+    name = mapping.get(key, default)
+    if name is None:
+        ctx.fail(_join(path, key), f"missing; choose one of {', '.join(registry)}")
+    if not isinstance(name, str) or name not in registry:
+        ctx.fail(_join(path, key), f"{name!r} is not one of the choices; choose one of {', '.join(registry)}")
+    options = {k: v for k, v in mapping.items() if k != key}
+    return Component(name, load_dataclass(ctx, path, params_of(registry[name]), options))
+
+
+# ----------------------------------------------------------------------------- overrides
+def apply_override(raw: dict, item: str, file: str) -> None:
+    """Apply ``a.b.c=value`` (value parsed as YAML) to the nested mapping ``raw`` in place."""
+    if "=" not in item:
+        raise ScenarioError(f"{file}: --set {item!r}: expected KEY=VALUE with a dotted key, e.g. algorithm.lr=0.01")
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ScenarioError(f"{file}: --set {item!r}: empty key segment in {key!r}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        elif isinstance(nxt, str) and part in ("model", "algorithm"):
+            nxt = node[part] = {"name": nxt}
+        if not isinstance(nxt, dict):
+            raise ScenarioError(f"{file}: {'.'.join(parts[:i + 1])}: is not a mapping, cannot set {key}")
+        node = nxt
+    node[parts[-1]] = value
+
+
+# ----------------------------------------------------------------------------- loading
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise ScenarioError(f"{path}: no such file")
+    if p.is_dir():
+        raise ScenarioError(f"{path}: is a directory, expected a scenario YAML file")
+    data = p.read_bytes()
+    if b"\x00" in data:
+        raise ScenarioError(f"{path}: not a text file (binary content); expected a YAML mapping")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not UTF-8 text; expected a YAML mapping") from None
+    if not text.strip():
+        raise ScenarioError(f"{path}: empty file; expected a YAML mapping with {', '.join(TOP_KEYS[:4])}, ...")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+    if doc is None:
+        raise ScenarioError(f"{path}: empty file (only comments); expected a YAML mapping with {', '.join(TOP_KEYS[:4])}, ...")
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"{path}: the document is {type(doc).__name__}, expected a YAML mapping of sections")
+    return doc
+
+
+def load(path: str | Path, overrides: list[str] = (), check_data: bool = True) -> Scenario:
+    """Read, override and validate a scenario; raise ScenarioError on any problem."""
+    raw = read_yaml(path)
+    for item in overrides:
+        apply_override(raw, item, str(path))
+    return validate(raw, str(path), check_data=check_data)
+
+
+def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
+    import algorithms
+    from raysim.data import DATASETS, PARTITIONERS
+    from raysim.models import MODELS
+
+    ctx = _Ctx(file)
+    unknown = [k for k in raw if k not in TOP_KEYS]
+    if unknown:
+        ctx.fail(str(unknown[0]), f"unknown section; allowed: {', '.join(TOP_KEYS)}")
+    for required in ("rounds", "data", "model", "algorithm"):
+        if required not in raw:
+            ctx.fail(required, "missing required section")
+    name = _coerce(ctx, "name", str, raw.get("name", Path(file).stem))
+    seed = _coerce(ctx, "seed", int, raw.get("seed", 0))
+    _check_range(ctx, "seed", {"min": 0}, seed)
+    rounds = _coerce(ctx, "rounds", int, raw["rounds"])
+    _check_range(ctx, "rounds", {"min": 1}, rounds)
+
+    d = raw["data"]
+    if not isinstance(d, dict):
+        ctx.fail("data", f"expected a mapping, got {type(d).__name__}")
+    data_keys = ("dataset", "clients", "partition", "splits")
+    dataset = _component(ctx, "data", {k: v for k, v in d.items() if k not in data_keys[1:]},
+                         "dataset", DATASETS, lambda s: s.Params)
+    if "clients" not in d:
+        ctx.fail("data.clients", "missing; give the number of clients (an integer >= 1)")
+    clients = _coerce(ctx, "data.clients", int, d["clients"])
+    _check_range(ctx, "data.clients", {"min": 1}, clients)
+    spec = DATASETS[dataset.name]
+    partition = None
+    if spec.pooled:
+        partition = _component(ctx, "data.partition", d.get("partition"), "kind", PARTITIONERS,
+                               lambda s: s.Params, default="iid")
+    elif d.get("partition") is not None:
+        ctx.fail("data.partition", f"dataset '{dataset.name}' has its own client split; "
+                 f"partition applies only to {', '.join(n for n, s in DATASETS.items() if s.pooled)}")
+    splits = load_dataclass(ctx, "data.splits", SplitsCfg, d.get("splits"))
+    if abs(splits.train + splits.val + splits.test - 1.0) > 1e-6:
+        ctx.fail("data.splits", f"train + val + test = {splits.train + splits.val + splits.test:g}; they must sum to 1")
+
+    model = _component(ctx, "model", raw["model"], "name", MODELS, lambda s: s.Params)
+    algorithm = _component(ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY,
+                           lambda a: a.Hyper)
+    sampling = load_dataclass(ctx, "sampling", SamplingCfg, raw.get("sampling"))
+    if sampling.fraction is not None and sampling.count is not None:
+        ctx.fail("sampling", "give either fraction or count, not both")
+    if sampling.fraction is None and sampling.count is None:
+        sampling = SamplingCfg(fraction=1.0)
+    ev = load_dataclass(ctx, "eval", EvalCfg, raw.get("eval"))
+    train_clients = clients - int(round(ev.unseen_fraction * clients))
+    if train_clients < 1:
+        ctx.fail("eval.unseen_fraction", f"{ev.unseen_fraction} leaves no training client out of {clients}")
+    if sampling.count is not None and sampling.count > train_clients:
+        ctx.fail("sampling.count", f"{sampling.count} is more than the {train_clients} training clients")
+    resources = load_dataclass(ctx, "resources", ResourcesCfg, raw.get("resources"))
+    tracking = load_dataclass(ctx, "tracking", TrackingCfg, raw.get("tracking"))
+    checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
+
+    sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
+                  algorithm, sampling, ev, resources, tracking, checkpoint, raw)
+    if check_data:
+        _check_data_and_model(ctx, sc)
+    return sc
+
+
+def _check_data_and_model(ctx: _Ctx, sc: Scenario) -> None:
+    """Open the data source (files present and well-formed) and build the model once."""
+    from raysim.data import DataError
+    from raysim.models import MODELS
+    from raysim.setup import make_source
+
+    try:
+        source = make_source(sc)
+        source.client(0)
+    except DataError as e:
+        ctx.fail("data", str(e))
+    try:
+        MODELS[sc.model.name].build(sc.model.params, source.input_shape, source.num_classes)
+    except ValueError as e:
+        ctx.fail("model.name", str(e))

@@ -1,0 +1,1 @@
+"""The engine: actors, refs, resources, scheduling. Reaches algorithms only via algorithms.REGISTRY."""

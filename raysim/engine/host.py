@@ -1,0 +1,110 @@
+"""A host: many clients' data shards and persistent states in one long-lived process.
+
+The same class runs in-process (serial engine) and as a Ray actor (ray_engine wraps it), so
+both engines execute identical code. Clients are trained one after another, in client-id
+order, and their replies are summed locally; the host sends one partial sum per round.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from algorithms.base import ClientData, Context, PerClient, state_to_tree, tree_to_state
+from raysim import rng
+from raysim.config import Scenario
+from raysim.engine.reduce import Accumulator
+from raysim.setup import make_algorithm, make_source
+
+
+def pick_device(gpus: float) -> torch.device:
+    if gpus > 0 and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class Host:
+    def __init__(self, sc: Scenario, cids: list[int], device: str | None = None, threads: int | None = None):
+        if threads is not None:
+            torch.set_num_threads(max(1, threads))
+        self.sc = sc
+        self.cids = sorted(cids)
+        self.device = torch.device(device) if device else pick_device(sc.resources.gpus_per_host)
+        self.source = make_source(sc)
+        self.algo = make_algorithm(sc, self.source)
+        self._data: dict[int, ClientData] = {}
+        self.states: dict[int, Any] = {}
+
+    # -- data and state ----------------------------------------------------------------------
+    def data(self, cid: int) -> ClientData:
+        d = self._data.get(cid)
+        if d is None:
+            d = self._data[cid] = self.source.client(cid).to(self.device)
+        return d
+
+    def state(self, cid: int) -> Any:
+        if cid not in self.states:
+            self.states[cid] = self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid))
+        return self.states[cid]
+
+    def context(self, round_: int, cid: int, purpose: str) -> Context:
+        g = rng.torch_generator(self.sc.seed, purpose, round_, cid)
+        return Context(round_, self.sc.rounds, cid, g, self.device)
+
+    def num_samples(self) -> dict[int, int]:
+        return {c: self.source.num_samples(c) for c in self.cids}
+
+    # -- a round -------------------------------------------------------------------------------
+    def train(self, round_: int, message: Any, cids: list[int]) -> tuple[Accumulator, PerClient, float]:
+        """Train the given clients (ascending id); return (sum of replies, loss per client, seconds)."""
+        t0 = time.perf_counter()
+        message = _to_device(message, self.device)
+        acc = Accumulator()
+        losses = PerClient()
+        for cid in sorted(cids):
+            state, reply, loss = self.algo.train(self.state(cid), message, self.data(cid),
+                                                 self.context(round_, cid, "train"))
+            self.states[cid] = state
+            acc.add(reply)
+            losses[cid] = (float(loss), self.data(cid).num_train)
+        return acc, losses, time.perf_counter() - t0
+
+    def evaluate(self, round_: int, message: Any, cids: list[int]) -> dict[int, Any]:
+        message = _to_device(message, self.device)
+        out = {}
+        for cid in sorted(cids):
+            out[cid] = self.algo.evaluate(self.state(cid), message, self.data(cid),
+                                          self.context(round_, cid, "eval"))
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def get_states(self) -> dict[int, Any]:
+        return {cid: state_to_tree(s) for cid, s in sorted(self.states.items()) if s is not None}
+
+    def set_states(self, trees: dict[int, Any]) -> None:
+        cls = self.algo.ClientState
+        self.states = {}
+        for cid, tree in trees.items():
+            if cid in self.cids:
+                self.states[int(cid)] = _to_device(tree_to_state(cls, tree), self.device)
+
+    def ping(self) -> bool:
+        return True
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if device.type == "cpu" or obj is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, list):
+        return [_to_device(o, device) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    import dataclasses
+    if dataclasses.is_dataclass(obj):
+        return type(obj)(**{f.name: _to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
+    return obj

@@ -1,0 +1,161 @@
+"""Every Ray call of raysim lives here (the transport, as Flower keeps its ray_transport apart).
+
+- Host actors: ``Host`` wrapped with ``ray.remote``, one bundle each in a SPREAD placement group
+  (``num_cpus``/``num_gpus`` from the scenario's ``resources``), so hosts spread across nodes.
+- The server actor: a RoundDriver over a RayTransport, pinned (num_cpus=0) to the driver's node
+  so it writes checkpoints where the user runs ``raysim``.
+- Each round the message is put into the object store once; every host gets the same ref.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            PlacementGroupSchedulingStrategy)
+
+from raysim.config import Scenario, ScenarioError
+from raysim.engine.driver import RoundDriver, host_of
+from raysim.engine.host import Host
+from raysim.engine.sizes import nbytes
+
+PLACEMENT_TIMEOUT_S = 120
+
+
+def init(address: str | None, verbose: bool = False) -> None:
+    """Start an embedded Ray (address None) or join a cluster ("auto" or HOST:PORT)."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    kwargs: dict[str, Any] = dict(
+        logging_level=logging.INFO if verbose else logging.ERROR,
+        log_to_driver=verbose,
+        configure_logging=True,
+    )
+    if address is None:
+        kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1")
+    ray.init(address=address, **kwargs)
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class RayTransport:
+    def __init__(self, sc: Scenario):
+        res = sc.resources
+        self.num_hosts = res.hosts
+        self.cpus, self.gpus = res.cpus_per_host, res.gpus_per_host
+        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        self.pg = placement_group([dict(bundle) for _ in range(self.num_hosts)], strategy="SPREAD")
+        ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(f"the cluster could not place {self.num_hosts} hosts of {bundle} "
+                               f"within {PLACEMENT_TIMEOUT_S}s")
+        actor = ray.remote(Host)
+        n = sc.data.clients
+        threads = max(1, int(self.cpus))
+        self.hosts = [
+            actor.options(num_cpus=self.cpus, num_gpus=self.gpus, max_concurrency=1,
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, h))
+            .remote(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], None, threads)
+            for h in range(self.num_hosts)
+        ]
+
+    def train(self, round_: int, message: Any, by_host: list[list[int]]):
+        ref = ray.put(message)
+        return ray.get([h.train.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
+
+    def evaluate(self, round_: int, message: Any, by_host: list[list[int]]):
+        ref = ray.put(message)
+        return ray.get([h.evaluate.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
+
+    def get_states(self) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for part in ray.get([h.get_states.remote() for h in self.hosts]):
+            out.update(part)
+        return out
+
+    def set_states(self, trees: dict[int, Any]) -> None:
+        ref = ray.put(trees)
+        ray.get([h.set_states.remote(ref) for h in self.hosts])
+
+    def message_nbytes(self, message: Any) -> int:
+        return nbytes(message)
+
+    def shutdown(self) -> None:
+        for h in self.hosts:
+            ray.kill(h)
+        self.hosts = []
+        remove_placement_group(self.pg)
+
+
+def _check_fits(sc: Scenario) -> None:
+    res = sc.resources
+    total = ray.cluster_resources()
+    for key, per in (("CPU", res.cpus_per_host), ("GPU", res.gpus_per_host)):
+        need = per * res.hosts
+        have = total.get(key, 0.0)
+        if need > have + 1e-9:
+            name = "cpus_per_host" if key == "CPU" else "gpus_per_host"
+            raise ScenarioError(f"{sc.path}: resources.{name}: {res.hosts} hosts x {per:g} {key} = "
+                                f"{need:g} {key}, but the Ray cluster has {have:g}; lower resources.hosts "
+                                f"or resources.{name}")
+
+
+class _Server:
+    """Runs inside the server actor: the RoundDriver over Ray host actors."""
+
+    def __init__(self, sc: Scenario):
+        self.driver = RoundDriver(sc, RayTransport(sc))
+
+    def step(self) -> dict:
+        return self.driver.step()
+
+    def save(self, path: str, extra: dict | None = None) -> None:
+        self.driver.save(path, extra)
+
+    def restore(self, path: str) -> int:
+        return self.driver.restore(path)
+
+    def history(self) -> list[dict]:
+        return self.driver.history
+
+    def shutdown(self) -> None:
+        self.driver.transport.shutdown()
+
+
+class RayServer:
+    """Driver-side handle with the same methods as a RoundDriver (blocking calls)."""
+
+    def __init__(self, sc: Scenario):
+        _check_fits(sc)
+        here = ray.get_runtime_context().get_node_id()
+        self.actor = ray.remote(_Server).options(
+            num_cpus=0, max_concurrency=1,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc)
+        ray.get(self.actor.history.remote())      # surface construction errors now
+
+    def step(self) -> dict:
+        return ray.get(self.actor.step.remote())
+
+    def save(self, path: str, extra: dict | None = None) -> None:
+        ray.get(self.actor.save.remote(path, extra))
+
+    def restore(self, path: str) -> int:
+        return ray.get(self.actor.restore.remote(path))
+
+    @property
+    def history(self) -> list[dict]:
+        return ray.get(self.actor.history.remote())
+
+    def close(self) -> None:
+        try:
+            ray.get(self.actor.shutdown.remote())
+        finally:
+            ray.kill(self.actor)

@@ -1,0 +1,43 @@
+"""The serial engine: hosts as plain objects in this process (the reference for parity tests)."""
+from __future__ import annotations
+
+from typing import Any
+
+from raysim.config import Scenario
+from raysim.engine.driver import RoundDriver, host_of
+from raysim.engine.host import Host
+from raysim.engine.sizes import nbytes
+
+
+class LocalTransport:
+    def __init__(self, sc: Scenario, num_hosts: int | None = None, device: str | None = None):
+        self.num_hosts = num_hosts or sc.resources.hosts
+        n = sc.data.clients
+        self.hosts = [Host(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], device=device)
+                      for h in range(self.num_hosts)]
+
+    def train(self, round_: int, message: Any, by_host: list[list[int]]):
+        return [h.train(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
+
+    def evaluate(self, round_: int, message: Any, by_host: list[list[int]]):
+        return [h.evaluate(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
+
+    def get_states(self) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for h in self.hosts:
+            out.update(h.get_states())
+        return out
+
+    def set_states(self, trees: dict[int, Any]) -> None:
+        for h in self.hosts:
+            h.set_states(trees)
+
+    def message_nbytes(self, message: Any) -> int:
+        return nbytes(message)
+
+    def shutdown(self) -> None:
+        self.hosts = []
+
+
+def serial_driver(sc: Scenario, num_hosts: int | None = None) -> RoundDriver:
+    return RoundDriver(sc, LocalTransport(sc, num_hosts))

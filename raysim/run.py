@@ -1,0 +1,114 @@
+"""One experiment end to end: tracking, engine, rounds, checkpoints, progress, summary."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from raysim.config import Scenario, ScenarioError
+from raysim.engine import checkpoint
+
+# Test hook: raise after this round completes (after its checkpoint), to prove crash handling.
+FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
+
+SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
+
+
+def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
+    if engine == "serial":
+        from raysim.engine.serial import serial_driver
+        return serial_driver(sc), lambda: None
+    from raysim.engine import ray_engine
+    ray_engine.init(address, verbose)
+    server = ray_engine.RayServer(sc)
+    return server, server.close
+
+
+def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
+        summary_path: str | None = None, verbose: bool = False, progress: bool = True) -> dict:
+    """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error."""
+    from raysim.tracking import Tracker
+
+    ckpt_path = None
+    if resume:
+        ckpt_path = checkpoint.path_for(sc.checkpoint.dir, resume)
+        if not ckpt_path.exists():
+            raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {resume} at {ckpt_path}")
+        stored = checkpoint.load(ckpt_path).get("scenario")
+        if stored is not None and stored != json.loads(json.dumps(sc.raw, default=str)):
+            raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with; "
+                                "resume with the same file and --set options")
+    tracker = Tracker(sc, resume)
+    t0 = time.perf_counter()
+    outcome = "failed"
+    bar = None
+    close = lambda: None  # noqa: E731
+    try:
+        server, close = _make_server(sc, engine, address, verbose)
+        start = server.restore(str(ckpt_path)) if ckpt_path else 0
+        path = checkpoint.path_for(sc.checkpoint.dir, tracker.run_id)
+        bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
+        history = list(server.history) if start else []
+        for _ in range(start, sc.rounds):
+            record = server.step()
+            history.append(record)
+            tracker.log_round(record)
+            r = int(record["round"])
+            every = sc.checkpoint.every
+            if (every and r % every == 0) or r == sc.rounds:
+                _save(server, path, sc)
+            bar.set_postfix({k: f"{record[k]:.4f}" for k in SHOWN if k in record} or None, refresh=False)
+            bar.update(1)
+            if fail_after and r == fail_after:
+                raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")
+        bar.close()
+        summary = make_summary(sc, history, time.perf_counter() - t0, tracker)
+        if summary_path:
+            Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(summary_path).write_text(json.dumps(summary, indent=2))
+        tracker.log_summary(summary)
+        outcome = "ok"
+        return summary
+    except KeyboardInterrupt:
+        outcome = "killed"
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        try:
+            close()
+        finally:
+            tracker.finish(outcome)
+
+
+def _save(server, path: Path, sc: Scenario) -> None:
+    # the scenario is stamped next to the state, so --resume can refuse a different one
+    server.save(str(path), {"scenario": json.loads(json.dumps(sc.raw, default=str))})
+
+
+def make_summary(sc: Scenario, history: list[dict], wall: float, tracker) -> dict:
+    evaluated = [h for h in history if "accuracy" in h]
+    last = evaluated[-1] if evaluated else {}
+    final = {k: last[k] for k in ("accuracy", "bottom_decile_accuracy", "global_accuracy",
+                                  "unseen_accuracy", "unseen_bottom_decile_accuracy", "test_loss")
+             if k in last}
+    return {
+        "scenario": sc.path,
+        "name": sc.name,
+        "algorithm": sc.algorithm.name,
+        "dataset": sc.data.dataset.name,
+        "clients": sc.data.clients,
+        "rounds": sc.rounds,
+        "seed": sc.seed,
+        "wall_seconds": round(wall, 3),
+        "mlflow_run_id": tracker.run_id,
+        "tracking_uri": tracker.uri,
+        "final": final,
+        "history": history,
+    }

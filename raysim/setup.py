@@ -1,0 +1,49 @@
+"""Turn a validated Scenario into its parts: data source, model factory, algorithm.
+
+Called in the driver and again inside every host process, so each builds only what it needs.
+"""
+from __future__ import annotations
+
+import torch
+
+import algorithms
+from raysim import rng
+from raysim.config import Scenario
+from raysim.data import DATASETS, PartitionCfg, Splits, build_source
+from raysim.models import MODELS
+
+
+def make_source(sc: Scenario):
+    d = sc.data
+    part = PartitionCfg(d.partition.name, d.partition.params) if d.partition is not None else None
+    splits = Splits(d.splits.train, d.splits.val, d.splits.test)
+    return build_source(d.dataset.name, d.dataset.params, d.clients, part, splits, sc.seed)
+
+
+def make_model_fn(sc: Scenario, source):
+    """A factory giving the run's initial model: weights drawn from (seed, "model_init"),
+    without touching the global torch RNG."""
+    spec = MODELS[sc.model.name]
+    seed = int(rng.generator(sc.seed, "model_init").integers(2**62))
+
+    def model_fn() -> torch.nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return spec.build(sc.model.params, source.input_shape, source.num_classes)
+    return model_fn
+
+
+def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
+    cls = algorithms.get(sc.algorithm.name)
+    return cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds)
+
+
+def describe_registries() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(section, [(name, one-line summary)]) for `raysim list`."""
+    from raysim.data import PARTITIONERS
+    return [
+        ("algorithms", [(n, a.summary) for n, a in algorithms.REGISTRY.items()]),
+        ("datasets", [(n, s.summary) for n, s in DATASETS.items()]),
+        ("models", [(n, s.summary) for n, s in MODELS.items()]),
+        ("partitioners", [(n, s.summary) for n, s in PARTITIONERS.items()]),
+    ]

@@ -1,0 +1,78 @@
+"""MLflow tracking: one run per `raysim run`, params from the scenario, metrics per round.
+
+Tracking URI: scenario ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's default
+(``sqlite:///mlflow.db`` in the working directory).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from raysim.config import Scenario
+
+STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = str(d)
+    return out
+
+
+class Tracker:
+    def __init__(self, sc: Scenario, resume_run_id: str | None = None):
+        self.sc = sc
+        uri = sc.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri:
+            mlflow.set_tracking_uri(uri)
+        self.uri = mlflow.get_tracking_uri()
+        self.client = MlflowClient(self.uri)
+        if resume_run_id:
+            run = self.client.get_run(resume_run_id)       # raises if unknown
+            self.run_id = run.info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        exp = self.client.get_experiment_by_name(sc.tracking.experiment)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(sc.tracking.experiment)
+        run = self.client.create_run(exp_id, run_name=sc.name, tags={
+            "algorithm": sc.algorithm.name, "dataset": sc.data.dataset.name, "model": sc.model.name,
+            "scenario": os.path.basename(sc.path)})
+        self.run_id = run.info.run_id
+        params = flatten({k: v for k, v in sc.raw.items()})
+        items = [mlflow.entities.Param(k, v[:6000]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):            # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+        self.client.log_artifact(self.run_id, sc.path, "scenario")
+        with tempfile.TemporaryDirectory() as tmp:
+            resolved = os.path.join(tmp, "resolved.json")
+            with open(resolved, "w") as f:
+                json.dump(sc.raw, f, indent=2, default=str)
+            self.client.log_artifact(self.run_id, resolved, "scenario")
+
+    def log_round(self, record: dict[str, float]) -> None:
+        step = int(record["round"])
+        now = int(time.time() * 1000)
+        metrics = [mlflow.entities.Metric(k, float(v), now, step) for k, v in record.items()
+                   if k != "round" and isinstance(v, (int, float)) and math.isfinite(v)]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_summary(self, summary: dict) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            p = os.path.join(tmp, "summary.json")
+            with open(p, "w") as f:
+                json.dump(summary, f, indent=2)
+            self.client.log_artifact(self.run_id, p)
+
+    def finish(self, outcome: str) -> None:
+        self.client.set_terminated(self.run_id, status=STATUS[outcome])
