@@ -142,6 +142,18 @@ class Algorithm:
             self._scratch = self.model_fn().to(device)
         return self._scratch
 
+    def warm_up(self, input_shape: tuple[int, ...], device: torch.device) -> None:
+        """One forward/backward/optimizer pass on zeros with lr 0 (weights untouched), so one-time
+        setup (lazy imports in torch.optim, oneDNN primitives, CUDA context) happens when a host
+        starts, not inside round 1's timing."""
+        model = self.scratch_model(device)
+        bs = getattr(self.hp, "batch_size", 1)
+        out = model(torch.zeros((bs, *input_shape), device=device))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        nn.functional.cross_entropy(out, torch.zeros(bs, dtype=torch.long, device=device)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     # -- server side -----------------------------------------------------------------------
     def init_server(self, model: nn.Module, rng: np.random.Generator) -> Any:
         raise NotImplementedError

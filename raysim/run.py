@@ -42,7 +42,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         if stored is not None and stored != json.loads(json.dumps(sc.raw, default=str)):
             raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with; "
                                 "resume with the same file and --set options")
-    tracker = Tracker(sc, resume)
+    tracker = Tracker(sc, resume, verbose)
     t0 = time.perf_counter()
     outcome = "failed"
     bar = None
@@ -55,6 +55,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                    disable=not progress, dynamic_ncols=True)
         fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
         history = list(server.history) if start else []
+        shown: dict[str, str] = {}
         for _ in range(start, sc.rounds):
             record = server.step()
             history.append(record)
@@ -63,7 +64,8 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             every = sc.checkpoint.every
             if (every and r % every == 0) or r == sc.rounds:
                 _save(server, path, sc)
-            bar.set_postfix({k: f"{record[k]:.4f}" for k in SHOWN if k in record} or None, refresh=False)
+            shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
+            bar.set_postfix(shown, refresh=False)
             bar.update(1)
             if fail_after and r == fail_after:
                 raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")

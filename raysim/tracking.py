@@ -6,6 +6,7 @@ Tracking URI: scenario ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else MLfl
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -31,7 +32,10 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    def __init__(self, sc: Scenario, resume_run_id: str | None = None):
+    def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False):
+        if not verbose:      # MLflow's INFO lines (database migrations) would break the progress bar
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+            logging.getLogger("alembic").setLevel(logging.WARNING)
         self.sc = sc
         uri = sc.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
         if uri:

@@ -7,7 +7,7 @@ from typing import Callable
 from . import partition as _p
 from .base import DataError, FederatedSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
-from .synthetic import Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
+from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 GaussianParams, False, lambda p, n, part, sp, seed: Gaussian(p, n, sp, seed)),
     DatasetSpec("fashion_mnist", "Fashion-MNIST from IDX files (Debian: dataset-fashion-mnist), pooled",
                 FashionParams, True, FashionMNIST),
+    DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
+                DigitsParams, True, Digits),
 )}
 
 PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (

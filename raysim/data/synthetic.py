@@ -96,3 +96,37 @@ class Gaussian(FederatedSource):
         x = g.standard_normal((self.p.samples, *self.p.features), dtype=np.float32)
         y = g.integers(0, self.p.classes, self.p.samples)
         return split_client(cid, x, y, self.splits, self.seed)
+
+
+@dataclass(frozen=True)
+class DigitsParams:
+    pass
+
+
+class Digits(FederatedSource):
+    """scikit-learn's bundled handwritten digits (1 797 8x8 images, 10 classes; UCI optdigits):
+    real data present on every machine, pooled and split by the scenario's partitioner."""
+
+    def __init__(self, params: DigitsParams, clients: int, partition, splits: Splits, seed: int):
+        from sklearn.datasets import load_digits
+        if partition is None:
+            raise ValueError("digits needs a partition")
+        from . import PARTITIONERS
+        d = load_digits()
+        self.x = (d.data / 16.0).astype(np.float32)
+        self.y = d.target.astype(np.int64)
+        self.splits, self.seed = splits, seed
+        self.num_clients, self.input_shape, self.num_classes = clients, (64,), 10
+        spec = PARTITIONERS[partition.kind]
+        try:
+            self.parts = spec.fn(self.y, clients, partition.params, generator(seed, "partition"))
+        except ValueError as e:
+            from .base import DataError
+            raise DataError(f"digits: {e}") from None
+
+    def num_samples(self, cid: int) -> int:
+        return len(self.parts[cid])
+
+    def client(self, cid: int) -> ClientData:
+        idx = self.parts[cid]
+        return split_client(cid, self.x[idx], self.y[idx], self.splits, self.seed)

@@ -15,6 +15,7 @@ from algorithms.base import ClientData, Context, PerClient, state_to_tree, tree_
 from raysim import rng
 from raysim.config import Scenario
 from raysim.engine.reduce import Accumulator
+from raysim.engine.trees import to_device
 from raysim.setup import make_algorithm, make_source
 
 
@@ -33,6 +34,7 @@ class Host:
         self.device = torch.device(device) if device else pick_device(sc.resources.gpus_per_host)
         self.source = make_source(sc)
         self.algo = make_algorithm(sc, self.source)
+        self.algo.warm_up(self.source.input_shape, self.device)
         self._data: dict[int, ClientData] = {}
         self.states: dict[int, Any] = {}
 
@@ -59,7 +61,7 @@ class Host:
     def train(self, round_: int, message: Any, cids: list[int]) -> tuple[Accumulator, PerClient, float]:
         """Train the given clients (ascending id); return (sum of replies, loss per client, seconds)."""
         t0 = time.perf_counter()
-        message = _to_device(message, self.device)
+        message = to_device(message, self.device)
         acc = Accumulator()
         losses = PerClient()
         for cid in sorted(cids):
@@ -71,7 +73,7 @@ class Host:
         return acc, losses, time.perf_counter() - t0
 
     def evaluate(self, round_: int, message: Any, cids: list[int]) -> dict[int, Any]:
-        message = _to_device(message, self.device)
+        message = to_device(message, self.device)
         out = {}
         for cid in sorted(cids):
             out[cid] = self.algo.evaluate(self.state(cid), message, self.data(cid),
@@ -87,24 +89,7 @@ class Host:
         self.states = {}
         for cid, tree in trees.items():
             if cid in self.cids:
-                self.states[int(cid)] = _to_device(tree_to_state(cls, tree), self.device)
+                self.states[int(cid)] = to_device(tree_to_state(cls, tree), self.device)
 
     def ping(self) -> bool:
         return True
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    if device.type == "cpu" or obj is None:
-        return obj
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, list):
-        return [_to_device(o, device) for o in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_device(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    import dataclasses
-    if dataclasses.is_dataclass(obj):
-        return type(obj)(**{f.name: _to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
-    return obj

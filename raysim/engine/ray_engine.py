@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
 from raysim.config import Scenario, ScenarioError
 from raysim.engine.driver import RoundDriver, host_of
 from raysim.engine.host import Host
-from raysim.engine.sizes import nbytes
+from raysim.engine.trees import from_numpy, nbytes, to_numpy
 
 PLACEMENT_TIMEOUT_S = 120
 
@@ -46,6 +46,22 @@ def shutdown() -> None:
         ray.shutdown()
 
 
+class RayHost(Host):
+    """A Host as a Ray actor: tensors cross the process boundary as numpy arrays."""
+
+    def train(self, round_: int, message: Any, cids: list[int]):
+        return super().train(round_, from_numpy(message), cids)
+
+    def evaluate(self, round_: int, message: Any, cids: list[int]):
+        return super().evaluate(round_, from_numpy(message), cids)
+
+    def get_states(self) -> dict[int, Any]:
+        return to_numpy(super().get_states())
+
+    def set_states(self, trees: dict[int, Any]) -> None:
+        super().set_states(from_numpy(trees))
+
+
 class RayTransport:
     def __init__(self, sc: Scenario):
         res = sc.resources
@@ -57,7 +73,7 @@ class RayTransport:
         if not ready:
             raise RuntimeError(f"the cluster could not place {self.num_hosts} hosts of {bundle} "
                                f"within {PLACEMENT_TIMEOUT_S}s")
-        actor = ray.remote(Host)
+        actor = ray.remote(RayHost)
         n = sc.data.clients
         threads = max(1, int(self.cpus))
         self.hosts = [
@@ -66,23 +82,24 @@ class RayTransport:
             .remote(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], None, threads)
             for h in range(self.num_hosts)
         ]
+        ray.get([h.ping.remote() for h in self.hosts])     # started, data source open
 
     def train(self, round_: int, message: Any, by_host: list[list[int]]):
-        ref = ray.put(message)
+        ref = ray.put(to_numpy(message))
         return ray.get([h.train.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
     def evaluate(self, round_: int, message: Any, by_host: list[list[int]]):
-        ref = ray.put(message)
+        ref = ray.put(to_numpy(message))
         return ray.get([h.evaluate.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
         for part in ray.get([h.get_states.remote() for h in self.hosts]):
-            out.update(part)
+            out.update(from_numpy(part))
         return out
 
     def set_states(self, trees: dict[int, Any]) -> None:
-        ref = ray.put(trees)
+        ref = ray.put(to_numpy(trees))
         ray.get([h.set_states.remote(ref) for h in self.hosts])
 
     def message_nbytes(self, message: Any) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 from raysim.config import Scenario
 from raysim.engine.driver import RoundDriver, host_of
 from raysim.engine.host import Host
-from raysim.engine.sizes import nbytes
+from raysim.engine.trees import nbytes
 
 
 class LocalTransport:
