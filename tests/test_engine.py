@@ -1,0 +1,102 @@
+"""Engine semantics on the serial engine (fast): sampling, reduction, evaluation, checkpoints."""
+import numpy as np
+import pytest
+import torch
+
+from raysim import config
+from raysim.engine import checkpoint
+from raysim.engine.driver import RoundDriver, sample_clients, split_unseen, summarize
+from raysim.engine.serial import LocalTransport, serial_driver
+from algorithms.base import EvalResult
+from tests.conftest import TINY, write_scenario
+
+
+def scenario(tmp_path, *overrides):
+    return config.load(write_scenario(tmp_path, TINY), list(overrides))
+
+
+def strip_times(history):
+    return [{k: v for k, v in h.items() if "seconds" not in k and "bytes" not in k} for h in history]
+
+
+def run_serial(sc, hosts):
+    d = serial_driver(sc, hosts)
+    for _ in range(sc.rounds):
+        d.step()
+    return d
+
+
+def test_same_metrics_for_one_or_three_hosts(tmp_path):
+    sc = scenario(tmp_path)
+    a, b = run_serial(sc, 1), run_serial(sc, 3)
+    assert strip_times(a.history) == strip_times(b.history)
+    for x, y in zip(a.server_state, b.server_state):
+        assert torch.equal(x, y)
+
+
+def test_local_state_persists_and_is_host_count_independent(tmp_path):
+    sc = scenario(tmp_path, "algorithm.name=local", "sampling.fraction=1.0")
+    a, b = run_serial(sc, 1), run_serial(sc, 4)
+    assert strip_times(a.history) == strip_times(b.history)
+    states = a.transport.get_states()
+    assert sorted(states) == list(range(12))          # every client kept its own model
+    assert not torch.equal(states[0]["params"][0], states[1]["params"][0])
+
+
+def test_sampling_is_seeded_per_round_and_sorted(tmp_path):
+    sc = scenario(tmp_path)
+    ids = np.arange(12)
+    r0, r0b, r1 = sample_clients(sc, ids, 0), sample_clients(sc, ids, 0), sample_clients(sc, ids, 1)
+    assert len(r0) == 6 and list(r0) == sorted(r0) and np.array_equal(r0, r0b)
+    assert not np.array_equal(r0, r1)
+    sc2 = scenario(tmp_path, "sampling={count: 4}")
+    assert len(sample_clients(sc2, ids, 0)) == 4
+
+
+def test_unseen_clients_never_train(tmp_path):
+    sc = scenario(tmp_path, "eval.unseen_fraction=0.25", "sampling.fraction=1.0", "algorithm.name=local")
+    train_ids, unseen = split_unseen(sc)
+    assert len(unseen) == 3 and set(train_ids) | set(unseen) == set(range(12))
+    d = run_serial(sc, 2)
+    assert set(d.transport.get_states()) == set(train_ids.tolist())
+    assert "unseen_accuracy" in d.history[-1]
+
+
+def test_summarize_weighted_mean_and_bottom_decile():
+    res = {c: EvalResult(correct=c, total=10, loss_sum=1.0) for c in range(11)}   # accs 0, .1, ..., 1
+    s = summarize(res)
+    assert s.accuracy == pytest.approx(55 / 110)
+    assert s.bottom_decile_accuracy == pytest.approx(0.1)
+    assert s.loss == pytest.approx(11 / 110)
+    weighted = summarize({0: EvalResult(1, 1, 0.0), 1: EvalResult(0, 3, 0.0)})
+    assert weighted.accuracy == pytest.approx(0.25)
+
+
+def test_eval_every_and_final_round(tmp_path):
+    sc = scenario(tmp_path, "rounds=5", "eval.every=2")
+    d = run_serial(sc, 2)
+    evaluated = [h["round"] for h in d.history if "accuracy" in h]
+    assert evaluated == [2, 4, 5]
+
+
+def test_checkpoint_roundtrip_continues_identically(tmp_path):
+    sc = scenario(tmp_path, "rounds=4", "algorithm.name=local")
+    full = run_serial(sc, 2)
+    part = serial_driver(sc, 2)
+    part.step(), part.step()
+    path = tmp_path / "ck.pt"
+    part.save(str(path))
+    resumed = serial_driver(sc, 3)             # another host count, fresh process state
+    assert resumed.restore(str(path)) == 2
+    resumed.step(), resumed.step()
+    assert strip_times(resumed.history) == strip_times(full.history)
+
+
+def test_checkpoint_is_loaded_weights_only(tmp_path):
+    path = tmp_path / "evil.pt"
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(Exception):
+        checkpoint.load(path)

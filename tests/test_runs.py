@@ -1,0 +1,134 @@
+"""End to end through the CLI: learning, MLflow records, failures, interruption and --resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, TINY, write_scenario
+
+DIGITS = """
+name: digits
+seed: 0
+rounds: 20
+data:
+  dataset: digits
+  clients: 30
+  partition: {kind: dirichlet, alpha: 0.5}
+model: {name: linear}
+algorithm: {name: fedavg, lr: 0.1, batch_size: 16}
+sampling: {fraction: 1.0}
+eval: {every: 10}
+resources: {hosts: 2}
+"""
+
+
+def raysim(*args, env=None, check=True):
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def tracked(tmp_path, text, every=1):
+    return write_scenario(tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
+                          f"checkpoint: {{every: {every}, dir: '{tmp_path}/ck'}}\n")
+
+
+def summary_of(tmp_path, path, *extra, name="summary.json", env=None):
+    out = tmp_path / name
+    raysim("run", path, "-q", "--summary", str(out), *extra, env=env)
+    return json.loads(out.read_text())
+
+
+def mlflow_run(tmp_path, run_id):
+    return MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
+
+
+def test_fedavg_learns_real_digits_and_beats_local(tmp_path):
+    path = tracked(tmp_path, DIGITS)
+    fedavg = summary_of(tmp_path, path, "--engine", "serial", name="a.json")
+    local = summary_of(tmp_path, path, "--engine", "serial", "--set", "algorithm.name=local", name="b.json")
+    assert fedavg["final"]["accuracy"] > 0.8            # chance is 0.1
+    assert fedavg["final"]["accuracy"] > local["final"]["accuracy"] + 0.05
+    assert 0 < fedavg["final"]["bottom_decile_accuracy"] < fedavg["final"]["accuracy"]
+    assert "global_accuracy" in fedavg["final"] and "global_accuracy" not in local["final"]
+
+
+def test_mlflow_records_params_metrics_artifacts(tmp_path):
+    path = tracked(tmp_path, TINY)
+    s = summary_of(tmp_path, path, "--engine", "serial")
+    assert {"scenario", "rounds", "wall_seconds", "mlflow_run_id", "final"} <= set(s)
+    assert {"accuracy", "bottom_decile_accuracy", "global_accuracy"} <= set(s["final"])
+    run = mlflow_run(tmp_path, s["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["algorithm.name"] == "fedavg" and run.data.params["data.clients"] == "12"
+    assert run.data.tags["algorithm"] == "fedavg" and run.data.tags["dataset"] == "synthetic"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    acc = client.get_metric_history(s["mlflow_run_id"], "accuracy")
+    assert [m.step for m in acc] == [1, 2, 3]
+    assert acc[-1].value == pytest.approx(s["final"]["accuracy"])
+    assert len(client.get_metric_history(s["mlflow_run_id"], "round_seconds")) == 3
+    arts = {a.path for a in client.list_artifacts(s["mlflow_run_id"])}
+    arts |= {a.path for a in client.list_artifacts(s["mlflow_run_id"], "scenario")}
+    assert {"summary.json", "scenario/s.yaml", "scenario/resolved.json"} <= arts
+
+
+def test_crash_marks_failed_keeps_checkpoint_and_resume_is_identical(tmp_path):
+    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local"))
+    full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False)
+    assert proc.returncode == 1
+    assert "injected failure after round 2" in proc.stderr and "Traceback" not in proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("raysim").experiment_id],
+                              filter_string="attributes.status = 'FAILED'")
+    assert len(runs) == 1
+    failed_id = runs[0].info.run_id
+    assert (tmp_path / "ck" / failed_id / "checkpoint.pt").exists()
+    resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed_id, name="resumed.json")
+    assert resumed["mlflow_run_id"] == failed_id
+    assert resumed["final"] == full["final"]
+    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in full["history"]]
+    assert mlflow_run(tmp_path, failed_id).info.status == "FINISHED"
+
+
+def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
+    path = tracked(tmp_path, TINY)
+    proc = raysim("run", path, "--resume", "0123abc", check=False)
+    assert proc.returncode == 2 and "no checkpoint for run 0123abc" in proc.stderr
+    s = summary_of(tmp_path, path, "--engine", "serial")
+    proc = raysim("run", path, "--resume", s["mlflow_run_id"], "--set", "algorithm.lr=0.5", check=False)
+    assert proc.returncode == 2 and "differs" in proc.stderr
+
+
+def test_interrupt_marks_killed_and_resumes(tmp_path):
+    text = DIGITS.replace("rounds: 20", "rounds: 400").replace("eval: {every: 10}", "eval: {every: 400}")
+    path = tracked(tmp_path, text, every=1)
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q", "--engine", "serial"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ck_root = tmp_path / "ck"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(ck_root.glob("*/checkpoint.pt")):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    run_id = next(ck_root.iterdir()).name
+    assert mlflow_run(tmp_path, run_id).info.status == "KILLED"
+
+
+@pytest.mark.ray
+def test_ray_cli_run_matches_serial_engine(tmp_path):
+    path = tracked(tmp_path, TINY)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", name="ray.json")
+    assert on_ray["final"] == serial["final"]
+    assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]
