@@ -1,0 +1,43 @@
+"""Multi-node behaviour on one machine: a Ray cluster of two raylets (ray.cluster_utils.Cluster).
+
+raysim joins it with --address like a real cluster; hosts must spread over both nodes (the head
+has 1 CPU, the worker 2, and 3 hosts of 1 CPU are asked for), results must equal the serial
+engine's, and asking for more than the cluster has is an input error (exit 2).
+"""
+import json
+
+import pytest
+
+from tests.conftest import TINY
+from tests.test_runs import raysim, summary_of, tracked
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=2)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def test_run_on_a_two_node_cluster_matches_serial(tmp_path, cluster):
+    path = tracked(tmp_path, TINY)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    multi = summary_of(tmp_path, path, "--address", cluster.address, "--set", "resources.hosts=3",
+                       "--set", "resources.cpus_per_host=1", name="multi.json")
+    assert multi["final"] == serial["final"]
+    assert [h["train_loss"] for h in multi["history"]] == [h["train_loss"] for h in serial["history"]]
+
+
+def test_asking_more_than_the_cluster_has_is_an_input_error(tmp_path, cluster):
+    path = tracked(tmp_path, TINY)
+    proc = raysim("run", path, "--address", cluster.address, "--set", "resources.hosts=4",
+                  "--set", "resources.cpus_per_host=1", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "resources.cpus_per_host: 4 hosts x 1 CPU = 4 CPU, but the Ray cluster has 3; "
+        "lower resources.hosts or resources.cpus_per_host")
