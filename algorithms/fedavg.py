@@ -51,8 +51,16 @@ class FedAvg(Algorithm):
                          penalty=self.penalty(message, ctx))
         return state, Weighted([p.detach() for p in model.parameters()], float(data.num_train)), loss
 
+    def global_model(self, message: list[torch.Tensor], device: torch.device) -> nn.Module:
+        """A model holding the broadcast weights, loaded once per message (not once per client)."""
+        if getattr(self, "_eval_message", None) is not message:
+            if getattr(self, "_eval_model", None) is None:
+                self._eval_model = self.model_fn().to(device)
+            load_params(self._eval_model, message)
+            self._eval_message = message          # a reference, so the identity check is sound
+        return self._eval_model
+
     def evaluate(self, state, message: list[torch.Tensor], data: ClientData, ctx: Context) -> EvalResult:
-        model = self.scratch_model(ctx.device)
-        load_params(model, message)
+        model = self.global_model(message, ctx.device)
         correct, loss = accuracy_and_loss(predict_logits(model, data.test_x), data.test_y)
         return EvalResult(correct, data.num_test, loss, global_correct=correct)

@@ -26,9 +26,10 @@ class FedAvgPlus(FedAvg):
     Hyper = FedAvgPlusHyper
 
     def evaluate(self, state, message, data: ClientData, ctx: Context) -> EvalResult:
+        global_correct, _ = accuracy_and_loss(
+            predict_logits(self.global_model(message, ctx.device), data.test_x), data.test_y)
         model = self.scratch_model(ctx.device)
         load_params(model, message)
-        global_correct, _ = accuracy_and_loss(predict_logits(model, data.test_x), data.test_y)
         local_sgd(model, data.train_x, data.train_y, self.hp, ctx, epochs=self.hp.tune_epochs)
         correct, loss = accuracy_and_loss(predict_logits(model, data.test_x), data.test_y)
         return EvalResult(correct, data.num_test, loss, global_correct=global_correct)

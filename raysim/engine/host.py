@@ -54,6 +54,11 @@ class Host:
         g = rng.torch_generator(self.sc.seed, purpose, round_, cid)
         return Context(round_, self.sc.rounds, cid, g, self.device)
 
+    def prefetch(self) -> None:
+        """Load every hosted client's shard now (at host start), so rounds only train."""
+        for cid in self.cids:
+            self.data(cid)
+
     def num_samples(self) -> dict[int, int]:
         return {c: self.source.num_samples(c) for c in self.cids}
 

@@ -82,7 +82,7 @@ class RayTransport:
             .remote(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], None, threads)
             for h in range(self.num_hosts)
         ]
-        ray.get([h.ping.remote() for h in self.hosts])     # started, data source open
+        ray.get([h.prefetch.remote() for h in self.hosts])     # started, shards loaded
 
     def train(self, round_: int, message: Any, by_host: list[list[int]]):
         ref = ray.put(to_numpy(message))

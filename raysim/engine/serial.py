@@ -15,6 +15,8 @@ class LocalTransport:
         n = sc.data.clients
         self.hosts = [Host(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], device=device)
                       for h in range(self.num_hosts)]
+        for h in self.hosts:
+            h.prefetch()
 
     def train(self, round_: int, message: Any, by_host: list[list[int]]):
         return [h.train(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
