@@ -5,10 +5,11 @@ REGISTRY is the one place the engine finds algorithms by name.
 from .base import Algorithm
 from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
+from .fedem import FedEM
 from .fedprox import FedProx
 from .local import Local
 
-REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus)}
+REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM)}
 
 
 def get(name: str) -> type[Algorithm]:

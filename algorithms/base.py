@@ -117,6 +117,8 @@ class EvalResult:
     loss_sum: float
     # accuracy of the global model on this client's test split, where a method has one
     global_correct: float | None = None
+    # per-client scalars the method reports (e.g. FedEM's entropy of pi); averaged over clients
+    extras: dict[str, float] = field(default_factory=dict)
 
 
 class Algorithm:
@@ -167,6 +169,11 @@ class Algorithm:
     # -- client side -----------------------------------------------------------------------
     def init_client(self, cid: int, rng: np.random.Generator) -> Any:
         return None
+
+    def personalize(self, message: Any, data: ClientData, ctx: Context) -> Any:
+        """State of a client that never trained (``eval.unseen_fraction``), adapted with the
+        shared parts frozen; by default just its initial state."""
+        return self.init_client(ctx.cid, np.random.default_rng(ctx.cid))
 
     def train(self, state: Any, message: Any, data: ClientData, ctx: Context) -> tuple[Any, Any, float]:
         """Return (new client state, reply, mean training loss)."""

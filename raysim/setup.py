@@ -26,9 +26,10 @@ def make_model_fn(sc: Scenario, source):
     spec = MODELS[sc.model.name]
     seed = int(rng.generator(sc.seed, "model_init").integers(2**62))
 
-    def model_fn() -> torch.nn.Module:
+    def model_fn(variant: int = 0) -> torch.nn.Module:
+        """``variant`` k > 0 gives another independent initialization (mixture components)."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.manual_seed(seed + variant)
             return spec.build(sc.model.params, source.input_shape, source.num_classes)
     return model_fn
 

@@ -1,11 +1,16 @@
-"""Datasets and partitioners, each registered with its own options dataclass."""
+"""Datasets and partitioners, each registered with its own options dataclass.
+
+``build_source`` is the one entry point: the config layer validates a dataset's and a
+partitioner's options against their ``Params`` dataclasses (ranges in field metadata), and the
+engine calls ``build_source`` in every process, then ``client(cid)`` for its own clients.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
 from . import partition as _p
-from .base import DataError, FederatedSource, Splits, split_client
+from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
 
@@ -13,10 +18,10 @@ from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, Synthetic
 @dataclass(frozen=True)
 class DatasetSpec:
     name: str
-    summary: str
-    Params: type
+    summary: str              # one line for `raysim list`
+    Params: type              # frozen dataclass of the dataset's own options
     pooled: bool              # a labelled pool split among clients by a partitioner
-    build: Callable[..., FederatedSource]
+    build: Callable[..., FederatedSource]   # (params, clients, partition, splits, seed)
 
 
 @dataclass(frozen=True)
@@ -24,13 +29,13 @@ class PartitionerSpec:
     name: str
     summary: str
     Params: type
-    fn: Callable
+    fn: Callable              # (labels, num_clients, params, rng) -> [sorted int64 indices per client]
 
 
 @dataclass(frozen=True)
 class PartitionCfg:
-    kind: str
-    params: object
+    kind: str                 # a PARTITIONERS key
+    params: object            # an instance of that partitioner's Params
 
 
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
@@ -38,7 +43,8 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 SyntheticParams, False, lambda p, n, part, sp, seed: SyntheticMixture(p, n, sp, seed)),
     DatasetSpec("gaussian", "random normal features, uniform labels, any shape (timing workload)",
                 GaussianParams, False, lambda p, n, part, sp, seed: Gaussian(p, n, sp, seed)),
-    DatasetSpec("fashion_mnist", "Fashion-MNIST from IDX files (Debian: dataset-fashion-mnist), pooled",
+    DatasetSpec("fashion_mnist", "Fashion-MNIST (70 000 28x28 images, 10 classes) from IDX files, pooled; "
+                "Debian: dataset-fashion-mnist",
                 FashionParams, True, FashionMNIST),
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
                 DigitsParams, True, Digits),
@@ -55,8 +61,9 @@ PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
 
 def build_source(dataset: str, params, clients: int, partition: PartitionCfg | None,
                  splits: Splits, seed: int) -> FederatedSource:
+    """The named dataset's source; cheap (files are read and partitioned on first use)."""
     return DATASETS[dataset].build(params, clients, partition, splits, seed)
 
 
 __all__ = ["DATASETS", "PARTITIONERS", "DataError", "DatasetSpec", "FederatedSource",
-           "PartitionCfg", "PartitionerSpec", "Splits", "build_source", "split_client"]
+           "PartitionCfg", "PartitionerSpec", "PooledSource", "Splits", "build_source", "split_client"]

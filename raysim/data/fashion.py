@@ -1,23 +1,28 @@
-"""Fashion-MNIST (Xiao, Rasul & Vollgraf 2017) from the standard IDX files.
+"""Fashion-MNIST (Xiao, Rasul & Vollgraf 2017, arXiv:1708.07747) from the standard IDX files.
 
-Train (60 000) and test (10 000) are pooled and split among clients by the scenario's
-partitioner; each client's share is then split into train/val/test. Files may be gzip-compressed.
-The default root is where Debian's `dataset-fashion-mnist` package puts them.
+Train (60 000) and test (10 000) are pooled (70 000 images) and split among clients by the
+scenario's partitioner; each client's share is then split into train/val/test. Inputs are
+uint8/255 as float32 of shape (1, 28, 28), normalized with the dataset's mean 0.2860 and std
+0.3530. Files may be gzip-compressed (``NAME.gz``). The default root is where Debian's
+``dataset-fashion-mnist`` package installs them (as ``.gz``).
+
+IDX format (LeCun's MNIST page): 4-byte magic 0x00 0x00 <type> <ndim> (type 0x08 = uint8; so
+0x00000803 for images, 0x00000801 for labels), ndim big-endian uint32 sizes, then the data.
 """
 from __future__ import annotations
 
+import functools
 import gzip
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from algorithms.base import ClientData
-from raysim.rng import generator
+from .base import DataError, PooledSource, Splits
 
-from .base import DataError, FederatedSource, Splits, split_client
-
-FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IMAGES, LABELS = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"), ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")
+FILES = (IMAGES[0], LABELS[0], IMAGES[1], LABELS[1])
 MEAN, STD = 0.2860, 0.3530
 INSTALL = ("install them with `sudo apt-get install dataset-fashion-mnist` or set data.root to a "
            "folder holding the four IDX files")
@@ -25,64 +30,77 @@ INSTALL = ("install them with `sudo apt-get install dataset-fashion-mnist` or se
 
 @dataclass(frozen=True)
 class FashionParams:
-    root: str = field(default="/usr/share/datasets/fashion-mnist", metadata={"help": "folder of the IDX files"})
+    root: str = field(default="/usr/share/datasets/fashion-mnist",
+                      metadata={"help": "folder of the four IDX files (plain or .gz)"})
 
 
-def _find(root: Path, name: str) -> Path:
-    for cand in (root / name, root / f"{name}.gz"):
-        if cand.is_file():
-            return cand
-    raise DataError(f"fashion_mnist: no {name}[.gz] under {root}; {INSTALL}")
+def find_files(root: Path) -> list[Path]:
+    """The four IDX files under ``root`` (plain name preferred over .gz), or DataError."""
+    found = {}
+    for name in FILES:
+        for cand in (root / name, root / f"{name}.gz"):
+            if cand.is_file():
+                found[name] = cand
+                break
+    if not found:
+        raise DataError(f"fashion_mnist: no IDX files under {root} (looked for "
+                        f"{'[.gz], '.join(FILES)}[.gz]); {INSTALL}")
+    missing = [n for n in FILES if n not in found]
+    if missing:
+        raise DataError(f"fashion_mnist: {root} lacks {'[.gz], '.join(missing)}[.gz] "
+                        f"(found {', '.join(p.name for p in found.values())}); {INSTALL}")
+    return [found[n] for n in FILES]
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """Parse an IDX file (uint8 data): magic 0x0000 08 NDIM, big-endian dims, then the bytes."""
-    raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] not in (1, 3):
-        raise DataError(f"fashion_mnist: {path} is not an IDX file of unsigned bytes (bad magic number)")
-    ndim = raw[3]
-    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(np.int64)
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """Parse an IDX file of unsigned bytes with ``ndim`` dimensions (magic 0x000008NN)."""
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":          # gzip, whatever the name says
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"fashion_mnist: cannot read {path}: {e}; {INSTALL}") from None
+    magic = 0x800 | ndim
+    if len(raw) < 4 + 4 * ndim or int.from_bytes(raw[:4], "big") != magic:
+        got = f"0x{int.from_bytes(raw[:4], 'big'):08x}" if len(raw) >= 4 else "a short header"
+        raise DataError(f"fashion_mnist: {path} is not an IDX file of {ndim}-d unsigned bytes "
+                        f"(bad magic number: expected 0x{magic:08x}, got {got}); {INSTALL}")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
-        raise DataError(f"fashion_mnist: {path} holds {data.size} bytes, its header says {tuple(dims)}")
-    return data.reshape(tuple(dims))
+        raise DataError(f"fashion_mnist: {path} holds {data.size} data bytes but its header says "
+                        f"{'x'.join(map(str, dims))}; the file is truncated or corrupt; {INSTALL}")
+    return data.reshape(dims)
 
 
-class FashionMNIST(FederatedSource):
+@functools.lru_cache(maxsize=1)
+def _load(paths: tuple[Path, ...], stamps: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled (images uint8 N x 28 x 28, labels int64 N); cached per process while files are unchanged."""
+    tr_x, tr_y, te_x, te_y = (read_idx(p, 3 if i % 2 == 0 else 1) for i, p in enumerate(paths))
+    for imgs, labs, pi, pl in ((tr_x, tr_y, paths[0], paths[1]), (te_x, te_y, paths[2], paths[3])):
+        if imgs.shape[1:] != (28, 28):
+            raise DataError(f"fashion_mnist: {pi} holds {imgs.shape[1]}x{imgs.shape[2]} images, expected 28x28")
+        if imgs.shape[0] != labs.shape[0]:
+            raise DataError(f"fashion_mnist: {pi} has {imgs.shape[0]} images but {pl} has {labs.shape[0]} labels")
+        if labs.size and labs.max() > 9:
+            raise DataError(f"fashion_mnist: {pl} holds label {labs.max()}, expected 0..9")
+    x, y = np.concatenate([tr_x, te_x]), np.concatenate([tr_y, te_y]).astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False
+    return x, y
+
+
+class FashionMNIST(PooledSource):
+    name = "fashion_mnist"
+    input_shape, num_classes = (1, 28, 28), 10
+
     def __init__(self, params: FashionParams, clients: int, partition, splits: Splits, seed: int):
-        if partition is None:
-            raise ValueError("fashion_mnist needs a partition")
+        super().__init__(clients, partition, splits, seed)
         self.root = Path(params.root)
-        self.partition, self.splits, self.seed = partition, splits, seed
-        self.num_clients, self.input_shape, self.num_classes = clients, (1, 28, 28), 10
-        self._pool = None
 
-    def pool(self):
-        if self._pool is None:
-            from . import PARTITIONERS
-            if not self.root.is_dir():
-                raise DataError(f"fashion_mnist: {self.root} does not exist (looked for {FILES[0]}[.gz] "
-                                f"and three more IDX files); {INSTALL}")
-            arrays = [read_idx(_find(self.root, f)) for f in FILES]
-            images = np.concatenate([arrays[0], arrays[2]])
-            labels = np.concatenate([arrays[1], arrays[3]]).astype(np.int64)
-            if images.ndim != 3 or images.shape[0] != labels.shape[0]:
-                raise DataError(f"fashion_mnist: images {images.shape} and labels {labels.shape} under "
-                                f"{self.root} do not match")
-            spec = PARTITIONERS[self.partition.kind]
-            try:
-                parts = spec.fn(labels, self.num_clients, self.partition.params,
-                                generator(self.seed, "partition"))
-            except ValueError as e:
-                raise DataError(f"fashion_mnist: {e}") from None
-            self._pool = (images, labels, parts)
-        return self._pool
+    def load(self) -> tuple[np.ndarray, np.ndarray]:
+        paths = tuple(find_files(self.root))
+        stamps = tuple((p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+        return _load(paths, stamps)
 
-    def num_samples(self, cid: int) -> int:
-        return len(self.pool()[2][cid])
-
-    def client(self, cid: int) -> ClientData:
-        images, labels, parts = self.pool()
-        idx = parts[cid]
-        x = ((images[idx].astype(np.float32) / 255.0 - MEAN) / STD)[:, None]
-        return split_client(cid, x, labels[idx], self.splits, self.seed)
+    def to_float(self, x: np.ndarray) -> np.ndarray:
+        return ((x.astype(np.float32) / np.float32(255.0) - np.float32(MEAN)) / np.float32(STD))[:, None]

@@ -1,17 +1,27 @@
 """Partitioners: split a pool of labelled samples among clients.
 
-- dirichlet: per class c, shares p_c ~ Dir(alpha) over clients (Hsu, Qi & Brown 2019,
-  "Measuring the Effects of Non-Identical Data Distribution"; the split FedEM and FL-bench use).
-- shards: sort by label, cut clients*k equal shards, k shards per client (McMahan et al. 2017's
-  pathological non-IID split).
-- iid: uniform shuffle, equal sizes (differ by at most one).
-Each returns one sorted int64 index array per client.
+Each is ``fn(labels, num_clients, params, rng) -> list of index arrays``, one sorted int64 array
+per client, drawing only from ``rng`` (so a fixed generator gives a fixed split).
+
+- dirichlet: for each class c, shares p_c ~ Dir(alpha·1) over clients, and class c's shuffled
+  samples are cut by p_c (Hsu, Qi & Brown 2019, "Measuring the Effects of Non-Identical Data
+  Distribution for Federated Visual Classification"; the split FedEM and FL-bench use). Redrawn
+  up to ``TRIES`` times until every client has ``min_size`` samples, then fixed up by moving
+  samples from the largest clients. Every sample goes to exactly one client.
+- shards: McMahan et al. 2017 ("Communication-Efficient Learning of Deep Networks from
+  Decentralized Data") pathological non-IID split: sort by label, cut clients·k shards, k random
+  shards per client. Shard sizes differ by at most one, so no sample is dropped; a client holds at
+  most k labels whenever each shard falls inside one class (e.g. class sizes divisible by the
+  shard size), otherwise a shard straddling a class boundary adds a label.
+- iid: uniform shuffle, equal sizes (differing by at most one).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+TRIES = 100
 
 
 @dataclass(frozen=True)
@@ -22,7 +32,7 @@ class DirichletParams:
 
 @dataclass(frozen=True)
 class ShardsParams:
-    classes_per_client: int = field(default=2, metadata={"min": 1, "help": "shards (≈ classes) per client"})
+    classes_per_client: int = field(default=2, metadata={"min": 1, "help": "label-sorted shards (≈ classes) per client"})
 
 
 @dataclass(frozen=True)
@@ -30,46 +40,58 @@ class IIDParams:
     pass
 
 
+def _check(n: int, num_clients: int, need: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"need at least one client, got {num_clients}")
+    if n < need:
+        raise ValueError(f"{n} samples are too few for {num_clients} clients (need {need}); "
+                         f"use fewer clients")
+
+
 def dirichlet(labels: np.ndarray, num_clients: int, params: DirichletParams,
               rng: np.random.Generator) -> list[np.ndarray]:
-    n = len(labels)
-    if params.min_size * num_clients > n:
-        raise ValueError(f"{n} samples cannot give {num_clients} clients {params.min_size} each")
+    labels = np.asarray(labels)
+    _check(len(labels), num_clients, params.min_size * num_clients)
     classes = np.unique(labels)
-    for _ in range(100):
+    for _ in range(TRIES):
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for c in classes:
             idx = rng.permutation(np.flatnonzero(labels == c))
             p = rng.dirichlet(np.full(num_clients, params.alpha))
-            cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+            cuts = np.minimum((np.cumsum(p)[:-1] * len(idx)).astype(np.int64), len(idx))
             for k, chunk in enumerate(np.split(idx, cuts)):
                 parts[k].append(chunk)
-        out = [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+        out = [np.concatenate(p) for p in parts]
         if min(len(o) for o in out) >= params.min_size:
-            return out
-    # rare with sane settings: move samples from the largest clients to the smallest
-    while min(len(o) for o in out) < params.min_size:
-        small = int(np.argmin([len(o) for o in out]))
-        big = int(np.argmax([len(o) for o in out]))
-        out[small] = np.sort(np.append(out[small], out[big][-1]))
-        out[big] = out[big][:-1]
-    return out
+            break
+    else:
+        # still short after TRIES draws: move random samples from the largest client to the smallest
+        while True:
+            sizes = np.array([len(o) for o in out])
+            small, big = int(np.argmin(sizes)), int(np.argmax(sizes))
+            need = params.min_size - sizes[small]
+            if need <= 0:
+                break
+            k = min(need, sizes[big] - params.min_size)
+            take = rng.permutation(sizes[big])[:k]
+            out[small] = np.concatenate([out[small], out[big][take]])
+            out[big] = np.delete(out[big], take)
+    return [np.sort(o).astype(np.int64) for o in out]
 
 
 def shards(labels: np.ndarray, num_clients: int, params: ShardsParams,
            rng: np.random.Generator) -> list[np.ndarray]:
-    """Equal shards of the label-sorted pool; the remainder (< clients*k samples) is dropped."""
+    labels = np.asarray(labels)
     k = params.classes_per_client
+    _check(len(labels), num_clients, num_clients * k)
     order = np.argsort(labels, kind="stable")
-    num_shards = num_clients * k
-    size = len(labels) // num_shards
-    if size == 0:
-        raise ValueError(f"{len(labels)} samples cannot make {num_shards} shards")
-    shard_ids = rng.permutation(num_shards)
-    return [np.sort(np.concatenate([order[s * size:(s + 1) * size] for s in shard_ids[c * k:(c + 1) * k]]))
-            .astype(np.int64) for c in range(num_clients)]
+    pieces = np.split(order[:len(order) // (num_clients * k) * num_clients * k], num_clients * k)
+    ids = rng.permutation(num_clients * k)
+    return [np.sort(np.concatenate([pieces[s] for s in ids[c * k:(c + 1) * k]])).astype(np.int64)
+            for c in range(num_clients)]
 
 
 def iid(labels: np.ndarray, num_clients: int, params: IIDParams,
         rng: np.random.Generator) -> list[np.ndarray]:
+    _check(len(labels), num_clients, num_clients)
     return [np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(len(labels)), num_clients)]

@@ -23,7 +23,7 @@ class Transport(Protocol):
     num_hosts: int
 
     def train(self, round_: int, message: Any, by_host: list[list[int]]) -> list[tuple]: ...
-    def evaluate(self, round_: int, message: Any, by_host: list[list[int]]) -> list[dict]: ...
+    def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]) -> list[dict]: ...
     def get_states(self) -> dict[int, Any]: ...
     def set_states(self, trees: dict[int, Any]) -> None: ...
     def message_nbytes(self, message: Any) -> int: ...
@@ -58,6 +58,7 @@ class EvalSummary:
     bottom_decile_accuracy: float
     loss: float
     global_accuracy: float | None
+    extras: dict[str, float]
 
 
 def summarize(results: dict[int, EvalResult]) -> EvalSummary | None:
@@ -71,8 +72,9 @@ def summarize(results: dict[int, EvalResult]) -> EvalSummary | None:
     glob = None
     if all(r.global_correct is not None for r in rs):
         glob = float(sum(r.global_correct for r in rs) / total.sum())
+    extras = {k: float(np.mean([r.extras[k] for r in rs])) for k in rs[0].extras}
     return EvalSummary(float(correct.sum() / total.sum()), float(np.percentile(per_client, 10)),
-                       float(sum(r.loss_sum for r in rs) / total.sum()), glob)
+                       float(sum(r.loss_sum for r in rs) / total.sum()), glob, extras)
 
 
 class RoundDriver:
@@ -129,7 +131,8 @@ class RoundDriver:
         message = self.algo.broadcast(self.server_state, self.round)
         everyone = np.concatenate([self.train_ids, self.unseen_ids])
         results: dict[int, EvalResult] = {}
-        for part in self.transport.evaluate(self.round, message, self._by_host(everyone)):
+        unseen = [int(c) for c in self.unseen_ids]
+        for part in self.transport.evaluate(self.round, message, self._by_host(everyone), unseen):
             results.update(part)
         out: dict[str, float] = {}
         seen = summarize({c: results[int(c)] for c in self.train_ids})
@@ -138,11 +141,13 @@ class RoundDriver:
                        test_loss=seen.loss)
             if seen.global_accuracy is not None and self.algo.has_global_model:
                 out["global_accuracy"] = seen.global_accuracy
+            out.update(seen.extras)
         if len(self.unseen_ids):
             unseen = summarize({c: results[int(c)] for c in self.unseen_ids})
             if unseen is not None:
                 out.update(unseen_accuracy=unseen.accuracy,
                            unseen_bottom_decile_accuracy=unseen.bottom_decile_accuracy)
+                out.update({f"unseen_{k}": v for k, v in unseen.extras.items()})
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -77,12 +77,19 @@ class Host:
             losses[cid] = (float(loss), self.data(cid).num_train)
         return acc, losses, time.perf_counter() - t0
 
-    def evaluate(self, round_: int, message: Any, cids: list[int]) -> dict[int, Any]:
+    def evaluate(self, round_: int, message: Any, cids: list[int], unseen: list[int] = ()) -> dict[int, Any]:
+        """Evaluate clients; ``unseen`` ones never trained: they personalize first (not kept)."""
         message = to_device(message, self.device)
+        unseen = set(unseen)
         out = {}
         for cid in sorted(cids):
-            out[cid] = self.algo.evaluate(self.state(cid), message, self.data(cid),
-                                          self.context(round_, cid, "eval"))
+            ctx = self.context(round_, cid, "eval")
+            if cid in unseen:
+                state = self.algo.personalize(message, self.data(cid),
+                                              self.context(round_, cid, "personalize"))
+            else:
+                state = self.state(cid)
+            out[cid] = self.algo.evaluate(state, message, self.data(cid), ctx)
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------

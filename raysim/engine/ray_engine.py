@@ -52,8 +52,8 @@ class RayHost(Host):
     def train(self, round_: int, message: Any, cids: list[int]):
         return super().train(round_, from_numpy(message), cids)
 
-    def evaluate(self, round_: int, message: Any, cids: list[int]):
-        return super().evaluate(round_, from_numpy(message), cids)
+    def evaluate(self, round_: int, message: Any, cids: list[int], unseen: list[int] = ()):
+        return super().evaluate(round_, from_numpy(message), cids, unseen)
 
     def get_states(self) -> dict[int, Any]:
         return to_numpy(super().get_states())
@@ -88,9 +88,10 @@ class RayTransport:
         ref = ray.put(to_numpy(message))
         return ray.get([h.train.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
-    def evaluate(self, round_: int, message: Any, by_host: list[list[int]]):
+    def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
         ref = ray.put(to_numpy(message))
-        return ray.get([h.evaluate.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
+        return ray.get([h.evaluate.remote(round_, ref, cids, [c for c in unseen if c in set(cids)])
+                        for h, cids in zip(self.hosts, by_host)])
 
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}

@@ -11,6 +11,9 @@ from raysim.engine.trees import nbytes
 
 class LocalTransport:
     def __init__(self, sc: Scenario, num_hosts: int | None = None, device: str | None = None):
+        # one host's thread budget, as each Ray host gets (hosts here run one after another)
+        import torch
+        torch.set_num_threads(max(1, int(sc.resources.cpus_per_host)))
         self.num_hosts = num_hosts or sc.resources.hosts
         n = sc.data.clients
         self.hosts = [Host(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], device=device)
@@ -21,8 +24,8 @@ class LocalTransport:
     def train(self, round_: int, message: Any, by_host: list[list[int]]):
         return [h.train(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
 
-    def evaluate(self, round_: int, message: Any, by_host: list[list[int]]):
-        return [h.evaluate(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
+    def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
+        return [h.evaluate(round_, message, cids, unseen) for h, cids in zip(self.hosts, by_host)]
 
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}

@@ -1,0 +1,133 @@
+"""FedEM — Marfoq, Neglia, Bellet, Kameni & Vidal, "Federated Multi-Task Learning under a
+Mixture of Distributions", NeurIPS 2021 (Alg. 1 and 2).
+
+M shared components θ_1..θ_M; client k keeps mixture weights π_k (its state, on its host).
+Each round, at each sampled client, with the components just received:
+  E-step   q[m, i] = softmax_m( log π_m − ℓ(θ_m; x_i, y_i) )   over the whole local train set
+  M-step   π_m = mean_i q[m, i]
+  then every component takes local SGD steps on the loss weighted per sample by q[m, i]
+  (batch loss = mean_i q[m, i]·ℓ_i, as the official code's ``fit_batch``).
+Server: each component becomes the average of the clients' components weighted by n_k.
+Prediction: p(y|x) = Σ_m π_m · softmax(θ_m(x)).
+Unseen clients (Table 3) personalize π from uniform with the components frozen: E-step + π
+update (``unseen_em_steps`` times on the same losses).
+
+Defaults follow the official code: SGD momentum .9, weight decay 5e-4, batch 128, 1 local epoch,
+lr ×0.1 at R/2 and 3R/4, M = 3. The optimizer state is reset every round (the official clients
+keep one SGD object per learner across rounds; this only changes momentum carried over).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted
+from .local_sgd import get_params, load_params, local_sgd, predict_logits
+
+
+@dataclass(frozen=True)
+class FedEMHyper(LocalTraining):
+    lr: float = 0.05
+    batch_size: int = 128
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "step"
+    components: int = field(default=3, metadata={"min": 1, "help": "mixture components M"})
+    unseen_em_steps: int = field(default=1, metadata={"min": 1,
+                                 "help": "E-step + pi updates for unseen clients (components frozen)"})
+
+
+@dataclass
+class FedEMState:
+    pi: torch.Tensor            # (M,) mixture weights of this client
+
+
+def e_step(log_pi: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+    """q[m, i] = softmax over m of (log π_m − losses[m, i]); ``losses`` is (M, n)."""
+    return torch.softmax(log_pi[:, None] - losses, dim=0)
+
+
+def mixture_log_prob(pi: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """log Σ_m π_m softmax(logits_m) for logits of shape (M, n, classes) -> (n, classes)."""
+    return torch.logsumexp(torch.log(pi)[:, None, None] + F.log_softmax(logits, dim=-1), dim=0)
+
+
+class FedEM(Algorithm):
+    name = "fedem"
+    summary = "FedEM (Marfoq et al. 2021): M shared components, per-client mixture weights by EM"
+    Hyper = FedEMHyper
+    ClientState = FedEMState
+    has_global_model = False
+
+    def init_server(self, model: nn.Module, rng: np.random.Generator) -> list[list[torch.Tensor]]:
+        # component m starts from its own initialization (variant m of the run's seeded init)
+        return [get_params(self.model_fn(m)) for m in range(self.hp.components)]
+
+    def broadcast(self, server_state, round_: int):
+        return server_state
+
+    def aggregate(self, server_state, reduced: list[Weighted] | None, round_: int):
+        if reduced is None:
+            return server_state
+        return [r.mean(s[0].dtype) if r.weight > 0 else s for r, s in zip(reduced, server_state)]
+
+    def init_client(self, cid: int, rng: np.random.Generator) -> FedEMState:
+        m = self.hp.components
+        return FedEMState(torch.full((m,), 1.0 / m))
+
+    # -- client ------------------------------------------------------------------------------
+    def _component_models(self, message, device) -> list[nn.Module]:
+        """One model per component holding the broadcast weights, loaded once per message."""
+        if getattr(self, "_models_message", None) is not message:
+            if getattr(self, "_models", None) is None:
+                self._models = [self.model_fn().to(device) for _ in message]
+            for model, params in zip(self._models, message):
+                load_params(model, params)
+            self._models_message = message      # keep a reference: the identity check stays sound
+        return self._models
+
+    @torch.no_grad()
+    def losses(self, message, x: torch.Tensor, y: torch.Tensor, device) -> torch.Tensor:
+        """Per-sample losses of every component, shape (M, n)."""
+        models = self._component_models(message, device)
+        return torch.stack([F.cross_entropy(predict_logits(m, x), y, reduction="none") for m in models])
+
+    def train(self, state: FedEMState, message, data: ClientData, ctx: Context):
+        pi = state.pi.to(ctx.device)
+        losses = self.losses(message, data.train_x, data.train_y, ctx.device)
+        # negative log-likelihood of the mixture before the update (the round's training loss)
+        nll = float(-torch.logsumexp(torch.log(pi)[:, None] - losses, dim=0).mean())
+        q = e_step(torch.log(pi), losses)
+        pi = q.mean(dim=1)
+        replies = []
+        model = self.scratch_model(ctx.device)
+        for m, params in enumerate(message):
+            load_params(model, params)
+            local_sgd(model, data.train_x, data.train_y, self.hp, ctx, sample_weight=q[m])
+            replies.append(Weighted([p.detach().clone() for p in model.parameters()], float(data.num_train)))
+        return FedEMState(pi.cpu()), replies, nll
+
+    def personalize(self, message, data: ClientData, ctx: Context) -> FedEMState:
+        pi = self.init_client(ctx.cid, None).pi.to(ctx.device)
+        if data.num_train == 0:
+            return FedEMState(pi.cpu())
+        losses = self.losses(message, data.train_x, data.train_y, ctx.device)
+        for _ in range(self.hp.unseen_em_steps):
+            pi = e_step(torch.log(pi), losses).mean(dim=1)
+        return FedEMState(pi.cpu())
+
+    @torch.no_grad()
+    def evaluate(self, state: FedEMState, message, data: ClientData, ctx: Context) -> EvalResult:
+        pi = state.pi.to(ctx.device)
+        entropy = float(-(pi * torch.log(pi.clamp_min(1e-12))).sum())
+        if data.num_test == 0:
+            return EvalResult(0.0, 0, 0.0, extras={"pi_entropy": entropy})
+        logits = torch.stack([predict_logits(m, data.test_x) for m in self._component_models(message, ctx.device)])
+        logp = mixture_log_prob(pi, logits)
+        correct = float((logp.argmax(1) == data.test_y).sum())
+        loss = float(F.nll_loss(logp, data.test_y, reduction="sum"))
+        return EvalResult(correct, data.num_test, loss, extras={"pi_entropy": entropy})

@@ -1,0 +1,90 @@
+"""FedEM on tiny inputs: E-step, pi update, weighted loss, mixture prediction, unseen clients."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import algorithms
+from algorithms.base import ClientData, Context
+from algorithms.fedem import FedEMState, e_step, mixture_log_prob
+from algorithms.local_sgd import local_sgd
+from tests.test_algorithms import client, ctx, zero_model
+
+
+def fedem(**hp):
+    cls = algorithms.get("fedem")
+    base = dict(lr=0.1, batch_size=8, momentum=0.0, weight_decay=0.0, lr_schedule="constant", components=2)
+    return cls(cls.Hyper(**{**base, **hp}), lambda variant=0: zero_model(), rounds=10)
+
+
+def test_e_step_by_hand():
+    # pi = (1/2, 1/2); sample 0 has losses (1, 2), sample 1 has (2, 1)
+    q = e_step(torch.log(torch.tensor([0.5, 0.5])), torch.tensor([[1.0, 2.0], [2.0, 1.0]]))
+    a = math.exp(-1) / (math.exp(-1) + math.exp(-2))                  # 0.7311
+    assert torch.allclose(q, torch.tensor([[a, 1 - a], [1 - a, a]]), atol=1e-6)
+    assert torch.allclose(q.mean(dim=1), torch.tensor([0.5, 0.5]))    # the pi update
+    # a prior tilts it: pi = (0.9, 0.1), equal losses -> q = pi for every sample
+    q = e_step(torch.log(torch.tensor([0.9, 0.1])), torch.ones(2, 3))
+    assert torch.allclose(q, torch.tensor([[0.9] * 3, [0.1] * 3]))
+
+
+def test_weighted_loss_zero_weight_sample_contributes_nothing():
+    # batch of 2: (x=2, y=0) weight 1 and (x=1, y=1) weight 0. The batch loss is mean_i w_i l_i,
+    # so the gradient is half of sample 0's: W = 0.1 * 0.5 * [[1], [-1]] after one step.
+    m = zero_model()
+    data = client(0, [2.0, 1.0], [0, 1])
+    hp = algorithms.get("fedem").Hyper(lr=0.1, batch_size=2, momentum=0.0, weight_decay=0.0,
+                                       lr_schedule="constant")
+    local_sgd(m, data.train_x, data.train_y, hp, ctx(), sample_weight=torch.tensor([1.0, 0.0]))
+    assert torch.allclose(m.weight, torch.tensor([[0.05], [-0.05]]))
+    assert torch.allclose(m.bias, torch.tensor([0.025, -0.025]))
+
+
+def test_mixture_prediction_by_hand():
+    # component 0 is sure of class 0, component 1 of class 1 -> p = pi
+    logits = torch.tensor([[[50.0, 0.0]], [[0.0, 50.0]]])
+    p = mixture_log_prob(torch.tensor([0.25, 0.75]), logits).exp()
+    assert torch.allclose(p, torch.tensor([[0.25, 0.75]]), atol=1e-6)
+
+
+def fixed_components():
+    """Component 0 always predicts class 0 (bias +3), component 1 class 1."""
+    return [[torch.zeros(2, 1), torch.tensor([3.0, 0.0])], [torch.zeros(2, 1), torch.tensor([0.0, 3.0])]]
+
+
+def test_train_updates_pi_towards_the_component_that_explains_the_data():
+    algo = fedem()
+    data = client(0, [1.0, 2.0, 3.0, 4.0], [1, 1, 1, 1])
+    state, replies, nll = algo.train(algo.init_client(0, None), fixed_components(), data, ctx())
+    # per-sample losses: comp 0: log(1 + e^3) = 3.0486, comp 1: log(1 + e^-3) = 0.0486
+    l0, l1 = math.log(1 + math.e ** 3), math.log(1 + math.e ** -3)
+    q1 = 1 / (1 + math.exp(l1 - l0))
+    assert state.pi[1].item() == pytest.approx(q1, abs=1e-6)
+    assert nll == pytest.approx(-math.log(0.5 * math.exp(-l0) + 0.5 * math.exp(-l1)), abs=1e-6)
+    assert len(replies) == 2 and all(r.weight == 4.0 for r in replies)
+
+
+def test_server_averages_each_component_by_samples():
+    algo = fedem()
+    from algorithms.base import Weighted
+    from raysim.engine.reduce import Accumulator
+    acc = Accumulator()
+    acc.add([Weighted([torch.tensor([1.0])], 1.0), Weighted([torch.tensor([10.0])], 1.0)])
+    acc.add([Weighted([torch.tensor([4.0])], 3.0), Weighted([torch.tensor([20.0])], 3.0)])
+    new = algo.aggregate([[torch.zeros(1)], [torch.zeros(1)]], acc.result(), 0)
+    assert new[0][0].item() == pytest.approx((1 + 12) / 4) and new[1][0].item() == pytest.approx((10 + 60) / 4)
+
+
+def test_unseen_client_personalizes_pi_from_uniform_with_components_frozen():
+    algo = fedem(unseen_em_steps=5)
+    data = ClientData(0, torch.tensor([[1.0], [2.0]]), torch.tensor([0, 0]), torch.zeros(0, 1),
+                      torch.zeros(0, dtype=torch.long), torch.tensor([[1.0]]), torch.tensor([0]))
+    msg = fixed_components()
+    one = fedem(unseen_em_steps=1).personalize(msg, data, ctx())
+    five = algo.personalize(msg, data, ctx())
+    assert 0.5 < one.pi[0] < five.pi[0] < 1.0              # more EM steps: closer to component 0
+    res = algo.evaluate(five, msg, data, ctx())
+    assert res.correct == 1.0 and res.extras["pi_entropy"] < math.log(2)
+    assert torch.equal(msg[0][1], torch.tensor([3.0, 0.0]))   # the components were not touched
