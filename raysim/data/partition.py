@@ -85,7 +85,7 @@ def shards(labels: np.ndarray, num_clients: int, params: ShardsParams,
     k = params.classes_per_client
     _check(len(labels), num_clients, num_clients * k)
     order = np.argsort(labels, kind="stable")
-    pieces = np.split(order[:len(order) // (num_clients * k) * num_clients * k], num_clients * k)
+    pieces = np.array_split(order, num_clients * k)
     ids = rng.permutation(num_clients * k)
     return [np.sort(np.concatenate([pieces[s] for s in ids[c * k:(c + 1) * k]])).astype(np.int64)
             for c in range(num_clients)]
