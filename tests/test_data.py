@@ -297,3 +297,40 @@ def test_shards_give_at_most_k_labels_and_drop_nothing():
 def test_iid_sizes_differ_by_at_most_one():
     parts = PARTITIONERS["iid"].fn(np.zeros(1003, np.int64), 10, IIDParams(), np.random.default_rng(0))
     assert exactly_once(parts, 1003) and sorted(len(p) for p in parts) == [100] * 7 + [101] * 3
+
+
+def write_leaf(root, users, seed=0):
+    rng = np.random.default_rng(seed)
+    import json
+    for sub, n in (("train", 6), ("test", 2)):
+        (root / sub).mkdir(parents=True)
+        doc = {"users": users, "num_samples": [n] * len(users),
+               "user_data": {u: {"x": rng.random((n, 784)).round(3).tolist(),
+                                 "y": [int(v) for v in rng.integers(0, 62, n)]} for u in users}}
+        (root / sub / "all_data_0.json").write_text(json.dumps(doc))
+
+
+def test_leaf_femnist_one_client_per_writer(tmp_path):
+    write_leaf(tmp_path, ["f0003_11", "f0001_42", "f0002_07"])
+    params = DATASETS["leaf_femnist"].Params(root=str(tmp_path))
+    src = build_source("leaf_femnist", params, 2, None, Splits(0.8, 0.0, 0.2), 0)
+    c = src.client(0)                               # writers sorted: f0001_42 first
+    assert c.train_x.shape == (6, 1, 28, 28) and c.test_x.shape == (2, 1, 28, 28)
+    assert src.num_samples(1) == 8 and src.num_classes == 62
+    import json
+    doc = json.loads((tmp_path / "train" / "all_data_0.json").read_text())
+    assert sorted(c.train_y.tolist()) == sorted(doc["user_data"]["f0001_42"]["y"])
+
+
+def test_leaf_femnist_errors_say_how_to_make_the_data(tmp_path):
+    src = build_source("leaf_femnist", DATASETS["leaf_femnist"].Params(root=str(tmp_path)), 2, None, Splits(), 0)
+    with pytest.raises(DataError, match="preprocess.sh -s niid --sf 0.15"):
+        src.client(0)
+    write_leaf(tmp_path, ["a"])
+    src = build_source("leaf_femnist", DATASETS["leaf_femnist"].Params(root=str(tmp_path)), 2, None, Splits(), 0)
+    with pytest.raises(DataError, match="holds 1 writers"):
+        src.client(0)
+    (tmp_path / "train" / "all_data_0.json").write_text("{not json")
+    src = build_source("leaf_femnist", DATASETS["leaf_femnist"].Params(root=str(tmp_path)), 1, None, Splits(), 0)
+    with pytest.raises(DataError, match="not a LEAF JSON file"):
+        src.client(0)

@@ -12,6 +12,7 @@ from typing import Callable
 from . import partition as _p
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
+from .leaf import LeafFEMNIST, LeafParams
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
 
 
@@ -46,6 +47,8 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("fashion_mnist", "Fashion-MNIST (70 000 28x28 images, 10 classes) from IDX files, pooled; "
                 "Debian: dataset-fashion-mnist",
                 FashionParams, True, FashionMNIST),
+    DatasetSpec("leaf_femnist", "FEMNIST in LEAF's JSON format, one client per writer (62 classes)",
+                LeafParams, False, LeafFEMNIST),
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
                 DigitsParams, True, Digits),
 )}
