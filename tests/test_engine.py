@@ -100,3 +100,13 @@ def test_checkpoint_is_loaded_weights_only(tmp_path):
     torch.save({"x": Evil()}, path)
     with pytest.raises(Exception):
         checkpoint.load(path)
+
+
+def test_gpu_fraction_selects_cuda_when_present(monkeypatch):
+    from raysim.engine import host
+    assert host.pick_device(0.0).type == "cpu"
+    monkeypatch.setattr(host.torch.cuda, "is_available", lambda: True)
+    assert host.pick_device(0.25).type == "cuda"
+    assert host.pick_device(0.0).type == "cpu"
+    monkeypatch.setattr(host.torch.cuda, "is_available", lambda: False)
+    assert host.pick_device(0.5).type == "cpu"        # asked for a GPU, none visible: CPU

@@ -1,0 +1,187 @@
+"""Communication graphs and mixing matrices for decentralized (gossip) training.
+
+Graphs (networkx): Erdős–Rényi G(n, p) redrawn until connected, ring, 2-D torus, complete, star,
+or an edge list from a file. Mixing matrices W (symmetric, doubly stochastic, nonnegative, zero
+off the graph, self-weights kept):
+
+- ``metropolis``: W_ij = 1 / (1 + max(d_i, d_j)) on edges, W_ii = 1 − Σ_j W_ij
+  (Xiao & Boyd, "Fast linear iterations for distributed averaging", 2004).
+- ``fmmc``: the fastest-mixing Markov chain on the graph (Boyd, Diaconis & Xiao, SIAM Review
+  2004): minimize the second-largest eigenvalue modulus of W over edge weights, solved by their
+  projected subgradient method. The FedEM official code masks the diagonal of its FMMC solution
+  (every self-weight 0); ours keeps the self-weights the optimization finds.
+
+The spectral gap 1 − SLEM(W) measures how fast gossip averages (larger is faster).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+
+
+class TopologyError(ValueError):
+    """A graph or mixing matrix that cannot be used (one line, says why)."""
+
+
+def erdos_renyi(n: int, p: float, rng: np.random.Generator, tries: int = 1000) -> nx.Graph:
+    for _ in range(tries):
+        g = nx.gnp_random_graph(n, p, seed=int(rng.integers(2**31)))
+        if nx.is_connected(g):
+            return g
+    raise TopologyError(f"erdos_renyi: no connected G({n}, {p}) in {tries} draws; raise p")
+
+
+def torus(n: int) -> nx.Graph:
+    """2-D periodic grid r x c with r*c = n and r, c as close as possible (r >= 3 for a true torus)."""
+    r = max(d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0)
+    if r < 3:
+        raise TopologyError(f"torus: {n} clients do not factor into an r x c grid with r, c >= 3")
+    g = nx.grid_2d_graph(r, n // r, periodic=True)
+    return nx.convert_node_labels_to_integers(g, ordering="sorted")
+
+
+def from_edges(path: str | Path, n: int) -> nx.Graph:
+    """A file of lines ``i j`` (client ids, 0-based; '#' starts a comment)."""
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    p = Path(path)
+    if not p.is_file():
+        raise TopologyError(f"edges: no such file {path}")
+    for k, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").split()
+        if len(parts) != 2 or not all(x.isdigit() for x in parts):
+            raise TopologyError(f"edges: {path} line {k}: expected two client ids, got {line!r}")
+        i, j = int(parts[0]), int(parts[1])
+        if i >= n or j >= n:
+            raise TopologyError(f"edges: {path} line {k}: client id {max(i, j)} >= {n} clients")
+        if i != j:
+            g.add_edge(i, j)
+    return g
+
+
+def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: str | None = None) -> nx.Graph:
+    if kind == "erdos_renyi":
+        g = erdos_renyi(n, p, rng)
+    elif kind == "ring":
+        g = nx.cycle_graph(n) if n > 2 else nx.path_graph(n)
+    elif kind == "torus":
+        g = torus(n)
+    elif kind == "complete":
+        g = nx.complete_graph(n)
+    elif kind == "star":
+        g = nx.star_graph(n - 1)
+    elif kind == "edges":
+        g = from_edges(edges, n)
+    else:
+        raise TopologyError(f"unknown topology {kind!r}")
+    if n > 1 and not nx.is_connected(g):
+        raise TopologyError(f"{kind}: the graph is not connected ({nx.number_connected_components(g)} "
+                            "components); gossip could never reach consensus")
+    return g
+
+
+def metropolis(g: nx.Graph) -> np.ndarray:
+    n = g.number_of_nodes()
+    w = np.zeros((n, n))
+    deg = dict(g.degree())
+    for i, j in g.edges():
+        w[i, j] = w[j, i] = 1.0 / (1 + max(deg[i], deg[j]))
+    w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
+    return w
+
+
+def slem(w: np.ndarray) -> float:
+    """Second-largest eigenvalue modulus of a symmetric stochastic matrix."""
+    ev = np.sort(np.linalg.eigvalsh(w))
+    if len(ev) < 2:
+        return 0.0
+    return float(max(abs(ev[0]), abs(ev[-2])))
+
+
+def spectral_gap(w: np.ndarray) -> float:
+    return 1.0 - slem(w)
+
+
+def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> np.ndarray:
+    """Fastest-mixing Markov chain by projected subgradient descent on the edge weights
+    (Boyd, Diaconis & Xiao 2004, §5): start from Metropolis, step along −g/‖g‖ by step/√k,
+    project onto {w >= 0, Σ_{edges at i} w <= 1}; keep the best iterate."""
+    n = g.number_of_nodes()
+    edges = np.array(list(g.edges()), dtype=np.int64).reshape(-1, 2)
+    if n <= 1 or len(edges) == 0:
+        return np.eye(n)
+    w_edge = metropolis(g)[edges[:, 0], edges[:, 1]]
+
+    def matrix(we):
+        m = np.zeros((n, n))
+        m[edges[:, 0], edges[:, 1]] = we
+        m[edges[:, 1], edges[:, 0]] = we
+        m[np.diag_indices(n)] = 1.0 - m.sum(axis=1)
+        return m
+
+    best, best_val = w_edge.copy(), slem(matrix(w_edge))
+    for k in range(1, iters + 1):
+        m = matrix(w_edge)
+        vals, vecs = np.linalg.eigh(m)
+        if abs(vals[-2]) >= abs(vals[0]):           # lambda_2 sets the SLEM
+            u = vecs[:, -2]
+            grad = -(u[edges[:, 0]] - u[edges[:, 1]]) ** 2
+        else:                                        # lambda_n sets it
+            v = vecs[:, 0]
+            grad = (v[edges[:, 0]] - v[edges[:, 1]]) ** 2
+        norm = np.linalg.norm(grad)
+        if norm == 0:
+            break
+        w_edge = _project(w_edge - step * grad / norm / math.sqrt(k), edges, n)
+        val = slem(matrix(w_edge))
+        if val < best_val - 1e-12:
+            best, best_val = w_edge.copy(), val
+    return matrix(best)
+
+
+def _project(we: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
+    """Nonnegative weights whose sum at every node is at most 1 (scaled down where exceeded)."""
+    we = np.maximum(we, 0.0)
+    for _ in range(50):
+        load = np.zeros(n)
+        np.add.at(load, edges[:, 0], we)
+        np.add.at(load, edges[:, 1], we)
+        over = np.maximum(load, 1.0)
+        if np.all(load <= 1.0 + 1e-12):
+            break
+        we = we / np.maximum(over[edges[:, 0]], over[edges[:, 1]])
+    return we
+
+
+def mixing_matrix(g: nx.Graph, kind: str) -> np.ndarray:
+    if kind == "metropolis":
+        w = metropolis(g)
+    elif kind == "fmmc":
+        w = fmmc(g)
+    else:
+        raise TopologyError(f"unknown mixing {kind!r}; choose metropolis or fmmc")
+    check_mixing(w, g)
+    return w
+
+
+def check_mixing(w: np.ndarray, g: nx.Graph, tol: float = 1e-9) -> None:
+    """Symmetric, doubly stochastic, nonnegative, zero off the graph (self-weights allowed)."""
+    n = g.number_of_nodes()
+    if w.shape != (n, n):
+        raise TopologyError(f"mixing matrix has shape {w.shape}, expected {(n, n)}")
+    if not np.allclose(w, w.T, atol=tol):
+        raise TopologyError("mixing matrix is not symmetric")
+    if (w < -tol).any():
+        raise TopologyError("mixing matrix has negative entries")
+    if not np.allclose(w.sum(axis=1), 1.0, atol=1e-8):
+        raise TopologyError("mixing matrix rows do not sum to 1")
+    allowed = nx.to_numpy_array(g, nodelist=range(n)) > 0
+    allowed[np.diag_indices(n)] = True
+    if (np.abs(w[~allowed]) > tol).any():
+        raise TopologyError("mixing matrix has weight between clients that are not neighbours")

@@ -1,0 +1,77 @@
+"""Graphs and mixing matrices: stochasticity, sparsity, self-weights, known spectral gaps."""
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from raysim import topology as T
+
+
+def test_metropolis_on_a_path_by_hand():
+    g = nx.path_graph(3)            # degrees 1, 2, 1 -> every edge weight 1/3
+    w = T.metropolis(g)
+    expected = np.array([[2 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 3], [0, 1 / 3, 2 / 3]])
+    assert np.allclose(w, expected)
+    T.check_mixing(w, g)
+
+
+@pytest.mark.parametrize("kind", ["ring", "torus", "complete", "star", "erdos_renyi"])
+@pytest.mark.parametrize("mixing", ["metropolis", "fmmc"])
+def test_mixing_matrices_are_doubly_stochastic_and_sparse(kind, mixing):
+    g = T.build(kind, 16, np.random.default_rng(0), p=0.3)
+    w = T.mixing_matrix(g, mixing)
+    assert np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1) and np.allclose(w, w.T)
+    assert (w >= -1e-12).all()
+    assert 0 < T.spectral_gap(w) <= 1 + 1e-9
+
+
+def test_known_spectral_gaps():
+    # complete graph, Metropolis: W = J/n, eigenvalues 1 and 0 -> gap 1
+    assert T.spectral_gap(T.metropolis(nx.complete_graph(8))) == pytest.approx(1.0)
+    # ring of n, Metropolis weights 1/3: eigenvalues 1/3 + 2/3 cos(2 pi k / n)
+    n = 10
+    expected = 1 - max(abs(1 / 3 + 2 / 3 * math.cos(2 * math.pi * k / n)) for k in range(1, n))
+    assert T.spectral_gap(T.metropolis(nx.cycle_graph(n))) == pytest.approx(expected)
+
+
+def test_fmmc_mixes_at_least_as_fast_and_keeps_self_weights():
+    g = T.build("erdos_renyi", 12, np.random.default_rng(3), p=0.3)
+    metro, fast = T.metropolis(g), T.mixing_matrix(g, "fmmc")
+    assert T.spectral_gap(fast) >= T.spectral_gap(metro) - 1e-9
+    # ring of 10 with uniform edge weight w: eigenvalues 1 - 2w(1 - cos(2 pi k/10)); the optimum
+    # equalizes 1 - 2w(1 - cos 36deg) with 4w - 1: w = 2 / (4 + 2(1 - cos 36deg)) ~ 0.4564, which
+    # leaves every self-weight 1 - 2w ~ 0.087 > 0. Zeroing the diagonal (the official code's FMMC
+    # mask) would give W_ij = 1/2 and the eigenvalue -1: a ring of even length would never mix.
+    c = 1 - math.cos(2 * math.pi / 10)
+    w_opt = 2 / (4 + 2 * c)
+    ring = T.mixing_matrix(nx.cycle_graph(10), "fmmc")
+    assert (np.diag(ring) > 0.05).all()           # the optimum keeps self-weights
+    assert T.spectral_gap(ring) == pytest.approx(1 - (1 - 2 * w_opt * c), abs=2e-3)
+    # star K_1,4: the optimum is w = 1/4 on each edge (SLEM 3/4), centre self-weight 0
+    star = T.mixing_matrix(nx.star_graph(4), "fmmc")
+    assert T.spectral_gap(star) == pytest.approx(0.25, abs=1e-3)
+
+
+def test_torus_and_bad_inputs(tmp_path):
+    g = T.torus(12)
+    assert all(d == 4 for _, d in g.degree())
+    with pytest.raises(T.TopologyError, match="do not factor"):
+        T.torus(7)
+    f = tmp_path / "edges.txt"
+    f.write_text("0 1\n1 2\n# comment\n")
+    with pytest.raises(T.TopologyError, match="not connected"):
+        T.build("edges", 4, np.random.default_rng(0), edges=str(f))
+    f.write_text("0 1\n1 x\n")
+    with pytest.raises(T.TopologyError, match="line 2"):
+        T.build("edges", 3, np.random.default_rng(0), edges=str(f))
+    g3 = nx.path_graph(3)
+    bad = np.full((3, 3), 1 / 3)
+    with pytest.raises(T.TopologyError, match="not neighbours"):
+        T.check_mixing(bad, g3)
+
+
+def test_erdos_renyi_is_seeded_and_connected():
+    a = T.build("erdos_renyi", 20, np.random.default_rng(5), p=0.15)
+    b = T.build("erdos_renyi", 20, np.random.default_rng(5), p=0.15)
+    assert set(a.edges()) == set(b.edges()) and nx.is_connected(a)
