@@ -130,6 +130,7 @@ class Algorithm:
     ClientState: ClassVar[type | None] = None
     has_global_model: ClassVar[bool] = True
     communicates: ClassVar[bool] = True
+    supports_gossip: ClassVar[bool] = False   # has the decentralized side (gossip_* and mix)
 
     def __init__(self, hyper: Any, model_fn, rounds: int):
         self.hp = hyper
@@ -182,6 +183,42 @@ class Algorithm:
     def evaluate(self, state: Any, message: Any, data: ClientData, ctx: Context) -> EvalResult:
         raise NotImplementedError
 
+    # -- gossip side (decentralized topology, instead of the server side) ---------------------
+    def gossip_init(self, cid: int, message: Any) -> Any:
+        """A client's state holding its own copy of the shared parameters (from init_server's)."""
+        raise NotImplementedError
+
+    def gossip_train(self, state: Any, data: ClientData, ctx: Context) -> tuple[Any, Any, float]:
+        """Local step on the client's own parameters: (state, message for neighbours, loss)."""
+        raise NotImplementedError
+
+    def mix(self, state: Any, neighbours: list[tuple[float, Any]]) -> Any:
+        """New state from [(W_ij, message_j)] over j in the neighbourhood (self included)."""
+        raise NotImplementedError
+
+    def consensus_stats(self, state: Any) -> Any:
+        """Summable statistics of the shared parameters: a list (one per parameter group, e.g.
+        per component) of Weighted([θ, ‖θ‖²], 1); the engine turns their sums into the consensus
+        distance mean_k ‖θ_k − θ̄‖² = mean_k ‖θ_k‖² − ‖θ̄‖²."""
+        raise NotImplementedError
+
+
+def weighted_sum(neighbours: list[tuple[float, list[torch.Tensor]]]) -> list[torch.Tensor]:
+    """Σ_j w_j θ_j accumulated in float64 in the order given (the engine sorts by client id),
+    cast back to the parameters' dtype: the same result whichever host holds which client."""
+    first = neighbours[0][1]
+    acc = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in first]
+    for w, params in neighbours:
+        for a, t in zip(acc, params):
+            a.add_(t.to(torch.float64), alpha=float(w))
+    return [a.to(t.dtype) for a, t in zip(acc, first)]
+
+
+def consensus_terms(params: list[torch.Tensor]) -> Weighted:
+    """[θ..., ‖θ‖²] with weight 1, for the consensus distance."""
+    sq = sum(float((p.double() ** 2).sum()) for p in params)
+    return Weighted([*(p.detach() for p in params), torch.tensor(sq, dtype=torch.float64)], 1.0)
+
 
 def state_to_tree(state: Any) -> Any:
     """A client state as plain containers of tensors/numbers (loadable with weights_only=True)."""
@@ -204,5 +241,6 @@ def tree_to_state(cls: type | None, tree: Any) -> Any:
 
 __all__ = [
     "Algorithm", "ClientData", "Context", "EvalResult", "LocalTraining", "PerClient", "Weighted",
+    "consensus_terms", "weighted_sum",
     "field", "state_to_tree", "tree_to_state",
 ]

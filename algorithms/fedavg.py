@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted
+from .base import (Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted, consensus_terms,
+                   weighted_sum)
 from .local_sgd import accuracy_and_loss, get_params, load_params, local_sgd, predict_logits
 
 
@@ -22,10 +23,18 @@ class FedAvgHyper(LocalTraining):
     pass
 
 
+@dataclass
+class DSGDState:
+    """A client's own model in decentralized training (D-SGD); server mode keeps no state."""
+    params: list[torch.Tensor]
+
+
 class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg (McMahan et al. 2017): sample-weighted average of local SGD models"
     Hyper = FedAvgHyper
+    ClientState = DSGDState
+    supports_gossip = True
 
     # server: the state is the list of global parameters
     def init_server(self, model: nn.Module, rng: np.random.Generator) -> list[torch.Tensor]:
@@ -61,6 +70,30 @@ class FedAvg(Algorithm):
         return self._eval_model
 
     def evaluate(self, state, message: list[torch.Tensor], data: ClientData, ctx: Context) -> EvalResult:
+        if message is None:                   # decentralized: the client's own model
+            model = self.scratch_model(ctx.device)
+            load_params(model, state.params)
+            correct, loss = accuracy_and_loss(predict_logits(model, data.test_x), data.test_y)
+            return EvalResult(correct, data.num_test, loss)
         model = self.global_model(message, ctx.device)
         correct, loss = accuracy_and_loss(predict_logits(model, data.test_x), data.test_y)
         return EvalResult(correct, data.num_test, loss, global_correct=correct)
+
+    # gossip (D-SGD: Lian et al., "Can Decentralized Algorithms Outperform Centralized
+    # Algorithms?", NeurIPS 2017): local SGD on the own model, then θ_i <- Σ_j W_ij θ_j
+    def gossip_init(self, cid: int, message: list[torch.Tensor]) -> DSGDState:
+        return DSGDState([t.clone() for t in message])
+
+    def gossip_train(self, state: DSGDState, data: ClientData, ctx: Context):
+        model = self.scratch_model(ctx.device)
+        load_params(model, state.params)
+        loss = local_sgd(model, data.train_x, data.train_y, self.hp, ctx,
+                         penalty=self.penalty(state.params, ctx))
+        params = get_params(model)
+        return DSGDState(params), params, loss
+
+    def mix(self, state: DSGDState, neighbours) -> DSGDState:
+        return DSGDState(weighted_sum(neighbours))
+
+    def consensus_stats(self, state: DSGDState):
+        return [consensus_terms(state.params)]

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted
+from .base import (Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted, consensus_terms,
+                   weighted_sum)
 from .local_sgd import get_params, load_params, local_sgd, predict_logits
 
 
@@ -44,6 +45,8 @@ class FedEMHyper(LocalTraining):
 @dataclass
 class FedEMState:
     pi: torch.Tensor            # (M,) mixture weights of this client
+    # D-FedEM only: the client's own copy of the M components (in FedEM they live on the server)
+    components: list[list[torch.Tensor]] | None = None
 
 
 def e_step(log_pi: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
@@ -62,6 +65,7 @@ class FedEM(Algorithm):
     Hyper = FedEMHyper
     ClientState = FedEMState
     has_global_model = False
+    supports_gossip = True
 
     def init_server(self, model: nn.Module, rng: np.random.Generator) -> list[list[torch.Tensor]]:
         # component m starts from its own initialization (variant m of the run's seeded init)
@@ -126,8 +130,26 @@ class FedEM(Algorithm):
         entropy = float(-(pi * torch.log(pi.clamp_min(1e-12))).sum())
         if data.num_test == 0:
             return EvalResult(0.0, 0, 0.0, extras={"pi_entropy": entropy})
-        logits = torch.stack([predict_logits(m, data.test_x) for m in self._component_models(message, ctx.device)])
+        components = state.components if message is None else message     # D-FedEM: its own
+        logits = torch.stack([predict_logits(m, data.test_x) for m in self._component_models(components, ctx.device)])
         logp = mixture_log_prob(pi, logits)
         correct = float((logp.argmax(1) == data.test_y).sum())
         loss = float(F.nll_loss(logp, data.test_y, reduction="sum"))
         return EvalResult(correct, data.num_test, loss, extras={"pi_entropy": entropy})
+
+    # D-FedEM (App. D.2): every client runs the FedEM local step on its own components, then
+    # each component becomes Σ_j W_ij θ_j,m over its neighbourhood.
+    def gossip_init(self, cid: int, message) -> FedEMState:
+        return FedEMState(self.init_client(cid, None).pi, [[t.clone() for t in c] for c in message])
+
+    def gossip_train(self, state: FedEMState, data: ClientData, ctx: Context):
+        new, replies, nll = self.train(state, state.components, data, ctx)
+        components = [r.values for r in replies]
+        return FedEMState(new.pi, components), components, nll
+
+    def mix(self, state: FedEMState, neighbours) -> FedEMState:
+        m = len(state.components)
+        return FedEMState(state.pi, [weighted_sum([(w, msg[k]) for w, msg in neighbours]) for k in range(m)])
+
+    def consensus_stats(self, state: FedEMState):
+        return [consensus_terms(c) for c in state.components]

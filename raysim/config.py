@@ -56,6 +56,17 @@ class CheckpointCfg:
 
 
 @dataclass(frozen=True)
+class TopologyCfg:
+    """Decentralized training: clients gossip with graph neighbours instead of a server."""
+    kind: str = field(default="erdos_renyi", metadata={
+        "choices": ("erdos_renyi", "ring", "torus", "complete", "star", "edges")})
+    p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": "Erdős–Rényi edge probability"})
+    resample: bool = field(default=False, metadata={"help": "draw a new Erdős–Rényi graph every round"})
+    mixing: str = field(default="metropolis", metadata={"choices": ("metropolis", "fmmc")})
+    edges: str | None = field(default=None, metadata={"help": "file of 'i j' client-id pairs (kind: edges)"})
+
+
+@dataclass(frozen=True)
 class SplitsCfg:
     train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0})
     val: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
@@ -91,11 +102,12 @@ class Scenario:
     resources: ResourcesCfg
     tracking: TrackingCfg
     checkpoint: CheckpointCfg
+    topology: TopologyCfg | None
     raw: dict            # the validated mapping after overrides (logged as params/artifact)
 
 
 TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
-            "resources", "tracking", "checkpoint")
+            "resources", "tracking", "checkpoint", "topology")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -352,9 +364,24 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     resources = load_dataclass(ctx, "resources", ResourcesCfg, raw.get("resources"))
     tracking = load_dataclass(ctx, "tracking", TrackingCfg, raw.get("tracking"))
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
+    topology = None
+    if raw.get("topology") is not None:
+        topology = load_dataclass(ctx, "topology", TopologyCfg, raw["topology"])
+        gossip = [n for n, a in algorithms.REGISTRY.items() if a.supports_gossip]
+        if not algorithms.REGISTRY[algorithm.name].supports_gossip:
+            ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form; with a topology "
+                     f"choose one of {', '.join(gossip)}")
+        if topology.kind == "edges" and not topology.edges:
+            ctx.fail("topology.edges", "kind 'edges' needs the path of an edge-list file")
+        if topology.edges and not Path(topology.edges).is_file():
+            ctx.fail("topology.edges", f"no such file {topology.edges}")
+        if ev.unseen_fraction > 0:
+            ctx.fail("eval.unseen_fraction", "unseen clients are not part of a gossip graph; use 0 with a topology")
+        if sampling.count is not None or sampling.fraction != 1.0:
+            ctx.fail("sampling", "every client takes part in every gossip round; leave sampling out with a topology")
 
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
-                  algorithm, sampling, ev, resources, tracking, checkpoint, raw)
+                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc

@@ -120,6 +120,9 @@ class RoundDriver:
             "bytes_down": float(self.transport.message_nbytes(message) * sum(1 for g in groups if g)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
         }
+        return self._finish(record, t0, compute)
+
+    def _finish(self, record: dict, t0: float, compute: float) -> dict:
         if self.round % self.sc.eval.every == 0 or self.round == self.sc.rounds:
             record.update(self.evaluate())
         record["round_seconds"] = time.perf_counter() - t0
@@ -127,8 +130,11 @@ class RoundDriver:
         self.history.append(record)
         return record
 
+    def eval_message(self) -> Any:
+        return self.algo.broadcast(self.server_state, self.round)
+
     def evaluate(self) -> dict[str, float]:
-        message = self.algo.broadcast(self.server_state, self.round)
+        message = self.eval_message()
         everyone = np.concatenate([self.train_ids, self.unseen_ids])
         results: dict[int, EvalResult] = {}
         unseen = [int(c) for c in self.unseen_ids]
@@ -175,3 +181,11 @@ def _restore_server(template: Any, tree: Any) -> Any:
     if dataclasses.is_dataclass(template):
         return tree_to_state(type(template), tree)
     return tree
+
+
+def make_driver(sc: Scenario, transport: Transport) -> RoundDriver:
+    """The server's round driver, or the gossip scheduler when the scenario has a topology."""
+    if sc.topology is not None:
+        from raysim.engine.gossip import GossipDriver
+        return GossipDriver(sc, transport)
+    return RoundDriver(sc, transport)

@@ -92,6 +92,37 @@ class Host:
             out[cid] = self.algo.evaluate(state, message, self.data(cid), ctx)
         return out
 
+    # -- gossip (decentralized topology) ------------------------------------------------------
+    def gossip_init(self, message: Any) -> None:
+        """Every hosted client starts from its own copy of the initial shared parameters."""
+        message = to_device(message, self.device)
+        for cid in self.cids:
+            self.states[cid] = self.algo.gossip_init(cid, message)
+
+    def gossip_train(self, round_: int, cids: list[int]) -> tuple[dict[int, Any], PerClient, float]:
+        """Local step of each client on its own parameters; returns the messages for neighbours."""
+        t0 = time.perf_counter()
+        out, losses = {}, PerClient()
+        for cid in sorted(cids):
+            state, message, loss = self.algo.gossip_train(self.state(cid), self.data(cid),
+                                                          self.context(round_, cid, "train"))
+            self.states[cid] = state
+            out[cid] = message
+            losses[cid] = (float(loss), self.data(cid).num_train)
+        return out, losses, time.perf_counter() - t0
+
+    def gossip_mix(self, plan: dict[int, list[tuple[float, Any]]]) -> None:
+        """θ_i <- Σ_j W_ij θ_j for each hosted client i, neighbours j in ascending id order."""
+        for cid in sorted(plan):
+            pairs = [(w, to_device(m, self.device)) for w, m in plan[cid]]
+            self.states[cid] = self.algo.mix(self.states[cid], pairs)
+
+    def consensus(self) -> Accumulator:
+        acc = Accumulator()
+        for cid in self.cids:
+            acc.add(self.algo.consensus_stats(self.states[cid]))
+        return acc
+
     # -- checkpoints ---------------------------------------------------------------------------
     def get_states(self) -> dict[int, Any]:
         return {cid: state_to_tree(s) for cid, s in sorted(self.states.items()) if s is not None}

@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from raysim.config import Scenario, ScenarioError
-from raysim.engine.driver import RoundDriver, host_of
+from raysim.engine.driver import host_of, make_driver
 from raysim.engine.host import Host
 from raysim.engine.trees import from_numpy, nbytes, to_numpy
 
@@ -54,6 +54,20 @@ class RayHost(Host):
 
     def evaluate(self, round_: int, message: Any, cids: list[int], unseen: list[int] = ()):
         return super().evaluate(round_, from_numpy(message), cids, unseen)
+
+    def gossip_init(self, message: Any) -> None:
+        super().gossip_init(from_numpy(message))
+
+    def gossip_train(self, round_: int, cids: list[int]):
+        """Each client's message goes into this node's object store; only refs leave."""
+        messages, losses, secs = super().gossip_train(round_, cids)
+        return {cid: ray.put(to_numpy(m)) for cid, m in messages.items()}, losses, secs
+
+    def gossip_mix(self, plan: dict[int, list[tuple[float, Any]]]) -> None:
+        """Fetch exactly the neighbour messages these clients need, peer to peer."""
+        refs = list({r for pairs in plan.values() for _, r in pairs})
+        fetched = {r: from_numpy(v) for r, v in zip(refs, ray.get(refs))}
+        super().gossip_mix({cid: [(w, fetched[r]) for w, r in pairs] for cid, pairs in plan.items()})
 
     def get_states(self) -> dict[int, Any]:
         return to_numpy(super().get_states())
@@ -93,6 +107,19 @@ class RayTransport:
         return ray.get([h.evaluate.remote(round_, ref, cids, [c for c in unseen if c in set(cids)])
                         for h, cids in zip(self.hosts, by_host)])
 
+    def gossip_init(self, message: Any) -> None:
+        ref = ray.put(to_numpy(message))
+        ray.get([h.gossip_init.remote(ref) for h in self.hosts])
+
+    def gossip_train(self, round_: int, by_host: list[list[int]]):
+        return ray.get([h.gossip_train.remote(round_, cids) for h, cids in zip(self.hosts, by_host)])
+
+    def gossip_mix(self, plans: list[dict[int, list[tuple[float, Any]]]]) -> None:
+        ray.get([h.gossip_mix.remote(plan) for h, plan in zip(self.hosts, plans)])
+
+    def consensus(self):
+        return ray.get([h.consensus.remote() for h in self.hosts])
+
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
         for part in ray.get([h.get_states.remote() for h in self.hosts]):
@@ -130,7 +157,7 @@ class _Server:
     """Runs inside the server actor: the RoundDriver over Ray host actors."""
 
     def __init__(self, sc: Scenario):
-        self.driver = RoundDriver(sc, RayTransport(sc))
+        self.driver = make_driver(sc, RayTransport(sc))
 
     def step(self) -> dict:
         return self.driver.step()

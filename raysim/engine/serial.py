@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysim.config import Scenario
-from raysim.engine.driver import RoundDriver, host_of
+from raysim.engine.driver import RoundDriver, host_of, make_driver
 from raysim.engine.host import Host
 from raysim.engine.trees import nbytes
 
@@ -27,6 +27,20 @@ class LocalTransport:
     def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
         return [h.evaluate(round_, message, cids, unseen) for h, cids in zip(self.hosts, by_host)]
 
+    def gossip_init(self, message: Any) -> None:
+        for h in self.hosts:
+            h.gossip_init(message)
+
+    def gossip_train(self, round_: int, by_host: list[list[int]]):
+        return [h.gossip_train(round_, cids) for h, cids in zip(self.hosts, by_host)]
+
+    def gossip_mix(self, plans: list[dict[int, list[tuple[float, Any]]]]) -> None:
+        for h, plan in zip(self.hosts, plans):
+            h.gossip_mix(plan)
+
+    def consensus(self):
+        return [h.consensus() for h in self.hosts]
+
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
         for h in self.hosts:
@@ -45,4 +59,4 @@ class LocalTransport:
 
 
 def serial_driver(sc: Scenario, num_hosts: int | None = None) -> RoundDriver:
-    return RoundDriver(sc, LocalTransport(sc, num_hosts))
+    return make_driver(sc, LocalTransport(sc, num_hosts))
