@@ -52,6 +52,13 @@ def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int) -> np.ndarr
     return np.sort(train_ids[chosen])
 
 
+def mean_train_loss(losses: dict[int, tuple[float, int]]) -> float:
+    """Training loss averaged over clients weighted by their train sizes, summed in id order."""
+    ls = [losses[c] for c in sorted(losses)]
+    n = sum(k for _, k in ls)
+    return float(sum(l * k for l, k in ls) / n) if n else float("nan")
+
+
 @dataclass
 class EvalSummary:
     accuracy: float
@@ -111,12 +118,10 @@ class RoundDriver:
             compute += secs
         self.server_state = self.algo.aggregate(self.server_state, total.result(), r)
         self.round = r + 1
-        ls = [losses[c] for c in sorted(losses)]
-        n = sum(k for _, k in ls)
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(sampled)),
-            "train_loss": float(sum(l * k for l, k in ls) / n) if n else float("nan"),
+            "train_loss": mean_train_loss(losses),
             "bytes_down": float(self.transport.message_nbytes(message) * sum(1 for g in groups if g)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
         }

@@ -15,7 +15,7 @@ import numpy as np
 
 from raysim import rng, topology
 from raysim.config import Scenario
-from raysim.engine.driver import RoundDriver
+from raysim.engine.driver import RoundDriver, host_of, mean_train_loss
 from raysim.engine.reduce import Accumulator
 
 
@@ -61,26 +61,20 @@ class GossipDriver(RoundDriver):
             for i in cids:
                 nbrs = np.flatnonzero(W[i])
                 plan[i] = [(float(W[i, j]), handles[int(j)]) for j in nbrs]
-                fetched += sum(1 for j in nbrs if self.host_of(int(j)) != h)
+                fetched += sum(1 for j in nbrs if host_of(int(j), len(groups)) != h)
             plans.append(plan)
         self.transport.gossip_mix(plans)
         self.round = r + 1
-        ls = [losses[c] for c in sorted(losses)]
-        n = sum(k for _, k in ls)
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(everyone)),
-            "train_loss": float(sum(l * k for l, k in ls) / n) if n else float("nan"),
+            "train_loss": mean_train_loss(losses),
             "messages_across_hosts": float(fetched),
         }
         record.update(self.consensus())
         if changed:
             record["spectral_gap"] = topology.spectral_gap(W)
         return self._finish(record, t0, compute)
-
-    def host_of(self, cid: int) -> int:
-        from raysim.engine.driver import host_of
-        return host_of(cid, self.transport.num_hosts)
 
     def consensus(self) -> dict[str, float]:
         """mean_k ‖θ_k − θ̄‖² per parameter group (component), from summed θ and ‖θ‖²."""
