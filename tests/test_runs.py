@@ -126,9 +126,16 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
 
 
 @pytest.mark.ray
-def test_ray_cli_run_matches_serial_engine(tmp_path):
-    path = tracked(tmp_path, TINY)
+def test_ray_run_crash_and_resume_match_the_serial_engine(tmp_path):
+    """3 Ray hosts, killed by an injected failure after round 2, resumed on Ray: the same
+    metrics as one uninterrupted serial run."""
+    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 4").replace("fedavg", "local"))
     serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", name="ray.json")
+    proc = raysim("run", path, "-q", "--set", "resources.hosts=3", env={"RAYSIM_FAIL_AFTER_ROUND": "2"},
+                  check=False)
+    assert proc.returncode == 1, proc.stderr
+    run_id = next(p.name for p in (tmp_path / "ck").iterdir() if p.name != serial["mlflow_run_id"])
+    assert mlflow_run(tmp_path, run_id).info.status == "FAILED"
+    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", "--resume", run_id, name="ray.json")
     assert on_ray["final"] == serial["final"]
     assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]

@@ -37,6 +37,12 @@ class GossipDriver(RoundDriver):
         self.W, self.graph_round = topology.mixing_matrix(g, t.mixing), key
         return self.W, True
 
+    def restore(self, path: str) -> int:
+        r = super().restore(path)
+        if r > 0:
+            self._mixing(r - 1)        # the graph in force, so a fixed one is not reported again
+        return r
+
     def eval_message(self) -> Any:
         return None                    # each client evaluates its own parameters
 
