@@ -6,8 +6,6 @@ run; 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import traceback
 

@@ -4,7 +4,6 @@ raysim joins it with --address like a real cluster; hosts must spread over both 
 has 1 CPU, the worker 2, and 3 hosts of 1 CPU are asked for), results must equal the serial
 engine's, and asking for more than the cluster has is an input error (exit 2).
 """
-import json
 
 import pytest
 

@@ -5,8 +5,8 @@ import torch
 
 from raysim import config
 from raysim.engine import checkpoint
-from raysim.engine.driver import RoundDriver, sample_clients, split_unseen, summarize
-from raysim.engine.serial import LocalTransport, serial_driver
+from raysim.engine.driver import sample_clients, split_unseen, summarize
+from raysim.engine.serial import serial_driver
 from algorithms.base import EvalResult
 from tests.conftest import TINY, write_scenario
 

@@ -1,14 +1,12 @@
 """FedEM on tiny inputs: E-step, pi update, weighted loss, mixture prediction, unseen clients."""
 import math
 
-import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import algorithms
-from algorithms.base import ClientData, Context
-from algorithms.fedem import FedEMState, e_step, mixture_log_prob
+from algorithms.base import ClientData
+from algorithms.fedem import e_step, mixture_log_prob
 from algorithms.local_sgd import local_sgd
 from tests.test_algorithms import client, ctx, zero_model
 

@@ -1,0 +1,156 @@
+"""Loading dataclasses from YAML mappings, with one-line errors naming the key.
+
+Generic: any frozen dataclass whose fields are annotated with int, float, bool, str, tuple[...]
+or unions with None, and whose ``metadata`` may give ``min``/``max`` (inclusive), ``gt``/``lt``
+(strict) and ``choices``. Classes may also declare ``CHOICES``, ``POSITIVE`` and ``NONNEGATIVE``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+
+class ScenarioError(Exception):
+    """Invalid scenario, override or data; the message is one line naming file and key."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """A named component with its own options dataclass (dataset, model, algorithm, partition)."""
+    name: str
+    params: Any
+
+
+class Ctx:
+    def __init__(self, file: str):
+        self.file = file
+
+    def fail(self, path: str, msg: str) -> typing.NoReturn:
+        raise ScenarioError(f"{self.file}: {path}: {msg}" if path else f"{self.file}: {msg}")
+
+
+def _type_name(t) -> str:
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(t))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(t)[0])}"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string",
+            type(None): "null"}.get(t, getattr(t, "__name__", str(t)))
+
+
+def coerce(ctx: Ctx, path: str, t, value):
+    """Check ``value`` against the annotation ``t``; return it converted (int->float, list->tuple)."""
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(t)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return coerce(ctx, path, a, value)
+            except ScenarioError:
+                pass
+        ctx.fail(path, f"{value!r} is not {_type_name(t)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            ctx.fail(path, f"{value!r} is not {_type_name(t)}")
+        elem = typing.get_args(t)[0]
+        return tuple(coerce(ctx, f"{path}[{i}]", elem, v) for i, v in enumerate(value))
+    if t is bool:
+        if not isinstance(value, bool):
+            ctx.fail(path, f"{value!r} is not true/false")
+        return value
+    if t is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            ctx.fail(path, f"{value!r} is not an integer")
+        return value
+    if t is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            ctx.fail(path, f"{value!r} is not a number")
+        if value != value or value in (float("inf"), float("-inf")):
+            ctx.fail(path, f"{value!r} is not a finite number")
+        return float(value)
+    if t is str:
+        if not isinstance(value, str):
+            ctx.fail(path, f"{value!r} is not a string")
+        return value
+    raise TypeError(f"unsupported schema type {t!r} at {path}")
+
+
+def check_range(ctx: Ctx, path: str, meta, value) -> None:
+    if value is None:
+        return
+    vals = value if isinstance(value, tuple) else (value,)
+    for v in vals:
+        if isinstance(v, str):
+            continue
+        if "min" in meta and v < meta["min"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be >= {meta['min']}")
+        if "gt" in meta and v <= meta["gt"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be > {meta['gt']}")
+        if "max" in meta and v > meta["max"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be <= {meta['max']}")
+        if "lt" in meta and v >= meta["lt"]:
+            ctx.fail(path, f"{value!r} is out of range; it must be < {meta['lt']}")
+    if "choices" in meta and value not in meta["choices"]:
+        ctx.fail(path, f"{value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
+
+
+def load_dataclass(ctx: Ctx, path: str, cls: type, mapping: Any, skip: tuple[str, ...] = ()):
+    """Build ``cls`` from ``mapping``: unknown keys, wrong types and out-of-range values fail."""
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        ctx.fail(path, f"expected a mapping of options, got {type(mapping).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in mapping if k not in fields and k not in skip]
+    if unknown:
+        allowed = ", ".join(fields) or "(no options)"
+        ctx.fail(_join(path, str(unknown[0])), f"unknown key; allowed keys here: {allowed}")
+    kwargs = {}
+    choices = getattr(cls, "CHOICES", {})
+    positive = getattr(cls, "POSITIVE", ())
+    nonneg = getattr(cls, "NONNEGATIVE", ())
+    for name, f in fields.items():
+        if name not in mapping:
+            continue
+        p = _join(path, name)
+        value = coerce(ctx, p, hints[name], mapping[name])
+        meta = dict(f.metadata)
+        if name in choices:
+            meta["choices"] = choices[name]
+        if name in positive:
+            meta.setdefault("gt", 0)
+        if name in nonneg:
+            meta.setdefault("min", 0)
+        check_range(ctx, p, meta, value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def component(ctx: Ctx, path: str, mapping: Any, key: str, registry: dict, params_of, default=None):
+    """A section ``{key: NAME, ...options}``: NAME picked from ``registry``; options into its Params."""
+    if mapping is None:
+        mapping = {}
+    if isinstance(mapping, str):
+        mapping = {key: mapping}
+    if not isinstance(mapping, dict):
+        ctx.fail(path, f"expected a mapping with '{key}', got {type(mapping).__name__}")
+    name = mapping.get(key, default)
+    if name is None:
+        ctx.fail(_join(path, key), f"missing; choose one of {', '.join(registry)}")
+    if not isinstance(name, str) or name not in registry:
+        ctx.fail(_join(path, key), f"{name!r} is not one of the choices; choose one of {', '.join(registry)}")
+    options = {k: v for k, v in mapping.items() if k != key}
+    return Component(name, load_dataclass(ctx, path, params_of(registry[name]), options))
