@@ -129,7 +129,9 @@ class RoundDriver:
 
     def _finish(self, record: dict, t0: float, compute: float) -> dict:
         if self.round % self.sc.eval.every == 0 or self.round == self.sc.rounds:
+            t_eval = time.perf_counter()
             record.update(self.evaluate())
+            record["eval_seconds"] = time.perf_counter() - t_eval
         record["round_seconds"] = time.perf_counter() - t0
         record["host_compute_seconds"] = compute
         self.history.append(record)
