@@ -204,14 +204,16 @@ class Algorithm:
 
 
 def weighted_sum(neighbours: list[tuple[float, list[torch.Tensor]]]) -> list[torch.Tensor]:
-    """Σ_j w_j θ_j accumulated in float64 in the order given (the engine sorts by client id),
-    cast back to the parameters' dtype: the same result whichever host holds which client."""
+    """Σ_j w_j θ_j in float64 over the neighbours in the order given (the engine sorts them by
+    client id), cast back to the parameters' dtype: each client's sum has the same operands in
+    the same order whichever host holds which client. One stacked product per tensor."""
     first = neighbours[0][1]
-    acc = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in first]
-    for w, params in neighbours:
-        for a, t in zip(acc, params):
-            a.add_(t.to(torch.float64), alpha=float(w))
-    return [a.to(t.dtype) for a, t in zip(acc, first)]
+    w = torch.tensor([float(wj) for wj, _ in neighbours], dtype=torch.float64, device=first[0].device)
+    out = []
+    for i, t in enumerate(first):
+        stacked = torch.stack([params[i] for _, params in neighbours]).to(torch.float64)
+        out.append(torch.tensordot(w, stacked, dims=1).to(t.dtype))
+    return out
 
 
 def consensus_terms(params: list[torch.Tensor]) -> Weighted:

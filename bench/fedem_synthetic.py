@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "summary.json"
-        subprocess.run([sys.executable, "-m", "raysim.cli", "run", args.scenario, "-q", "--summary", str(out),
+        subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(Path(args.scenario).resolve()), "-q", "--summary", str(out),
                         "--set", f"rounds={args.rounds}", "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
                         "--set", f"checkpoint.dir={tmp}/ck"], check=True, cwd=tmp,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})

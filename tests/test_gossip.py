@@ -50,7 +50,7 @@ def test_dfedem_same_metrics_for_one_or_three_hosts(tmp_path):
     assert strip(a.history) == strip(b.history)
     assert "spectral_gap" in a.history[0] and "spectral_gap" not in a.history[1]      # fixed graph
     assert {"consensus_distance_0", "consensus_distance_1", "pi_entropy"} <= set(a.history[-1])
-    assert b.history[0]["messages_across_hosts"] > 0
+    assert b.history[0]["messages_fetched_across_hosts"] > 0
 
 
 def test_resampled_graph_logs_its_gap_every_round(tmp_path):

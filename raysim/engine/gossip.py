@@ -63,19 +63,20 @@ class GossipDriver(RoundDriver):
         plans = []
         fetched = 0
         for h, cids in enumerate(groups):
-            plan = {}
+            rows = {}
             for i in cids:
                 nbrs = np.flatnonzero(W[i])
-                plan[i] = [(float(W[i, j]), handles[int(j)]) for j in nbrs]
-                fetched += sum(1 for j in nbrs if host_of(int(j), len(groups)) != h)
-            plans.append(plan)
+                rows[i] = [(int(j), float(W[i, j])) for j in nbrs]
+            needed = sorted({j for row in rows.values() for j, _ in row})
+            fetched += sum(1 for j in needed if host_of(j, len(groups)) != h)
+            plans.append(({j: handles[j] for j in needed}, rows))
         self.transport.gossip_mix(plans)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(everyone)),
             "train_loss": mean_train_loss(losses),
-            "messages_across_hosts": float(fetched),
+            "messages_fetched_across_hosts": float(fetched),
         }
         record.update(self.consensus())
         if changed:

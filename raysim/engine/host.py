@@ -111,11 +111,12 @@ class Host:
             losses[cid] = (float(loss), self.data(cid).num_train)
         return out, losses, time.perf_counter() - t0
 
-    def gossip_mix(self, plan: dict[int, list[tuple[float, Any]]]) -> None:
-        """θ_i <- Σ_j W_ij θ_j for each hosted client i, neighbours j in ascending id order."""
-        for cid in sorted(plan):
-            pairs = [(w, to_device(m, self.device)) for w, m in plan[cid]]
-            self.states[cid] = self.algo.mix(self.states[cid], pairs)
+    def gossip_mix(self, sources: dict[int, Any], rows: dict[int, list[tuple[int, float]]]) -> None:
+        """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows[i]`` lists (j, W_ij) in ascending
+        j, ``sources[j]`` is client j's message."""
+        sources = {j: to_device(m, self.device) for j, m in sources.items()}
+        for cid in sorted(rows):
+            self.states[cid] = self.algo.mix(self.states[cid], [(w, sources[j]) for j, w in rows[cid]])
 
     def consensus(self) -> Accumulator:
         acc = Accumulator()

@@ -63,11 +63,11 @@ class RayHost(Host):
         messages, losses, secs = super().gossip_train(round_, cids)
         return {cid: ray.put(to_numpy(m)) for cid, m in messages.items()}, losses, secs
 
-    def gossip_mix(self, plan: dict[int, list[tuple[float, Any]]]) -> None:
-        """Fetch exactly the neighbour messages these clients need, peer to peer."""
-        refs = list({r for pairs in plan.values() for _, r in pairs})
-        fetched = {r: from_numpy(v) for r, v in zip(refs, ray.get(refs))}
-        super().gossip_mix({cid: [(w, fetched[r]) for w, r in pairs] for cid, pairs in plan.items()})
+    def gossip_mix(self, sources: dict[int, Any], rows: dict[int, list[tuple[int, float]]]) -> None:
+        """Fetch exactly the neighbour messages these clients need (one ref each), peer to peer."""
+        ids = sorted(sources)
+        values = ray.get([sources[j] for j in ids])
+        super().gossip_mix({j: from_numpy(v) for j, v in zip(ids, values)}, rows)
 
     def get_states(self) -> dict[int, Any]:
         return to_numpy(super().get_states())
@@ -114,8 +114,8 @@ class RayTransport:
     def gossip_train(self, round_: int, by_host: list[list[int]]):
         return ray.get([h.gossip_train.remote(round_, cids) for h, cids in zip(self.hosts, by_host)])
 
-    def gossip_mix(self, plans: list[dict[int, list[tuple[float, Any]]]]) -> None:
-        ray.get([h.gossip_mix.remote(plan) for h, plan in zip(self.hosts, plans)])
+    def gossip_mix(self, plans: list[tuple[dict[int, Any], dict[int, list[tuple[int, float]]]]]) -> None:
+        ray.get([h.gossip_mix.remote(sources, rows) for h, (sources, rows) in zip(self.hosts, plans)])
 
     def consensus(self):
         return ray.get([h.consensus.remote() for h in self.hosts])

@@ -34,9 +34,9 @@ class LocalTransport:
     def gossip_train(self, round_: int, by_host: list[list[int]]):
         return [h.gossip_train(round_, cids) for h, cids in zip(self.hosts, by_host)]
 
-    def gossip_mix(self, plans: list[dict[int, list[tuple[float, Any]]]]) -> None:
-        for h, plan in zip(self.hosts, plans):
-            h.gossip_mix(plan)
+    def gossip_mix(self, plans: list[tuple[dict[int, Any], dict[int, list[tuple[int, float]]]]]) -> None:
+        for h, (sources, rows) in zip(self.hosts, plans):
+            h.gossip_mix(sources, rows)
 
     def consensus(self):
         return [h.consensus() for h in self.hosts]
