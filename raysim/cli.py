@@ -33,11 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--summary", default=None, metavar="PATH", help="write the run summary as JSON")
     r.add_argument("--resume", default=None, metavar="RUN_ID",
                    help="continue the MLflow run RUN_ID from its last checkpoint")
+    r.add_argument("--variant", default=None, metavar="NAME",
+                   help="run only this variant of a sweep file (needed with --resume)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
     v = sub.add_parser("validate", help="check a scenario without running it")
     v.add_argument("file")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    v.add_argument("--variant", default=None, metavar="NAME")
     sub.add_parser("list", help="algorithms, datasets, models and partitioners")
     return p
 
@@ -62,21 +65,45 @@ def _dispatch(args) -> int:
             for name, summary in items:
                 print(f"  {name:<{width}}  {summary}")
         return EXIT_OK
-    sc = config.load(args.file, args.overrides)
+    variants = config.load_variants(args.file, args.overrides, args.variant)
     if args.command == "validate":
-        print(f"{args.file}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
-              f"{sc.data.clients} clients, {sc.rounds} rounds)")
+        for variant, sc in variants:
+            label = f" [{variant}]" if variant else ""
+            print(f"{args.file}{label}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
+                  f"{sc.data.clients} clients, {sc.rounds} rounds)")
         return EXIT_OK
+    if args.resume and len(variants) > 1:
+        raise config.ScenarioError(f"{args.file}: --resume continues one run; add --variant NAME")
     from raysim.run import run
-    summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
-                  summary_path=args.summary, verbose=args.verbose, progress=not args.quiet)
-    final = summary["final"]
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if isinstance(v, float))
-    print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
-    print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
-          f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
-          f"{summary['tracking_uri']}")
+    summaries = {}
+    for variant, sc in variants:
+        summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
+                      summary_path=None if len(variants) > 1 else args.summary,
+                      verbose=args.verbose, progress=not args.quiet)
+        summaries[variant] = summary
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
+        print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
+        print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
+              f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
+              f"{summary['tracking_uri']}")
+    if len(variants) > 1:
+        _print_sweep(summaries)
+        if args.summary:
+            from pathlib import Path
+            Path(args.summary).write_text(__import__("json").dumps(
+                {"sweep": args.file, "variants": summaries}, indent=2))
     return EXIT_OK
+
+
+def _print_sweep(summaries: dict) -> None:
+    keys = ["accuracy", "bottom_decile_accuracy", "global_accuracy", "consensus_distance"]
+    keys = [k for k in keys if any(k in s["final"] or k in s["history"][-1] for s in summaries.values())]
+    width = max(len(str(v)) for v in summaries)
+    print(f"{'variant':<{width}}  " + "  ".join(f"{k:>22}" for k in keys) + f"  {'seconds':>8}")
+    for variant, s in summaries.items():
+        vals = [s["final"].get(k, s["history"][-1].get(k)) for k in keys]
+        print(f"{variant:<{width}}  " + "  ".join(f"{v:22.4g}" if v is not None else f"{'-':>22}" for v in vals)
+              + f"  {s['wall_seconds']:8.1f}")
 
 
 def _report(e: BaseException, verbose: bool) -> int:

@@ -7,6 +7,7 @@ its defaults come from one place. Every problem is reported as ONE line
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,13 +105,18 @@ def apply_override(raw: dict, item: str, file: str) -> None:
     if "=" not in item:
         raise ScenarioError(f"{file}: --set {item!r}: expected KEY=VALUE with a dotted key, e.g. algorithm.lr=0.01")
     key, _, text = item.partition("=")
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ScenarioError(f"{file}: --set {item!r}: empty key segment in {key!r}")
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
+    set_key(raw, key.strip(), value, file)
+
+
+def set_key(raw: dict, key: str, value, file: str) -> None:
+    """Set the dotted ``key`` of the nested mapping ``raw`` (creating mappings on the way)."""
+    parts = key.split(".")
+    if not all(parts):
+        raise ScenarioError(f"{file}: {key!r}: empty key segment")
     node = raw
     for i, part in enumerate(parts[:-1]):
         nxt = node.get(part)
@@ -157,9 +163,46 @@ def read_yaml(path: str | Path) -> dict:
 def load(path: str | Path, overrides: list[str] = (), check_data: bool = True) -> Scenario:
     """Read, override and validate a scenario; raise ScenarioError on any problem."""
     raw = read_yaml(path)
+    if "sweep" in raw:
+        raise ScenarioError(f"{path}: sweep: this file is a sweep; run it with `raysim run`, or pick one "
+                            f"variant with --variant NAME")
     for item in overrides:
         apply_override(raw, item, str(path))
     return validate(raw, str(path), check_data=check_data)
+
+
+def load_variants(path: str | Path, overrides: list[str] = (), only: str | None = None,
+                  check_data: bool = True) -> list[tuple[str | None, Scenario]]:
+    """A scenario, or each variant of a sweep file: ``sweep: {NAME: {dotted.key: value, ...}}``
+    applies each variant's overrides (then the command line's) to the same base scenario."""
+    raw = read_yaml(path)
+    sweep = raw.pop("sweep", None)
+    if sweep is None:
+        if only is not None:
+            raise ScenarioError(f"{path}: --variant {only}: the file has no sweep section")
+        for item in overrides:
+            apply_override(raw, item, str(path))
+        return [(None, validate(raw, str(path), check_data=check_data))]
+    if not isinstance(sweep, dict) or not sweep or not all(isinstance(v, dict) for v in sweep.values()):
+        raise ScenarioError(f"{path}: sweep: expected a mapping of variant names to mappings of "
+                            "dotted keys, e.g. {{ring: {{topology.kind: ring}}}}")
+    if only is not None and only not in sweep:
+        raise ScenarioError(f"{path}: --variant {only}: no such variant; choose one of {', '.join(map(str, sweep))}")
+    out = []
+    for name, changes in sweep.items():
+        if only is not None and name != only:
+            continue
+        variant = copy.deepcopy(raw)
+        for key, value in changes.items():
+            set_key(variant, str(key), value, f"{path}: sweep.{name}")
+        for item in overrides:
+            apply_override(variant, item, str(path))
+        variant["name"] = f"{variant.get('name', Path(path).stem)}-{name}"
+        try:
+            out.append((str(name), validate(variant, str(path), check_data=check_data)))
+        except ScenarioError as e:
+            raise ScenarioError(f"{e} (in sweep variant '{name}')") from None
+    return out
 
 
 def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:

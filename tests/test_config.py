@@ -119,5 +119,35 @@ def test_cli_validate_and_list(tmp_path, capsys):
 def test_every_shipped_scenario_validates():
     import glob
     for path in sorted(glob.glob("scenarios/*.yaml")) + sorted(glob.glob("bench/*.yaml")):
-        sc = config.load(path, check_data=False)
-        assert sc.rounds >= 1, path
+        for _, sc in config.load_variants(path, check_data=False):
+            assert sc.rounds >= 1, path
+
+
+SWEEP = TINY + """
+sweep:
+  slow: {algorithm.lr: 0.01}
+  prox: {algorithm: {name: fedprox, mu: 0.1}}
+"""
+
+
+def test_sweep_variants_apply_their_overrides_then_the_command_line(tmp_path):
+    path = write_scenario(tmp_path, SWEEP)
+    variants = config.load_variants(path, ["rounds=7"])
+    assert [v for v, _ in variants] == ["slow", "prox"]
+    slow, prox = variants[0][1], variants[1][1]
+    assert slow.name == "tiny-slow" and slow.algorithm.params.lr == 0.01 and slow.rounds == 7
+    assert prox.algorithm.name == "fedprox" and prox.algorithm.params.mu == 0.1
+    assert [v for v, _ in config.load_variants(path, only="prox")] == ["prox"]
+    with pytest.raises(ScenarioError, match="no such variant; choose one of slow, prox"):
+        config.load_variants(path, only="fast")
+    with pytest.raises(ScenarioError, match="this file is a sweep"):
+        config.load(path)
+
+
+def test_sweep_errors_name_the_variant(tmp_path):
+    path = write_scenario(tmp_path, TINY + "sweep:\n  bad: {algorithm.lr: -1}\n")
+    with pytest.raises(ScenarioError, match=r"algorithm.lr: -1.0 is out of range.*\(in sweep variant 'bad'\)"):
+        config.load_variants(path)
+    path = write_scenario(tmp_path, TINY + "sweep: [1, 2]\n")
+    with pytest.raises(ScenarioError, match="sweep: expected a mapping of variant names"):
+        config.load_variants(path)

@@ -122,3 +122,20 @@ def test_gossip_checkpoint_resume_is_identical(tmp_path):
     assert resumed.restore(str(tmp_path / "ck.pt")) == 2
     resumed.step(), resumed.step()
     assert strip(resumed.history) == strip(full.history)
+
+
+def test_sweep_runs_every_topology_and_prints_a_table(tmp_path):
+    from tests.test_runs import raysim
+    text = DFEDEM.replace("rounds: 4", "rounds: 2") + (
+        "sweep:\n  ring: {topology.kind: ring}\n  complete: {topology.kind: complete}\n")
+    path = tracked(tmp_path, text)
+    out = tmp_path / "sweep.json"
+    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(out))
+    table = proc.stdout.strip().splitlines()[-3:]
+    assert table[0].split()[:2] == ["variant", "accuracy"] and table[1].startswith("ring")
+    import json
+    s = json.loads(out.read_text())
+    assert list(s["variants"]) == ["ring", "complete"]
+    ring, complete = s["variants"]["ring"], s["variants"]["complete"]
+    assert ring["mlflow_run_id"] != complete["mlflow_run_id"]
+    assert complete["history"][-1]["consensus_distance"] < ring["history"][-1]["consensus_distance"]
