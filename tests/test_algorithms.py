@@ -137,3 +137,21 @@ def test_accumulator_per_client_union_and_numbers():
     acc.add((PerClient({1: 0.5}), 3.0))
     per, total = acc.result()
     assert dict(per) == {1: 0.5, 3: 1.5} and total == 5.0
+
+
+@pytest.mark.parametrize("momentum, wd", [(0.0, 0.0), (0.9, 0.0), (0.9, 5e-4), (0.0, 1e-2)])
+def test_local_sgd_optimizer_matches_torch_sgd_bitwise(momentum, wd):
+    from algorithms.local_sgd import SGD
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    b = __import__("copy").deepcopy(a)
+    ours = SGD(list(a.parameters()), 0.1, momentum, wd)
+    ref = torch.optim.SGD(b.parameters(), lr=0.1, momentum=momentum, weight_decay=wd)
+    x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
+    for _ in range(5):
+        for model, opt in ((a, ours), (b, ref)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
