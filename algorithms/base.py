@@ -174,7 +174,8 @@ class Algorithm:
     def personalize(self, message: Any, data: ClientData, ctx: Context) -> Any:
         """State of a client that never trained (``eval.unseen_fraction``), adapted with the
         shared parts frozen; by default just its initial state."""
-        return self.init_client(ctx.cid, np.random.default_rng(ctx.cid))
+        seed = int(torch.randint(2**31, (1,), generator=ctx.generator))   # derived, like every draw
+        return self.init_client(ctx.cid, np.random.default_rng(seed))
 
     def train(self, state: Any, message: Any, data: ClientData, ctx: Context) -> tuple[Any, Any, float]:
         """Return (new client state, reply, mean training loss)."""
