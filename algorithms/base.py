@@ -146,16 +146,15 @@ class Algorithm:
         return self._scratch
 
     def warm_up(self, input_shape: tuple[int, ...], device: torch.device) -> None:
-        """One forward/backward/optimizer pass on zeros with lr 0 (weights untouched), so one-time
-        setup (lazy imports in torch.optim, oneDNN primitives, CUDA context) happens when a host
-        starts, not inside round 1's timing."""
+        """One forward/backward pass on zeros (weights untouched), so one-time setup (oneDNN
+        primitives, the autograd engine, a CUDA context) happens when a host starts, not inside
+        round 1's timing."""
         model = self.scratch_model(device)
         bs = getattr(self.hp, "batch_size", 1)
         out = model(torch.zeros((bs, *input_shape), device=device))
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)
         nn.functional.cross_entropy(out, torch.zeros(bs, dtype=torch.long, device=device)).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for p in model.parameters():
+            p.grad = None
 
     # -- server side -----------------------------------------------------------------------
     def init_server(self, model: nn.Module, rng: np.random.Generator) -> Any:

@@ -6,8 +6,10 @@ run; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
+from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -89,9 +91,7 @@ def _dispatch(args) -> int:
     if len(variants) > 1:
         _print_sweep(summaries)
         if args.summary:
-            from pathlib import Path
-            Path(args.summary).write_text(__import__("json").dumps(
-                {"sweep": args.file, "variants": summaries}, indent=2))
+            Path(args.summary).write_text(json.dumps({"sweep": args.file, "variants": summaries}, indent=2))
     return EXIT_OK
 
 

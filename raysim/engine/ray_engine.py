@@ -104,7 +104,8 @@ class RayTransport:
 
     def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
         ref = ray.put(to_numpy(message))
-        return ray.get([h.evaluate.remote(round_, ref, cids, [c for c in unseen if c in set(cids)])
+        unseen = set(unseen)
+        return ray.get([h.evaluate.remote(round_, ref, cids, [c for c in cids if c in unseen])
                         for h, cids in zip(self.hosts, by_host)])
 
     def gossip_init(self, message: Any) -> None:

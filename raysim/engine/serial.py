@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from raysim.config import Scenario
 from raysim.engine.driver import RoundDriver, host_of, make_driver
 from raysim.engine.host import Host
@@ -12,7 +14,6 @@ from raysim.engine.trees import nbytes
 class LocalTransport:
     def __init__(self, sc: Scenario, num_hosts: int | None = None, device: str | None = None):
         # one host's thread budget, as each Ray host gets (hosts here run one after another)
-        import torch
         torch.set_num_threads(max(1, int(sc.resources.cpus_per_host)))
         self.num_hosts = num_hosts or sc.resources.hosts
         n = sc.data.clients
