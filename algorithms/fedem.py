@@ -27,6 +27,7 @@ from torch import nn
 
 from .base import (Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted, consensus_terms,
                    weighted_sum)
+from . import stacked
 from .local_sgd import get_params, load_params, local_sgd, predict_logits
 
 
@@ -40,6 +41,9 @@ class FedEMHyper(LocalTraining):
     components: int = field(default=3, metadata={"min": 1, "help": "mixture components M"})
     unseen_em_steps: int = field(default=1, metadata={"min": 1,
                                  "help": "E-step + pi updates for unseen clients (components frozen)"})
+    stack_components: bool = field(default=True, metadata={
+        "help": "run the M components as one stacked model (one pass per batch for all M; same "
+                "batches and arithmetic) when the architecture allows; false: one after another"})
 
 
 @dataclass
@@ -84,6 +88,18 @@ class FedEM(Algorithm):
         return FedEMState(torch.full((m,), 1.0 / m))
 
     # -- client ------------------------------------------------------------------------------
+    def _stacking(self) -> bool:
+        if getattr(self, "_stackable", None) is None:
+            self._stackable = bool(self.hp.stack_components) and stacked.stackable(self.model_fn())
+        return self._stackable
+
+    def _stacked(self, components) -> list[torch.Tensor]:
+        """The components' parameters stacked (M, ...), computed once per message."""
+        if getattr(self, "_stacked_message", None) is not components:
+            self._stacked_params = stacked.stack(components)
+            self._stacked_message = components      # keep a reference: the identity check stays sound
+        return self._stacked_params
+
     def _component_models(self, message, device) -> list[nn.Module]:
         """One model per component holding the broadcast weights, loaded once per message."""
         if getattr(self, "_models_message", None) is not message:
@@ -97,6 +113,8 @@ class FedEM(Algorithm):
     @torch.no_grad()
     def losses(self, message, x: torch.Tensor, y: torch.Tensor, device) -> torch.Tensor:
         """Per-sample losses of every component, shape (M, n)."""
+        if self._stacking():
+            return stacked.per_sample_losses(self.scratch_model(device), self._stacked(message), x, y)
         models = self._component_models(message, device)
         return torch.stack([F.cross_entropy(predict_logits(m, x), y, reduction="none") for m in models])
 
@@ -107,8 +125,12 @@ class FedEM(Algorithm):
         nll = float(-torch.logsumexp(torch.log(pi)[:, None] - losses, dim=0).mean())
         q = e_step(torch.log(pi), losses)
         pi = q.mean(dim=1)
-        replies = []
+        n = float(data.num_train)
         model = self.scratch_model(ctx.device)
+        if self._stacking():
+            trained = stacked.local_sgd(model, message, data.train_x, data.train_y, self.hp, ctx, q)
+            return FedEMState(pi.cpu()), [Weighted(c, n) for c in trained], nll
+        replies = []
         for m, params in enumerate(message):
             load_params(model, params)
             local_sgd(model, data.train_x, data.train_y, self.hp, ctx, sample_weight=q[m])
@@ -131,7 +153,11 @@ class FedEM(Algorithm):
         if data.num_test == 0:
             return EvalResult(0.0, 0, 0.0, extras={"pi_entropy": entropy})
         components = state.components if message is None else message     # D-FedEM: its own
-        logits = torch.stack([predict_logits(m, data.test_x) for m in self._component_models(components, ctx.device)])
+        if self._stacking():
+            logits = stacked.logits(self.scratch_model(ctx.device), self._stacked(components), data.test_x)
+        else:
+            logits = torch.stack([predict_logits(m, data.test_x)
+                                  for m in self._component_models(components, ctx.device)])
         logp = mixture_log_prob(pi, logits)
         correct = float((logp.argmax(1) == data.test_y).sum())
         loss = float(F.nll_loss(logp, data.test_y, reduction="sum"))

@@ -1,0 +1,86 @@
+"""Stacked components (algorithms/stacked.py): M copies trained in one pass must equal training
+them one after another, on every model of the zoo, and unsupported models must be refused."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import algorithms
+from algorithms import stacked
+from algorithms.base import Context, LocalTraining
+from algorithms.local_sgd import get_params, local_sgd
+from raysim.models import CNNParams, LinearParams, MLPParams, femnist_cnn, linear, mlp
+from tests.test_algorithms import client, ctx
+
+ZOO = {
+    "linear": (lambda: linear(LinearParams(), (5,), 3), (5,)),
+    "linear_image": (lambda: linear(LinearParams(), (1, 4, 4), 3), (1, 4, 4)),
+    "mlp": (lambda: mlp(MLPParams((7, 6)), (1, 4, 4), 3), (1, 4, 4)),
+    "femnist_cnn": (lambda: femnist_cnn(CNNParams(), (1, 28, 28), 62), (1, 28, 28)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_stacked_training_equals_one_copy_at_a_time(name):
+    build, shape = ZOO[name]
+    torch.manual_seed(0)
+    models = [build() for _ in range(3)]
+    n = 21
+    x, y = torch.randn(n, *shape), torch.randint(0, 3, (n,))
+    q = torch.softmax(torch.randn(3, n), dim=0)
+    hp = LocalTraining(lr=0.05, batch_size=8, momentum=0.9, weight_decay=5e-4, local_epochs=2)
+    start = [get_params(m) for m in models]
+    assert stacked.stackable(models[0])
+    losses = stacked.per_sample_losses(models[0], stacked.stack(start), x, y)
+    expect = torch.stack([F.cross_entropy(m(x), y, reduction="none") for m in models])
+    assert torch.allclose(losses, expect, atol=1e-5)
+    out = stacked.local_sgd(models[0], start, x, y, hp, Context(0, 10, 0, torch.Generator().manual_seed(3)), q)
+    g = torch.Generator().manual_seed(3)          # the sequential loop draws the same orders
+    for m, model in enumerate(models):
+        local_sgd(model, x, y, hp, Context(0, 10, 0, g), sample_weight=q[m])
+        for a, b in zip(out[m], model.parameters()):
+            assert torch.allclose(a, b, atol=1e-6), (name, m)
+        assert not torch.equal(out[m][0], start[m][0])        # it did train
+
+
+def test_two_copies_by_hand():
+    # two 1-d logistic copies with zero weights, one sample (x=2, y=0), weights q = (1, 0):
+    # copy 0 steps by lr * grad = 0.1 * (0.5*2, -0.5*2) on W; copy 1 (weight 0) does not move.
+    start = [[torch.zeros(2, 1), torch.zeros(2)], [torch.zeros(2, 1), torch.zeros(2)]]
+    hp = LocalTraining(lr=0.1, batch_size=4)
+    out = stacked.local_sgd(nn.Linear(1, 2), start, torch.tensor([[2.0]]), torch.tensor([0]), hp, ctx(),
+                            torch.tensor([[1.0], [0.0]]))
+    assert torch.allclose(out[0][0], torch.tensor([[0.1], [-0.1]]))
+    assert torch.allclose(out[0][1], torch.tensor([0.05, -0.05]))
+    assert torch.equal(out[1][0], torch.zeros(2, 1)) and torch.equal(out[1][1], torch.zeros(2))
+
+
+def test_unsupported_models_are_not_stacked():
+    assert not stacked.stackable(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+    assert not stacked.stackable(nn.Sequential(nn.Conv2d(2, 2, 3, groups=2)))
+    assert not stacked.stackable(nn.LSTM(3, 3))
+
+
+def test_fedem_stacked_and_sequential_paths_agree():
+    cls = algorithms.get("fedem")
+    torch.manual_seed(1)
+    base = nn.Linear(1, 2)
+
+    def model_fn(variant=0):
+        m = nn.Linear(1, 2)
+        m.load_state_dict(base.state_dict())
+        return m
+
+    comps = [get_params(nn.Linear(1, 2)) for _ in range(3)]
+    data = client(0, [0.5, -1.0, 2.0, 1.5, -0.3], [0, 1, 1, 0, 1])
+    out = {}
+    for flag in (True, False):
+        algo = cls(cls.Hyper(lr=0.1, batch_size=2, components=3, stack_components=flag), model_fn, rounds=10)
+        state, replies, nll = algo.train(algo.init_client(0, None), comps, data, ctx())
+        ev = algo.evaluate(state, comps, data, ctx())
+        out[flag] = (state.pi, [r.values for r in replies], nll, ev.loss_sum)
+    (pi_a, rep_a, nll_a, ev_a), (pi_b, rep_b, nll_b, ev_b) = out[True], out[False]
+    assert torch.allclose(pi_a, pi_b) and nll_a == pytest.approx(nll_b, abs=1e-6)
+    assert ev_a == pytest.approx(ev_b, abs=1e-5)
+    for a, b in zip(rep_a, rep_b):
+        assert all(torch.allclose(s, t, atol=1e-6) for s, t in zip(a, b))
