@@ -180,6 +180,15 @@ class Algorithm:
         """Return (new client state, reply, mean training loss)."""
         raise NotImplementedError
 
+    def train_many(self, states: list[Any], message: Any, datas: list[ClientData],
+                   ctxs: list[Context]) -> list[tuple[Any, Any, float]]:
+        """``train`` for several clients of one host (ascending id): the batched path of
+        DESIGN.md §3. An algorithm may train them together; it must return, client for client,
+        what ``train`` returns up to float rounding, and a client's numbers must not depend on
+        which other clients are in the call. By default: one ``train`` after another (so a
+        reply must never share memory with a model the algorithm reuses for the next client)."""
+        return [self.train(s, message, d, c) for s, d, c in zip(states, datas, ctxs)]
+
     def evaluate(self, state: Any, message: Any, data: ClientData, ctx: Context) -> EvalResult:
         raise NotImplementedError
 

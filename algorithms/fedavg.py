@@ -58,7 +58,7 @@ class FedAvg(Algorithm):
         load_params(model, message)
         loss = local_sgd(model, data.train_x, data.train_y, self.hp, ctx,
                          penalty=self.penalty(message, ctx))
-        return state, Weighted([p.detach() for p in model.parameters()], float(data.num_train)), loss
+        return state, Weighted(get_params(model), float(data.num_train)), loss
 
     def global_model(self, message: list[torch.Tensor], device: torch.device) -> nn.Module:
         """A model holding the broadcast weights, loaded once per message (not once per client)."""

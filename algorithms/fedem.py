@@ -119,6 +119,8 @@ class FedEM(Algorithm):
         return torch.stack([F.cross_entropy(predict_logits(m, x), y, reduction="none") for m in models])
 
     def train(self, state: FedEMState, message, data: ClientData, ctx: Context):
+        if data.num_train == 0:                 # nothing to learn from: pi and components unchanged
+            return FedEMState(state.pi.clone()), [Weighted([p.clone() for p in c], 0.0) for c in message], 0.0
         pi = state.pi.to(ctx.device)
         losses = self.losses(message, data.train_x, data.train_y, ctx.device)
         # negative log-likelihood of the mixture before the update (the round's training loss)
@@ -136,6 +138,57 @@ class FedEM(Algorithm):
             local_sgd(model, data.train_x, data.train_y, self.hp, ctx, sample_weight=q[m])
             replies.append(Weighted([p.detach().clone() for p in model.parameters()], float(data.num_train)))
         return FedEMState(pi.cpu()), replies, nll
+
+    def _batching(self) -> bool:
+        if getattr(self, "_batchable", None) is None:
+            self._batchable = self._stacking() and stacked.batchable(self.model_fn())
+        return self._batchable
+
+    def train_many(self, states, message, datas, ctxs):
+        """All of a host's sampled clients at once (models without convolutions): one blocked
+        E-step pass, then every (client, component) copy trains in lockstep."""
+        if not self._batching():
+            return super().train_many(states, message, datas, ctxs)
+        return self._train_many([s.pi for s in states], [message] * len(datas), datas, ctxs)
+
+    def _train_many(self, pis, components, datas, ctxs):
+        """``train`` for each client c from mixture weights pis[c] and components[c] (the
+        broadcast in FedEM, the client's own in D-FedEM); returns [(state, replies, nll)]."""
+        if not datas:
+            return []
+        device = ctxs[0].device
+        model = self.scratch_model(device)
+        m = self.hp.components
+        losses = stacked.losses_many(model, [self._stacked(c) for c in components],
+                                     [d.train_x for d in datas], [d.train_y for d in datas])
+        x = torch.cat([d.train_x for d in datas])
+        y = torch.cat([d.train_y for d in datas])
+        starts, groups, out = [], [], []
+        offset = 0
+        epochs = self.hp.local_epochs
+        for pi, comps, data, ctx, loss in zip(pis, components, datas, ctxs, losses):
+            n = data.num_train
+            if n == 0:                          # nothing to learn from: pi and components unchanged
+                out.append((FedEMState(pi.clone()), 0.0, 0))
+                continue
+            pi = pi.to(device)
+            nll = float(-torch.logsumexp(torch.log(pi)[:, None] - loss, dim=0).mean())
+            q = e_step(torch.log(pi), loss)
+            out.append((FedEMState(q.mean(dim=1).cpu()), nll, n))
+            # the orders local_sgd would draw: component 0's epochs, then component 1's, ...
+            orders = torch.stack([torch.randperm(n, generator=ctx.generator) for _ in range(m * epochs)])
+            groups.append((offset, orders.view(m, epochs, n).to(device), q))
+            starts += comps
+            offset += n
+        trained = iter(stacked.local_sgd_many(model, starts, x, y, groups, self.hp,
+                                              self.hp.lr_at(ctxs[0].round, ctxs[0].rounds)) if starts else [])
+        results = []
+        for (state, nll, n), comps in zip(out, components):
+            if n == 0:
+                results.append((state, [Weighted([p.clone() for p in c], 0.0) for c in comps], nll))
+                continue
+            results.append((state, [Weighted(next(trained), float(n)) for _ in range(m)], nll))
+        return results
 
     def personalize(self, message, data: ClientData, ctx: Context) -> FedEMState:
         pi = self.init_client(ctx.cid, None).pi.to(ctx.device)

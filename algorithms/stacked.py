@@ -154,3 +154,129 @@ def local_sgd(model: nn.Module, params: list[list[torch.Tensor]], x: torch.Tenso
             loss.backward()
             opt.step()
     return unstack(stacked)
+
+
+# -- many clients at once (DESIGN.md §3, the batched path) ---------------------------------------
+# A host hands FedEM all its sampled clients; their (client, component) copies then train in
+# lockstep: step t runs batch t of every copy that still has one, as one stacked pass. Every
+# copy's batch is padded to the full batch size (zero weights), so each copy's matrix products
+# have the same shapes whichever other copies share the pass. Batched matrix products compute
+# each matrix on its own, so a client's numbers do not depend on which clients share its host
+# (tests check this bitwise). Grouped convolutions do not have that property (the kernel depends
+# on the group count), so models with convolutions stay on the per-client path.
+
+def batchable(model: nn.Module) -> bool:
+    """Stackable and made of matrix products only (no convolution)."""
+    return stackable(model) and not any(isinstance(layer, nn.Conv2d) for layer in layers(model))
+
+
+def _copies_per_pass(params: list[torch.Tensor], sample_numel: int, batch: int, budget: int) -> int:
+    per_copy = 3 * sum(p[0].numel() for p in params) + batch * sample_numel
+    return max(1, budget // max(per_copy, 1))
+
+
+@torch.no_grad()
+def losses_many(model: nn.Module, params: list[list[torch.Tensor]], xs: list[torch.Tensor],
+                ys: list[torch.Tensor], block: int = 128, budget: int = 1 << 24) -> list[torch.Tensor]:
+    """Per-sample cross-entropy of client c's M copies (``params[c]``, stacked (M, ...)) on its
+    own samples ``xs[c]``, ``ys[c]``: a list of (M, n_c). Each client's samples are cut into
+    zero-padded blocks of ``block`` rows, so the result depends on the client alone. When every
+    client passes the same ``params`` object (FedEM's broadcast), it is not copied per block."""
+    model.eval()
+    m = params[0][0].shape[0]
+    counts = [int(y.shape[0]) for y in ys]
+    nblocks = [-(-n // block) for n in counts]
+    shape = xs[0].shape[1:]
+    if sum(counts) == 0:
+        return [xs[0].new_zeros(m, 0) for _ in xs]
+    xb = torch.cat([torch.cat([x, x.new_zeros(nb * block - n, *shape)]) for x, n, nb in zip(xs, counts, nblocks)])
+    yb = torch.cat([torch.cat([y, y.new_zeros(nb * block - n)]) for y, n, nb in zip(ys, counts, nblocks)])
+    xb, yb = xb.view(-1, block, *shape), yb.view(-1, block)
+    shared = all(p is params[0] for p in params)
+    if not shared:
+        owner = torch.repeat_interleave(torch.arange(len(xs), device=xb.device),
+                                        torch.tensor(nblocks, device=xb.device))
+        per_client = [torch.stack(p) for p in zip(*params)]     # (C, M, ...) per parameter
+    step = _copies_per_pass(params[0], shape.numel(), block, budget)
+    out = torch.empty(m, xb.shape[0], block, device=xb.device)
+    for k in range(m):
+        for i in range(0, xb.shape[0], step):                  # blocks i..i+step, copy k
+            j = min(xb.shape[0], i + step)
+            if shared:
+                ps = [p[k].expand(j - i, *p.shape[1:]) for p in params[0]]
+            else:
+                ps = [p[owner[i:j], k] for p in per_client]
+            logits = forward(model, ps, xb[i:j])
+            out[k, i:j] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb[i:j].reshape(-1),
+                                          reduction="none").view(j - i, block)
+    res, start = [], 0
+    for n, nb in zip(counts, nblocks):
+        res.append(out[:, start:start + nb].reshape(m, -1)[:, :n])
+        start += nb
+    return res
+
+
+def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
+                   groups: list[tuple[int, torch.Tensor, torch.Tensor]], hp: LocalTraining, lr: float,
+                   budget: int = 1 << 26) -> list[list[torch.Tensor]]:
+    """Local SGD of K copies in lockstep, in groups that share samples: a group
+    ``(offset, orders, weights)`` with orders (G, epochs, n) and weights (G, n) stands for G
+    consecutive copies of ``starts``; its copy g trains on the pooled rows offset..offset+n-1 of
+    ``x``, ``y`` in the orders ``orders[g]``, on the loss mean_i weights[g, i]·ℓ_i per batch —
+    what ``local_sgd`` does with those orders (same batches, same SGD arithmetic; float
+    rounding aside)."""
+    bs = hp.batch_size
+    steps, idx, wts = [], [], []
+    for offset, o, w in groups:
+        g, epochs, n = o.shape
+        nb = -(-n // bs)
+        pos = torch.zeros(g, epochs, nb * bs, dtype=torch.long, device=x.device)
+        pos[:, :, :n] = o
+        valid = torch.zeros(epochs, nb * bs, dtype=w.dtype, device=x.device)
+        valid[:, :n] = 1.0
+        scale = valid / valid.view(epochs, nb, bs).sum(dim=2, keepdim=True).expand(-1, -1, bs).reshape(epochs, -1)
+        idx.append((pos + offset).view(g, -1, bs))                              # (G, T, bs)
+        wts.append((torch.gather(w, 1, pos.view(g, -1)).view(g, epochs, -1) * scale).view(g, -1, bs))
+        steps += [epochs * nb] * g
+    idx = [t for group in idx for t in group]
+    wts = [t for group in wts for t in group]
+    k_all = len(starts)
+    order = sorted(range(k_all), key=lambda k: -steps[k])     # longest first: active copies are a prefix
+    t_max = steps[order[0]]
+    active = [sum(1 for k in order if steps[k] > t) for t in range(t_max)]
+    pad = lambda t: torch.cat([t, t.new_zeros(t_max - t.shape[0], bs)])  # noqa: E731
+    IDX = torch.stack([pad(idx[k]) for k in order])           # (K, T, bs)
+    WT = torch.stack([pad(wts[k]) for k in order])
+    P = [torch.stack(ts) for ts in zip(*(starts[k] for k in order))]
+    bufs: list[torch.Tensor] | None = None
+    chunk = _copies_per_pass(P, x.shape[1:].numel(), bs, budget)
+    model.train()
+    for t in range(t_max):
+        kt = active[t]
+        for c0 in range(0, kt, chunk):                         # copies c0..c1 in one pass
+            c1 = min(kt, c0 + chunk)
+            sub = [p[c0:c1].detach().requires_grad_(True) for p in P]
+            rows_t = IDX[c0:c1, t]
+            out = forward(model, sub, x[rows_t])
+            per = F.cross_entropy(out.reshape(-1, out.shape[-1]), y[rows_t].reshape(-1), reduction="none")
+            loss = (per.view(c1 - c0, bs) * WT[c0:c1, t]).sum()
+            grads = list(torch.autograd.grad(loss, sub))
+            with torch.no_grad():
+                if hp.weight_decay:
+                    grads = torch._foreach_add(grads, sub, alpha=hp.weight_decay)
+                if hp.momentum:
+                    if t == 0:
+                        if bufs is None:
+                            bufs = [torch.empty_like(p) for p in P]
+                        for b, g in zip(bufs, grads):
+                            b[c0:c1] = g
+                    else:
+                        b = [buf[c0:c1] for buf in bufs]
+                        torch._foreach_mul_(b, hp.momentum)
+                        torch._foreach_add_(b, grads)
+                    grads = [buf[c0:c1] for buf in bufs]
+                torch._foreach_add_([p[c0:c1] for p in P], grads, alpha=-lr)
+    out = [None] * k_all
+    for i, k in enumerate(order):
+        out[k] = [p[i] for p in P]
+    return out

@@ -110,8 +110,10 @@ def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
 def test_interrupt_marks_killed_and_resumes(tmp_path):
     text = DIGITS.replace("rounds: 20", "rounds: 400").replace("eval: {every: 10}", "eval: {every: 400}")
     path = tracked(tmp_path, text, every=1)
+    # a shell's background job starts with SIGINT ignored (and Python keeps it so): restore it
     proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q", "--engine", "serial"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ck_root = tmp_path / "ck"
     deadline = time.time() + 120
     while time.time() < deadline and not list(ck_root.glob("*/checkpoint.pt")):

@@ -7,7 +7,7 @@ from torch import nn
 
 import algorithms
 from algorithms import stacked
-from algorithms.base import Context, LocalTraining
+from algorithms.base import ClientData, Context, LocalTraining
 from algorithms.local_sgd import get_params, local_sgd
 from raysim.models import CNNParams, LinearParams, MLPParams, femnist_cnn, linear, mlp
 from tests.test_algorithms import client, ctx
@@ -84,3 +84,81 @@ def test_fedem_stacked_and_sequential_paths_agree():
     assert ev_a == pytest.approx(ev_b, abs=1e-5)
     for a, b in zip(rep_a, rep_b):
         assert all(torch.allclose(s, t, atol=1e-6) for s, t in zip(a, b))
+
+
+def fedem_clients(sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for cid, n in enumerate(sizes):
+        x = torch.randn(n, 4, generator=g)
+        y = torch.randint(0, 3, (n,), generator=g)
+        out.append(ClientData(cid, x, y, x[:0], y[:0], x, y))
+    return out
+
+
+def fedem_algo(model="mlp", **hp):
+    cls = algorithms.get("fedem")
+    torch.manual_seed(2)
+    net = mlp(MLPParams((6,)), (4,), 3) if model == "mlp" else linear(LinearParams(), (4,), 3)
+    base = dict(lr=0.1, batch_size=8, components=3, momentum=0.9, weight_decay=5e-4, local_epochs=2)
+    return cls(cls.Hyper(**{**base, **hp}), lambda variant=0: net, rounds=10), \
+        [get_params(mlp(MLPParams((6,)), (4,), 3) if model == "mlp" else linear(LinearParams(), (4,), 3))
+         for _ in range(3)]
+
+
+def ctxs_for(datas, round_=0):
+    return [Context(round_, 10, d.cid, torch.Generator().manual_seed(100 + d.cid)) for d in datas]
+
+
+@pytest.mark.parametrize("model", ["linear", "mlp"])
+def test_fedem_many_clients_at_once_equals_one_at_a_time(model):
+    algo, comps = fedem_algo(model)
+    assert algo._batching()
+    datas = fedem_clients([5, 17, 0, 30, 8])          # ragged, one empty client, several batches
+    states = [algo.init_client(d.cid, None) for d in datas]
+    many = algo.train_many(states, comps, datas, ctxs_for(datas))
+    one = [algo.train(s, comps, d, c) for s, d, c in zip(states, datas, ctxs_for(datas))]
+    for (s1, r1, l1), (s2, r2, l2) in zip(many, one):
+        assert torch.allclose(s1.pi, s2.pi, atol=1e-6) and l1 == pytest.approx(l2, abs=1e-5)
+        for a, b in zip(r1, r2):
+            assert a.weight == b.weight
+            assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a.values, b.values))
+    assert torch.equal(many[2][0].pi, states[2].pi)         # the empty client keeps its pi
+
+
+def test_a_clients_numbers_do_not_depend_on_the_other_clients_in_the_call():
+    algo, comps = fedem_algo("mlp")
+    datas = fedem_clients([5, 17, 40, 30, 8, 12])
+    states = [algo.init_client(d.cid, None) for d in datas]
+    everyone = algo.train_many(states, comps, datas, ctxs_for(datas))
+    for pick in ([1], [0, 3], [2, 4, 5]):
+        part = algo.train_many([states[i] for i in pick], comps, [datas[i] for i in pick],
+                               ctxs_for([datas[i] for i in pick]))
+        for i, (s, r, l) in zip(pick, part):
+            assert torch.equal(s.pi, everyone[i][0].pi) and l == everyone[i][2]
+            for a, b in zip(r, everyone[i][1]):
+                assert all(torch.equal(u, v) for u, v in zip(a.values, b.values))
+
+
+def test_fedem_runs_identically_on_one_or_three_hosts(tmp_path):
+    from raysim import config
+    from tests.conftest import TINY, write_scenario
+    from tests.test_engine import run_serial, strip_times
+    text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}",
+                        "algorithm: {name: fedem, components: 2, lr: 0.1, batch_size: 16}\nmodel: {name: mlp, hidden: [8]}")
+    text = text.replace("model: {name: linear}\n", "")
+    sc = config.load(write_scenario(tmp_path, text))
+    a, b = run_serial(sc, 1), run_serial(sc, 3)
+    assert strip_times(a.history) == strip_times(b.history)
+    for x, y in zip(a.server_state, b.server_state):
+        assert all(torch.equal(u, v) for u, v in zip(x, y))
+
+
+def test_fedem_many_with_no_samples_or_no_clients():
+    algo, comps = fedem_algo("linear")
+    datas = fedem_clients([0, 0])
+    states = [algo.init_client(d.cid, None) for d in datas]
+    out = algo.train_many(states, comps, datas, ctxs_for(datas))
+    assert [r[1][0].weight for r in out] == [0.0, 0.0]
+    assert all(torch.equal(a, b) for a, b in zip(out[0][1][1].values, comps[1]))
+    assert algo.train_many([], comps, [], []) == []

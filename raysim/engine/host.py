@@ -69,9 +69,10 @@ class Host:
         message = to_device(message, self.device)
         acc = Accumulator()
         losses = PerClient()
-        for cid in sorted(cids):
-            state, reply, loss = self.algo.train(self.state(cid), message, self.data(cid),
-                                                 self.context(round_, cid, "train"))
+        cids = sorted(cids)
+        results = self.algo.train_many([self.state(c) for c in cids], message, [self.data(c) for c in cids],
+                                       [self.context(round_, c, "train") for c in cids])
+        for cid, (state, reply, loss) in zip(cids, results):
             self.states[cid] = state
             acc.add(reply)
             losses[cid] = (float(loss), self.data(cid).num_train)
