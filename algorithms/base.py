@@ -201,6 +201,12 @@ class Algorithm:
         """Local step on the client's own parameters: (state, message for neighbours, loss)."""
         raise NotImplementedError
 
+    def gossip_train_many(self, states: list[Any], datas: list[ClientData],
+                          ctxs: list[Context]) -> list[tuple[Any, Any, float]]:
+        """``gossip_train`` for several clients of one host (the batched path; same rules as
+        ``train_many``). By default: one after another."""
+        return [self.gossip_train(s, d, c) for s, d, c in zip(states, datas, ctxs)]
+
     def mix(self, state: Any, neighbours: list[tuple[float, Any]]) -> Any:
         """New state from [(W_ij, message_j)] over j in the neighbourhood (self included)."""
         raise NotImplementedError

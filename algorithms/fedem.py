@@ -226,6 +226,16 @@ class FedEM(Algorithm):
         components = [r.values for r in replies]
         return FedEMState(new.pi, components), components, nll
 
+    def gossip_train_many(self, states, datas, ctxs):
+        if not self._batching():
+            return super().gossip_train_many(states, datas, ctxs)
+        out = []
+        for s, (new, replies, nll) in zip(states, self._train_many([s.pi for s in states],
+                                                                   [s.components for s in states], datas, ctxs)):
+            components = [r.values for r in replies]
+            out.append((FedEMState(new.pi, components), components, nll))
+        return out
+
     def mix(self, state: FedEMState, neighbours) -> FedEMState:
         m = len(state.components)
         return FedEMState(state.pi, [weighted_sum([(w, msg[k]) for w, msg in neighbours]) for k in range(m)])

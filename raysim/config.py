@@ -59,6 +59,11 @@ class TopologyCfg:
     p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": "Erdős–Rényi edge probability"})
     resample: bool = field(default=False, metadata={"help": "draw a new Erdős–Rényi graph every round"})
     mixing: str = field(default="metropolis", metadata={"choices": ("metropolis", "fmmc")})
+    weighting: str = field(default="uniform", metadata={
+        "choices": ("uniform", "samples"),
+        "help": "uniform: the symmetric doubly stochastic W (the paper's; gossip keeps the plain average "
+                "of the clients); samples: W reweighted by Metropolis-Hastings towards the clients' "
+                "training-sample counts (gossip keeps the sample-weighted average, as FedEM's server)"})
     edges: str | None = field(default=None, metadata={"help": "file of 'i j' client-id pairs (kind: edges)"})
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,35 @@ from raysim.engine import checkpoint
 FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
+
+
+class DeferredInterrupt:
+    """Ctrl-C during a run stops it between rounds: the first SIGINT asks for a stop after the
+    round in progress (which is then checkpointed), a second one stops at once. An interrupt
+    landing inside a library call (an MLflow transaction, a Ray call) would otherwise surface
+    as that library's error. Installed only where Python's own handler is in force (a shell's
+    background job, which ignores SIGINT, keeps ignoring it)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "DeferredInterrupt":
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nraysim: interrupted: stopping after this round (Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
@@ -49,7 +80,9 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     outcome = "failed"
     bar = None
     close = lambda: None  # noqa: E731
+    stop = DeferredInterrupt()
     try:
+        stop.__enter__()
         server, close = _make_server(sc, engine, address, verbose)
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
         path = checkpoint.path_for(sc.checkpoint.dir, tracker.run_id)
@@ -64,11 +97,13 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             tracker.log_round(record)
             r = int(record["round"])
             every = sc.checkpoint.every
-            if (every and r % every == 0) or r == sc.rounds:
+            if (every and r % every == 0) or r == sc.rounds or stop.requested:
                 _save(server, path, sc)
             shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
             bar.set_postfix(shown, refresh=False)
             bar.update(1)
+            if stop.requested:
+                raise KeyboardInterrupt
             if fail_after and r == fail_after:
                 raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")
         bar.close()
@@ -83,6 +118,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         outcome = "killed"
         raise
     finally:
+        stop.__exit__()
         if bar is not None:
             bar.close()
         try:

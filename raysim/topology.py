@@ -96,16 +96,25 @@ def metropolis(g: nx.Graph) -> np.ndarray:
     return w
 
 
-def slem(w: np.ndarray) -> float:
-    """Second-largest eigenvalue modulus of a symmetric stochastic matrix."""
+def slem(w: np.ndarray, counts: np.ndarray | None = None) -> float:
+    """Second-largest eigenvalue modulus of a symmetric stochastic matrix, or of one in
+    detailed balance with pi ∝ counts (through the similar symmetric D^½ W D^-½, D = diag pi)."""
+    if counts is not None:
+        pi = np.asarray(counts, dtype=np.float64)
+        if not (pi > 0).all():                      # general eigenvalues (real for a reversible chain)
+            mods = np.sort(np.abs(np.linalg.eigvals(w)))
+            return float(mods[-2]) if len(mods) > 1 else 0.0
+        d = np.sqrt(pi / pi.sum())
+        w = d[:, None] * w / d[None, :]
+        w = (w + w.T) / 2                           # symmetric up to rounding
     ev = np.sort(np.linalg.eigvalsh(w))
     if len(ev) < 2:
         return 0.0
     return float(max(abs(ev[0]), abs(ev[-2])))
 
 
-def spectral_gap(w: np.ndarray) -> float:
-    return 1.0 - slem(w)
+def spectral_gap(w: np.ndarray, counts: np.ndarray | None = None) -> float:
+    return 1.0 - slem(w, counts)
 
 
 def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> np.ndarray:
@@ -168,6 +177,45 @@ def mixing_matrix(g: nx.Graph, kind: str) -> np.ndarray:
         raise TopologyError(f"unknown mixing {kind!r}; choose metropolis or fmmc")
     check_mixing(w, g)
     return w
+
+
+def sample_weighted(w: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Metropolis-Hastings correction of a symmetric stochastic W towards the stationary
+    distribution pi ∝ counts: W'_ij = W_ij·min(1, pi_j/pi_i) off the diagonal, the rest on it.
+    Then pi_i W'_ij = pi_j W'_ji (detailed balance), so pi^T W' = pi^T: gossip θ <- W'θ keeps
+    Σ_i pi_i θ_i, the sample-weighted average FedEM's server computes, where a doubly
+    stochastic W keeps the plain average. W' stays row-stochastic, nonnegative, zero off the
+    graph and keeps every self-weight; it is not symmetric unless the counts are equal."""
+    pi = np.asarray(counts, dtype=np.float64)
+    if pi.shape != (w.shape[0],) or (pi < 0).any():
+        raise TopologyError(f"sample counts must be {w.shape[0]} nonnegative numbers")
+    if pi.sum() == 0:
+        return w.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(pi[:, None] > 0, pi[None, :] / pi[:, None], 1.0)
+    out = w * np.minimum(1.0, ratio)
+    out[np.diag_indices_from(out)] = 0.0
+    out[np.diag_indices_from(out)] = 1.0 - out.sum(axis=1)
+    return out
+
+
+def check_reversible(w: np.ndarray, g: nx.Graph, counts: np.ndarray, tol: float = 1e-9) -> None:
+    """Row-stochastic, nonnegative, zero off the graph, and in detailed balance with pi ∝ counts."""
+    n = g.number_of_nodes()
+    if w.shape != (n, n):
+        raise TopologyError(f"mixing matrix has shape {w.shape}, expected {(n, n)}")
+    if (w < -tol).any():
+        raise TopologyError("mixing matrix has negative entries")
+    if not np.allclose(w.sum(axis=1), 1.0, atol=1e-8):
+        raise TopologyError("mixing matrix rows do not sum to 1")
+    allowed = nx.to_numpy_array(g, nodelist=range(n)) > 0
+    allowed[np.diag_indices(n)] = True
+    if (np.abs(w[~allowed]) > tol).any():
+        raise TopologyError("mixing matrix has weight between clients that are not neighbours")
+    pi = np.asarray(counts, dtype=np.float64)
+    flow = pi[:, None] * w
+    if not np.allclose(flow, flow.T, atol=tol * max(1.0, pi.max())):
+        raise TopologyError("mixing matrix is not in detailed balance with the sample counts")
 
 
 def check_mixing(w: np.ndarray, g: nx.Graph, tol: float = 1e-9) -> None:

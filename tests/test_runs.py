@@ -124,6 +124,12 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
     assert proc.returncode == 130, err
     run_id = next(ck_root.iterdir()).name
     assert mlflow_run(tmp_path, run_id).info.status == "KILLED"
+    assert "stopping after this round" in err
+    # the round in progress finished and was checkpointed: nothing is lost
+    from raysim.engine import checkpoint
+    saved = checkpoint.load(ck_root / run_id / "checkpoint.pt")["round"]
+    logged = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(run_id, "train_loss")
+    assert 0 < saved < 400 and saved == max(m.step for m in logged)
 
 
 @pytest.mark.ray

@@ -22,7 +22,8 @@ from raysim.engine.reduce import Accumulator
 class GossipDriver(RoundDriver):
     def __init__(self, sc: Scenario, transport):
         super().__init__(sc, transport)
-        self.transport.gossip_init(self.algo.broadcast(self.server_state, 0))
+        counts = self.transport.gossip_init(self.algo.broadcast(self.server_state, 0))
+        self.counts = np.array([counts.get(c, 0) for c in range(sc.data.clients)], dtype=np.float64)
         self.graph_round: int | None = None
         self.W: np.ndarray | None = None
 
@@ -34,7 +35,11 @@ class GossipDriver(RoundDriver):
             return self.W, False
         g = topology.build(t.kind, self.sc.data.clients, rng.generator(self.sc.seed, "topology", key),
                            p=t.p, edges=t.edges)
-        self.W, self.graph_round = topology.mixing_matrix(g, t.mixing), key
+        w = topology.mixing_matrix(g, t.mixing)
+        if t.weighting == "samples":
+            w = topology.sample_weighted(w, self.counts)
+            topology.check_reversible(w, g, self.counts)
+        self.W, self.graph_round = w, key
         return self.W, True
 
     def restore(self, path: str) -> int:
@@ -80,7 +85,8 @@ class GossipDriver(RoundDriver):
         }
         record.update(self.consensus())
         if changed:
-            record["spectral_gap"] = topology.spectral_gap(W)
+            record["spectral_gap"] = topology.spectral_gap(
+                W, self.counts if self.sc.topology.weighting == "samples" else None)
         return self._finish(record, t0, compute)
 
     def consensus(self) -> dict[str, float]:

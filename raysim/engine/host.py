@@ -94,19 +94,22 @@ class Host:
         return out
 
     # -- gossip (decentralized topology) ------------------------------------------------------
-    def gossip_init(self, message: Any) -> None:
-        """Every hosted client starts from its own copy of the initial shared parameters."""
+    def gossip_init(self, message: Any) -> dict[int, int]:
+        """Every hosted client starts from its own copy of the initial shared parameters;
+        returns each hosted client's number of training samples (for sample-weighted mixing)."""
         message = to_device(message, self.device)
         for cid in self.cids:
             self.states[cid] = self.algo.gossip_init(cid, message)
+        return {cid: self.data(cid).num_train for cid in self.cids}
 
     def gossip_train(self, round_: int, cids: list[int]) -> tuple[dict[int, Any], PerClient, float]:
         """Local step of each client on its own parameters; returns the messages for neighbours."""
         t0 = time.perf_counter()
         out, losses = {}, PerClient()
-        for cid in sorted(cids):
-            state, message, loss = self.algo.gossip_train(self.state(cid), self.data(cid),
-                                                          self.context(round_, cid, "train"))
+        cids = sorted(cids)
+        results = self.algo.gossip_train_many([self.state(c) for c in cids], [self.data(c) for c in cids],
+                                              [self.context(round_, c, "train") for c in cids])
+        for cid, (state, message, loss) in zip(cids, results):
             self.states[cid] = state
             out[cid] = message
             losses[cid] = (float(loss), self.data(cid).num_train)

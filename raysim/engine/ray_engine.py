@@ -55,8 +55,8 @@ class RayHost(Host):
     def evaluate(self, round_: int, message: Any, cids: list[int], unseen: list[int] = ()):
         return super().evaluate(round_, from_numpy(message), cids, unseen)
 
-    def gossip_init(self, message: Any) -> None:
-        super().gossip_init(from_numpy(message))
+    def gossip_init(self, message: Any) -> dict[int, int]:
+        return super().gossip_init(from_numpy(message))
 
     def gossip_train(self, round_: int, cids: list[int]):
         """Each client's message goes into this node's object store; only refs leave."""
@@ -110,7 +110,10 @@ class RayTransport:
 
     def gossip_init(self, message: Any) -> None:
         ref = ray.put(to_numpy(message))
-        ray.get([h.gossip_init.remote(ref) for h in self.hosts])
+        counts: dict[int, int] = {}
+        for part in ray.get([h.gossip_init.remote(ref) for h in self.hosts]):
+            counts.update(part)
+        return counts
 
     def gossip_train(self, round_: int, by_host: list[list[int]]):
         return ray.get([h.gossip_train.remote(round_, cids) for h, cids in zip(self.hosts, by_host)])

@@ -28,9 +28,11 @@ class LocalTransport:
     def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
         return [h.evaluate(round_, message, cids, unseen) for h, cids in zip(self.hosts, by_host)]
 
-    def gossip_init(self, message: Any) -> None:
+    def gossip_init(self, message: Any) -> dict[int, int]:
+        counts: dict[int, int] = {}
         for h in self.hosts:
-            h.gossip_init(message)
+            counts.update(h.gossip_init(message))
+        return counts
 
     def gossip_train(self, round_: int, by_host: list[list[int]]):
         return [h.gossip_train(round_, cids) for h, cids in zip(self.hosts, by_host)]
