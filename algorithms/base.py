@@ -211,6 +211,12 @@ class Algorithm:
         """New state from [(W_ij, message_j)] over j in the neighbourhood (self included)."""
         raise NotImplementedError
 
+    def mix_many(self, states: list[Any], sources: dict[int, Any],
+                 rows: list[list[tuple[int, float]]]) -> list[Any]:
+        """``mix`` for several clients of one host: rows[i] lists (j, W_ij) in ascending j and
+        ``sources[j]`` is client j's message. Must equal ``mix`` client for client."""
+        return [self.mix(s, [(w, sources[j]) for j, w in row]) for s, row in zip(states, rows)]
+
     def consensus_stats(self, state: Any) -> Any:
         """Summable statistics of the shared parameters: a list (one per parameter group, e.g.
         per component) of Weighted([θ, ‖θ‖²], 1); the engine turns their sums into the consensus
@@ -218,17 +224,53 @@ class Algorithm:
         raise NotImplementedError
 
 
-def weighted_sum(neighbours: list[tuple[float, list[torch.Tensor]]]) -> list[torch.Tensor]:
-    """Σ_j w_j θ_j in float64 over the neighbours in the order given (the engine sorts them by
-    client id), cast back to the parameters' dtype: each client's sum has the same operands in
-    the same order whichever host holds which client. One stacked product per tensor."""
-    first = neighbours[0][1]
-    w = torch.tensor([float(wj) for wj, _ in neighbours], dtype=torch.float64, device=first[0].device)
+def _leaves(msg) -> list[torch.Tensor]:
+    if isinstance(msg, torch.Tensor):
+        return [msg]
+    return [t for part in msg for t in _leaves(part)]
+
+
+def _rebuild(template, flat: torch.Tensor, start: int = 0):
+    """``template``'s nested lists of tensors, filled from the vector ``flat``; returns (value, end)."""
+    if isinstance(template, torch.Tensor):
+        end = start + template.numel()
+        return flat[start:end].view(template.shape).to(template.dtype), end
     out = []
-    for i, t in enumerate(first):
-        stacked = torch.stack([params[i] for _, params in neighbours]).to(torch.float64)
-        out.append(torch.tensordot(w, stacked, dims=1).to(t.dtype))
+    for part in template:
+        value, start = _rebuild(part, flat, start)
+        out.append(value)
+    return out, start
+
+
+def _flat64(msg) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in _leaves(msg)]).to(torch.float64)
+
+
+def weighted_rows(sources: dict[int, Any], rows: list[list[tuple[int, float]]]) -> list[Any]:
+    """For each row [(j, w_j), ...]: Σ_j w_j·sources[j] in float64, cast back, with the
+    structure (nested lists of tensors) of the messages. Every source is flattened once into a
+    matrix; a row is one product of its weights with its neighbours' rows of that matrix, in the
+    order given (the engine sorts by client id), so a client's result depends only on its own
+    neighbourhood, whichever host holds which client (and equals ``weighted_sum`` bitwise)."""
+    if not rows:
+        return []
+    ids = sorted(sources)
+    pos = {j: k for k, j in enumerate(ids)}
+    template = sources[ids[0]]
+    flat = torch.stack([_flat64(sources[j]) for j in ids])
+    out = []
+    for row in rows:
+        idx = torch.tensor([pos[j] for j, _ in row], device=flat.device)
+        w = torch.tensor([float(wj) for _, wj in row], dtype=torch.float64, device=flat.device)
+        out.append(_rebuild(template, w @ flat[idx])[0])
     return out
+
+
+def weighted_sum(neighbours: list[tuple[float, Any]]) -> Any:
+    """Σ_j w_j θ_j over [(w_j, θ_j)] (θ nested lists of tensors) in float64, cast back: one
+    product of the weights with the stacked, flattened neighbours, as ``weighted_rows``."""
+    sources = {k: msg for k, (_, msg) in enumerate(neighbours)}
+    return weighted_rows(sources, [[(k, w) for k, (w, _) in enumerate(neighbours)]])[0]
 
 
 def consensus_terms(params: list[torch.Tensor]) -> Weighted:
@@ -258,6 +300,6 @@ def tree_to_state(cls: type | None, tree: Any) -> Any:
 
 __all__ = [
     "Algorithm", "ClientData", "Context", "EvalResult", "LocalTraining", "PerClient", "Weighted",
-    "consensus_terms", "weighted_sum",
+    "consensus_terms", "weighted_rows", "weighted_sum",
     "field", "state_to_tree", "tree_to_state",
 ]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .base import (Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted, consensus_terms,
-                   weighted_sum)
+                   weighted_rows, weighted_sum)
 from .local_sgd import accuracy_and_loss, get_params, load_params, local_sgd, predict_logits
 
 
@@ -94,6 +94,9 @@ class FedAvg(Algorithm):
 
     def mix(self, state: DSGDState, neighbours) -> DSGDState:
         return DSGDState(weighted_sum(neighbours))
+
+    def mix_many(self, states, sources, rows):
+        return [DSGDState(p) for p in weighted_rows(sources, rows)]
 
     def consensus_stats(self, state: DSGDState):
         return [consensus_terms(state.params)]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import (Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted, consensus_terms,
-                   weighted_sum)
+                   weighted_rows, weighted_sum)
 from . import stacked
 from .local_sgd import get_params, load_params, local_sgd, predict_logits
 
@@ -237,8 +237,10 @@ class FedEM(Algorithm):
         return out
 
     def mix(self, state: FedEMState, neighbours) -> FedEMState:
-        m = len(state.components)
-        return FedEMState(state.pi, [weighted_sum([(w, msg[k]) for w, msg in neighbours]) for k in range(m)])
+        return FedEMState(state.pi, weighted_sum(neighbours))
+
+    def mix_many(self, states, sources, rows):
+        return [FedEMState(s.pi, c) for s, c in zip(states, weighted_rows(sources, rows))]
 
     def consensus_stats(self, state: FedEMState):
         return [consensus_terms(c) for c in state.components]

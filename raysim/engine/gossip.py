@@ -1,9 +1,11 @@
 """The gossip scheduler: decentralized rounds over a communication graph (D-FedEM, D-SGD).
 
-Each round every client takes its local step on its own parameters (inside its host); the
-scheduler then tells each host, for each of its clients i, the weights W_ij and *handles* of
-its neighbours' messages; hosts fetch exactly those messages (through the object store, peer to
-peer) and set θ_i <- Σ_j W_ij θ_j. The scheduler moves handles and weights, never models.
+Each round the scheduler first works out, from W, which messages each host needs from each
+other host. Every client then takes its local step on its own parameters (inside its host);
+a host keeps its clients' messages for its own mixing and puts one bundle per host that needs
+some of them into the object store, holding exactly those. The scheduler passes each host the
+refs of the bundles made for it and its clients' rows W_ij; the host fetches them (peer to
+peer) and sets θ_i <- Σ_j W_ij θ_j. The scheduler moves refs and weights, never models.
 Consensus distance comes from per-host sums of θ and ‖θ‖², like any other reply.
 """
 from __future__ import annotations
@@ -56,32 +58,36 @@ class GossipDriver(RoundDriver):
         r = self.round
         everyone = [int(c) for c in self.train_ids]
         groups = self._by_host(everyone)
-        parts = self.transport.gossip_train(r, groups)
-        handles: dict[int, Any] = {}
-        losses: dict[int, tuple[float, int]] = {}
-        compute = 0.0
-        for msgs, loss, secs in parts:
-            handles.update(msgs)
-            losses.update(loss)
-            compute += secs
+        hosts = len(groups)
         W, changed = self._mixing(r)
-        plans = []
-        fetched = 0
+        # who needs whom: host h needs the messages of its clients' neighbours held elsewhere
+        rows_by_host: list[dict[int, list[tuple[int, float]]]] = []
+        outboxes: list[dict[int, list[int]]] = [{} for _ in range(hosts)]
         for h, cids in enumerate(groups):
             rows = {}
             for i in cids:
                 nbrs = np.flatnonzero(W[i])
-                rows[i] = [(int(j), float(W[i, j])) for j in nbrs]
-            needed = sorted({j for row in rows.values() for j, _ in row})
-            fetched += sum(1 for j in needed if host_of(j, len(groups)) != h)
-            plans.append(({j: handles[j] for j in needed}, rows))
+                rows[i] = list(zip(nbrs.tolist(), W[i, nbrs].tolist()))
+            rows_by_host.append(rows)
+            for j in sorted({j for row in rows.values() for j, _ in row}):
+                src = host_of(j, hosts)
+                if src != h:
+                    outboxes[src].setdefault(h, []).append(j)
+        parts = self.transport.gossip_train(r, groups, outboxes)
+        losses: dict[int, tuple[float, int]] = {}
+        compute = 0.0
+        for _, loss, secs in parts:
+            losses.update(loss)
+            compute += secs
+        plans = [([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h])
+                 for h in range(hosts)]
         self.transport.gossip_mix(plans)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(everyone)),
             "train_loss": mean_train_loss(losses),
-            "messages_fetched_across_hosts": float(fetched),
+            "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
         record.update(self.consensus())
         if changed:

@@ -102,25 +102,35 @@ class Host:
             self.states[cid] = self.algo.gossip_init(cid, message)
         return {cid: self.data(cid).num_train for cid in self.cids}
 
-    def gossip_train(self, round_: int, cids: list[int]) -> tuple[dict[int, Any], PerClient, float]:
-        """Local step of each client on its own parameters; returns the messages for neighbours."""
+    def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]
+                     ) -> tuple[dict[int, Any], PerClient, float]:
+        """Local step of each client on its own parameters. The messages stay here for this
+        host's own mixing; ``outbox[h]`` lists the clients whose messages host h needs, and the
+        return holds one bundle {cid: message} per such host (nothing else leaves)."""
         t0 = time.perf_counter()
-        out, losses = {}, PerClient()
+        losses = PerClient()
         cids = sorted(cids)
         results = self.algo.gossip_train_many([self.state(c) for c in cids], [self.data(c) for c in cids],
                                               [self.context(round_, c, "train") for c in cids])
+        self._messages = {}
         for cid, (state, message, loss) in zip(cids, results):
             self.states[cid] = state
-            out[cid] = message
+            self._messages[cid] = message
             losses[cid] = (float(loss), self.data(cid).num_train)
-        return out, losses, time.perf_counter() - t0
+        bundles = {h: {j: self._messages[j] for j in wanted} for h, wanted in outbox.items() if wanted}
+        return bundles, losses, time.perf_counter() - t0
 
-    def gossip_mix(self, sources: dict[int, Any], rows: dict[int, list[tuple[int, float]]]) -> None:
+    def gossip_mix(self, inbox: list[dict[int, Any]], rows: dict[int, list[tuple[int, float]]]) -> None:
         """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows[i]`` lists (j, W_ij) in ascending
-        j, ``sources[j]`` is client j's message."""
-        sources = {j: to_device(m, self.device) for j, m in sources.items()}
-        for cid in sorted(rows):
-            self.states[cid] = self.algo.mix(self.states[cid], [(w, sources[j]) for j, w in rows[cid]])
+        j; messages come from this host's own clients and the bundles other hosts sent."""
+        sources = dict(self._messages)
+        for bundle in inbox:
+            sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
+        cids = sorted(rows)
+        new = self.algo.mix_many([self.states[c] for c in cids], sources, [rows[c] for c in cids])
+        for cid, state in zip(cids, new):
+            self.states[cid] = state
+        self._messages = {}
 
     def consensus(self) -> Accumulator:
         acc = Accumulator()

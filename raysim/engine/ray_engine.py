@@ -58,16 +58,15 @@ class RayHost(Host):
     def gossip_init(self, message: Any) -> dict[int, int]:
         return super().gossip_init(from_numpy(message))
 
-    def gossip_train(self, round_: int, cids: list[int]):
-        """Each client's message goes into this node's object store; only refs leave."""
-        messages, losses, secs = super().gossip_train(round_, cids)
-        return {cid: ray.put(to_numpy(m)) for cid, m in messages.items()}, losses, secs
+    def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]):
+        """One object per host that needs some of these clients' messages, holding exactly
+        those; it goes into this node's object store and only its ref leaves."""
+        bundles, losses, secs = super().gossip_train(round_, cids, outbox)
+        return {h: ray.put(to_numpy(b)) for h, b in bundles.items()}, losses, secs
 
-    def gossip_mix(self, sources: dict[int, Any], rows: dict[int, list[tuple[int, float]]]) -> None:
-        """Fetch exactly the neighbour messages these clients need (one ref each), peer to peer."""
-        ids = sorted(sources)
-        values = ray.get([sources[j] for j in ids])
-        super().gossip_mix({j: from_numpy(v) for j, v in zip(ids, values)}, rows)
+    def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]]) -> None:
+        """Fetch the bundles other hosts made for this one (peer to peer), then mix."""
+        super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
 
     def get_states(self) -> dict[int, Any]:
         return to_numpy(super().get_states())
@@ -115,11 +114,13 @@ class RayTransport:
             counts.update(part)
         return counts
 
-    def gossip_train(self, round_: int, by_host: list[list[int]]):
-        return ray.get([h.gossip_train.remote(round_, cids) for h, cids in zip(self.hosts, by_host)])
+    def gossip_train(self, round_: int, by_host: list[list[int]], outboxes: list[dict[int, list[int]]]):
+        return ray.get([h.gossip_train.remote(round_, cids, out)
+                        for h, cids, out in zip(self.hosts, by_host, outboxes)])
 
-    def gossip_mix(self, plans: list[tuple[dict[int, Any], dict[int, list[tuple[int, float]]]]]) -> None:
-        ray.get([h.gossip_mix.remote(sources, rows) for h, (sources, rows) in zip(self.hosts, plans)])
+    def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]]]]) -> None:
+        # the refs travel inside a list, so Ray does not resolve them here: each host fetches its own
+        ray.get([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
 
     def consensus(self):
         return ray.get([h.consensus.remote() for h in self.hosts])

@@ -34,12 +34,12 @@ class LocalTransport:
             counts.update(h.gossip_init(message))
         return counts
 
-    def gossip_train(self, round_: int, by_host: list[list[int]]):
-        return [h.gossip_train(round_, cids) for h, cids in zip(self.hosts, by_host)]
+    def gossip_train(self, round_: int, by_host: list[list[int]], outboxes: list[dict[int, list[int]]]):
+        return [h.gossip_train(round_, cids, out) for h, cids, out in zip(self.hosts, by_host, outboxes)]
 
-    def gossip_mix(self, plans: list[tuple[dict[int, Any], dict[int, list[tuple[int, float]]]]]) -> None:
-        for h, (sources, rows) in zip(self.hosts, plans):
-            h.gossip_mix(sources, rows)
+    def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]]]]) -> None:
+        for h, (inbox, rows) in zip(self.hosts, plans):
+            h.gossip_mix(inbox, rows)
 
     def consensus(self):
         return [h.consensus() for h in self.hosts]
