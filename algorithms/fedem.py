@@ -41,9 +41,12 @@ class FedEMHyper(LocalTraining):
     components: int = field(default=3, metadata={"min": 1, "help": "mixture components M"})
     unseen_em_steps: int = field(default=1, metadata={"min": 1,
                                  "help": "E-step + pi updates for unseen clients (components frozen)"})
-    stack_components: bool = field(default=True, metadata={
-        "help": "run the M components as one stacked model (one pass per batch for all M; same "
-                "batches and arithmetic) when the architecture allows; false: one after another"})
+    stack_components: str = field(default="auto", metadata={
+        "choices": ("auto", "always", "never"),
+        "help": "run the M components (and a host's clients) as one stacked model: one pass per "
+                "batch for all copies, same batches and arithmetic. auto: for small models without "
+                "convolutions, where it is faster (bench/stacking.py); always: whenever the "
+                "architecture allows; never: one copy after another"})
 
 
 @dataclass
@@ -90,7 +93,9 @@ class FedEM(Algorithm):
     # -- client ------------------------------------------------------------------------------
     def _stacking(self) -> bool:
         if getattr(self, "_stackable", None) is None:
-            self._stackable = bool(self.hp.stack_components) and stacked.stackable(self.model_fn())
+            mode, model = self.hp.stack_components, self.model_fn()
+            self._stackable = mode != "never" and stacked.stackable(model) and (
+                mode == "always" or stacked.worth_stacking(model))
         return self._stackable
 
     def _stacked(self, components) -> list[torch.Tensor]:

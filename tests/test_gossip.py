@@ -78,6 +78,33 @@ def test_mixing_step_by_hand_on_a_path(tmp_path):
     assert got == pytest.approx([4 / 3, 7 / 3, 10 / 3], abs=1e-6)
 
 
+def test_sample_weighted_mixing_step_and_exchange_on_a_path(tmp_path):
+    # the same path with clients of unequal sizes and weighting: samples: one round gives
+    # W' @ theta with W'_ij = W_ij min(1, n_j/n_i) (n = the clients' training samples).
+    # Hosts: 0 and 2 on host 0, 1 on host 1 -> host 0 fetches {1}, host 1 fetches {0, 2}.
+    import numpy as np
+    from raysim import topology
+    edges = tmp_path / "path.txt"
+    edges.write_text("0 1\n1 2\n")
+    text = DFEDEM.replace("clients: 12", "clients: 3").replace(
+        "algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 1.0e-30,").replace(
+        "topology: {kind: erdos_renyi, p: 0.5, mixing: metropolis}",
+        f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis, weighting: samples}}")
+    sc = load(tmp_path, text, "rounds=1", "data.min_samples=10", "data.max_samples=300")
+    d = serial_driver(sc, 2)
+    n = d.counts
+    assert len(set(n)) > 1                                     # unequal, so the weighting matters
+    assert list(n) == [h.data(c).num_train for c in range(3) for h in d.transport.hosts if c in h.cids]
+    d.transport.set_states({c: {"params": [torch.full((2, 10), v), torch.zeros(2)]}
+                            for c, v in ((0, 1.0), (1, 2.0), (2, 4.0))})
+    rec = d.step()
+    w = topology.sample_weighted(topology.metropolis(topology.from_edges(edges, 3)), n)
+    states = d.transport.get_states()
+    got = [states[c]["params"][0][0, 0].item() for c in range(3)]
+    assert got == pytest.approx(list(w @ np.array([1.0, 2.0, 4.0])), abs=1e-6)
+    assert rec["messages_fetched_across_hosts"] == 3
+
+
 def test_dsgd_on_a_complete_graph_is_fedavg(tmp_path):
     # equal-sized clients and W = J/n: every client ends each round at the plain average,
     # which is FedAvg's sample-weighted average; consensus distance is 0

@@ -75,7 +75,7 @@ def test_fedem_stacked_and_sequential_paths_agree():
     data = client(0, [0.5, -1.0, 2.0, 1.5, -0.3], [0, 1, 1, 0, 1])
     out = {}
     for flag in (True, False):
-        algo = cls(cls.Hyper(lr=0.1, batch_size=2, components=3, stack_components=flag), model_fn, rounds=10)
+        algo = cls(cls.Hyper(lr=0.1, batch_size=2, components=3, stack_components="always" if flag else "never"), model_fn, rounds=10)
         state, replies, nll = algo.train(algo.init_client(0, None), comps, data, ctx())
         ev = algo.evaluate(state, comps, data, ctx())
         out[flag] = (state.pi, [r.values for r in replies], nll, ev.loss_sum)
@@ -162,3 +162,15 @@ def test_fedem_many_with_no_samples_or_no_clients():
     assert [r[1][0].weight for r in out] == [0.0, 0.0]
     assert all(torch.equal(a, b) for a, b in zip(out[0][1][1].values, comps[1]))
     assert algo.train_many([], comps, [], []) == []
+
+
+def test_auto_stacks_small_models_without_convolutions_only():
+    assert stacked.worth_stacking(linear(LinearParams(), (150,), 2))
+    assert stacked.worth_stacking(mlp(MLPParams((100,)), (64,), 10))
+    assert not stacked.worth_stacking(mlp(MLPParams((200, 200)), (784,), 10))   # measured slower
+    assert not stacked.worth_stacking(femnist_cnn(CNNParams(), (1, 28, 28), 62))
+    cls = algorithms.get("fedem")
+    cnn = lambda variant=0: femnist_cnn(CNNParams(), (1, 28, 28), 62)   # noqa: E731
+    assert not cls(cls.Hyper(), cnn, rounds=1)._stacking()
+    assert cls(cls.Hyper(stack_components="always"), cnn, rounds=1)._stacking()
+    assert not cls(cls.Hyper(stack_components="always"), cnn, rounds=1)._batching()   # convolutions

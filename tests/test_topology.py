@@ -75,3 +75,25 @@ def test_erdos_renyi_is_seeded_and_connected():
     a = T.build("erdos_renyi", 20, np.random.default_rng(5), p=0.15)
     b = T.build("erdos_renyi", 20, np.random.default_rng(5), p=0.15)
     assert set(a.edges()) == set(b.edges()) and nx.is_connected(a)
+
+
+def test_sample_weighted_mixing_on_a_path_by_hand():
+    # path 0 - 1 - 2, Metropolis W = [[2/3,1/3,0],[1/3,1/3,1/3],[0,1/3,2/3]], counts (1, 2, 4):
+    # W'_ij = W_ij min(1, n_j/n_i): W'_01 = 1/3, W'_10 = 1/6, W'_12 = 1/3, W'_21 = 1/6
+    g = nx.path_graph(3)
+    counts = np.array([1.0, 2.0, 4.0])
+    w = T.sample_weighted(T.metropolis(g), counts)
+    expect = np.array([[2 / 3, 1 / 3, 0], [1 / 6, 1 / 2, 1 / 3], [0, 1 / 6, 5 / 6]])
+    assert np.allclose(w, expect)
+    T.check_reversible(w, g, counts)
+    pi = counts / counts.sum()
+    assert np.allclose(pi @ w, pi)                       # keeps the sample-weighted average
+    x = np.array([1.0, 2.0, 4.0])
+    for _ in range(300):
+        x = w @ x
+    assert np.allclose(x, (pi * [1.0, 2.0, 4.0]).sum())  # consensus on Σ n_i θ_i / Σ n_i = 3
+    gap = T.spectral_gap(w, counts)
+    assert gap == pytest.approx(1 - sorted(abs(np.linalg.eigvals(w)))[-2])
+    with pytest.raises(T.TopologyError, match="detailed balance"):
+        T.check_reversible(T.metropolis(g), g, counts)   # symmetric W, unequal counts
+    assert np.allclose(T.sample_weighted(T.metropolis(g), np.ones(3)), T.metropolis(g))

@@ -1,0 +1,64 @@
+"""Stacked components (algorithms/stacked.py) against one copy after another: FedEM's local
+step for M = 3 copies of each model of the zoo, one CPU thread, one client of 300 samples
+(batch 128, momentum .9, weight decay 5e-4). The ``auto`` rule (stack small models without
+convolutions) comes from these figures.
+
+    python bench/stacking.py
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from algorithms import stacked
+from algorithms.base import Context, LocalTraining
+from algorithms.local_sgd import get_params, local_sgd
+from raysim.models import CNNParams, LinearParams, MLPParams, femnist_cnn, linear, mlp
+
+CASES = [
+    ("linear 150->10", lambda: linear(LinearParams(), (150,), 10), (150,), 10),
+    ("mlp 64-32-10", lambda: mlp(MLPParams((32,)), (64,), 10), (64,), 10),
+    ("mlp 64-100-10", lambda: mlp(MLPParams((100,)), (64,), 10), (64,), 10),
+    ("mlp 64-200-200-10", lambda: mlp(MLPParams((200, 200)), (64,), 10), (64,), 10),
+    ("mlp 784-200-200-10", lambda: mlp(MLPParams((200, 200)), (784,), 10), (784,), 10),
+    ("femnist_cnn", lambda: femnist_cnn(CNNParams(), (1, 28, 28), 62), (1, 28, 28), 62),
+]
+
+
+def timed(fn, reps: int) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    hp = LocalTraining(lr=0.05, batch_size=128, momentum=0.9, weight_decay=5e-4)
+    m, n = 3, 300
+    print(f"{'model':<20} {'params':>8} {'stacked ms':>11} {'one by one ms':>14} {'ratio':>6}  auto")
+    for name, build, shape, classes in CASES:
+        models = [build() for _ in range(m)]
+        params = [get_params(x) for x in models]
+        x, y = torch.rand(n, *shape), torch.randint(0, classes, (n,))
+        q = torch.softmax(torch.randn(m, n), dim=0)
+
+        def together():
+            stacked.local_sgd(models[0], params, x, y, hp, Context(0, 10, 0, torch.Generator()), q)
+
+        def one_by_one():
+            g = torch.Generator()
+            for i, model in enumerate(models):
+                local_sgd(model, x, y, hp, Context(0, 10, 0, g), sample_weight=q[i])
+
+        reps = 3 if "cnn" in name else 20
+        a, b = timed(together, reps), timed(one_by_one, reps)
+        size = sum(p.numel() for p in models[0].parameters())
+        print(f"{name:<20} {size:>8} {a * 1e3:>11.2f} {b * 1e3:>14.2f} {a / b:>6.2f}  "
+              f"{'stack' if stacked.worth_stacking(models[0]) else 'one by one'}")
+
+
+if __name__ == "__main__":
+    main()
