@@ -46,6 +46,7 @@ class GossipDriver(RoundDriver):
 
     def restore(self, path: str) -> int:
         r = super().restore(path)
+        self._plan_cache = None         # hosts get their rows again
         if r > 0:
             self._mixing(r - 1)        # the graph in force, so a fixed one is not reported again
         return r
@@ -53,14 +54,10 @@ class GossipDriver(RoundDriver):
     def eval_message(self) -> Any:
         return None                    # each client evaluates its own parameters
 
-    def step(self) -> dict:
-        t0 = time.perf_counter()
-        r = self.round
-        everyone = [int(c) for c in self.train_ids]
-        groups = self._by_host(everyone)
+    def _plan(self, W: np.ndarray, groups: list[list[int]]):
+        """Each host's rows {i: [(j, W_ij)]} and, per source host, which of its clients'
+        messages each other host needs (its clients' neighbours held elsewhere)."""
         hosts = len(groups)
-        W, changed = self._mixing(r)
-        # who needs whom: host h needs the messages of its clients' neighbours held elsewhere
         rows_by_host: list[dict[int, list[tuple[int, float]]]] = []
         outboxes: list[dict[int, list[int]]] = [{} for _ in range(hosts)]
         for h, cids in enumerate(groups):
@@ -73,15 +70,28 @@ class GossipDriver(RoundDriver):
                 src = host_of(j, hosts)
                 if src != h:
                     outboxes[src].setdefault(h, []).append(j)
+        return rows_by_host, outboxes
+
+    def step(self) -> dict:
+        t0 = time.perf_counter()
+        r = self.round
+        everyone = [int(c) for c in self.train_ids]
+        groups = self._by_host(everyone)
+        hosts = len(groups)
+        W, changed = self._mixing(r)
+        send_rows = changed or getattr(self, "_plan_cache", None) is None
+        if send_rows:                   # hosts keep their rows while W stays the same
+            self._plan_cache = self._plan(W, groups)
+        rows_by_host, outboxes = self._plan_cache
         parts = self.transport.gossip_train(r, groups, outboxes)
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
         for _, loss, secs in parts:
             losses.update(loss)
             compute += secs
-        plans = [([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h])
+        plans = [([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h] if send_rows else None)
                  for h in range(hosts)]
-        self.transport.gossip_mix(plans)
+        stats = self.transport.gossip_mix(plans)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
@@ -89,16 +99,17 @@ class GossipDriver(RoundDriver):
             "train_loss": mean_train_loss(losses),
             "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
-        record.update(self.consensus())
+        record.update(self.consensus(stats))
         if changed:
             record["spectral_gap"] = topology.spectral_gap(
                 W, self.counts if self.sc.topology.weighting == "samples" else None)
         return self._finish(record, t0, compute)
 
-    def consensus(self) -> dict[str, float]:
-        """mean_k ‖θ_k − θ̄‖² per parameter group (component), from summed θ and ‖θ‖²."""
+    def consensus(self, stats=None) -> dict[str, float]:
+        """mean_k ‖θ_k − θ̄‖² per parameter group (component), from summed θ and ‖θ‖² (the
+        hosts' sums, as gossip_mix returns them, or asked for now)."""
         total = Accumulator()
-        for acc in self.transport.consensus():
+        for acc in (self.transport.consensus() if stats is None else stats):
             total.merge(acc)
         groups = total.result()
         out = {}

@@ -120,9 +120,14 @@ class Host:
         bundles = {h: {j: self._messages[j] for j in wanted} for h, wanted in outbox.items() if wanted}
         return bundles, losses, time.perf_counter() - t0
 
-    def gossip_mix(self, inbox: list[dict[int, Any]], rows: dict[int, list[tuple[int, float]]]) -> None:
+    def gossip_mix(self, inbox: list[dict[int, Any]], rows: dict[int, list[tuple[int, float]]] | None
+                   ) -> Accumulator:
         """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows[i]`` lists (j, W_ij) in ascending
-        j; messages come from this host's own clients and the bundles other hosts sent."""
+        j (None: the rows last sent, while W stays the same); messages come from this host's own
+        clients and the bundles other hosts sent. Returns the consensus statistics after mixing."""
+        if rows is not None:
+            self._rows = rows
+        rows = self._rows
         sources = dict(self._messages)
         for bundle in inbox:
             sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
@@ -131,6 +136,7 @@ class Host:
         for cid, state in zip(cids, new):
             self.states[cid] = state
         self._messages = {}
+        return self.consensus()
 
     def consensus(self) -> Accumulator:
         acc = Accumulator()

@@ -64,9 +64,9 @@ class RayHost(Host):
         bundles, losses, secs = super().gossip_train(round_, cids, outbox)
         return {h: ray.put(to_numpy(b)) for h, b in bundles.items()}, losses, secs
 
-    def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]]) -> None:
+    def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]] | None):
         """Fetch the bundles other hosts made for this one (peer to peer), then mix."""
-        super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
+        return super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
 
     def get_states(self) -> dict[int, Any]:
         return to_numpy(super().get_states())
@@ -118,9 +118,9 @@ class RayTransport:
         return ray.get([h.gossip_train.remote(round_, cids, out)
                         for h, cids, out in zip(self.hosts, by_host, outboxes)])
 
-    def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]]]]) -> None:
+    def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]] | None]]):
         # the refs travel inside a list, so Ray does not resolve them here: each host fetches its own
-        ray.get([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
+        return ray.get([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
 
     def consensus(self):
         return ray.get([h.consensus.remote() for h in self.hosts])
