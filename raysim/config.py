@@ -59,6 +59,9 @@ class TopologyCfg:
     p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": "Erdős–Rényi edge probability"})
     resample: bool = field(default=False, metadata={"help": "draw a new Erdős–Rényi graph every round"})
     mixing: str = field(default="metropolis", metadata={"choices": ("metropolis", "fmmc")})
+    fmmc_iters: int = field(default=1000, metadata={
+        "min": 1, "help": "FMMC: projected-subgradient iterations, one eigendecomposition of W each "
+                          "(300 clients: about 6 s for 1000; lower it with resample: true)"})
     weighting: str = field(default="uniform", metadata={
         "choices": ("uniform", "samples"),
         "help": "uniform: the symmetric doubly stochastic W (the paper's; gossip keeps the plain average "

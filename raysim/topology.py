@@ -134,10 +134,14 @@ def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> np.ndarray:
         m[np.diag_indices(n)] = 1.0 - m.sum(axis=1)
         return m
 
-    best, best_val = w_edge.copy(), slem(matrix(w_edge))
-    for k in range(1, iters + 1):
-        m = matrix(w_edge)
-        vals, vecs = np.linalg.eigh(m)
+    best, best_val = w_edge.copy(), math.inf
+    for k in range(iters + 1):
+        vals, vecs = np.linalg.eigh(matrix(w_edge))     # one decomposition: the value and the step
+        val = max(abs(vals[0]), abs(vals[-2]))
+        if val < best_val - 1e-12:
+            best, best_val = w_edge.copy(), val
+        if k == iters:
+            break
         if abs(vals[-2]) >= abs(vals[0]):           # lambda_2 sets the SLEM
             u = vecs[:, -2]
             grad = -(u[edges[:, 0]] - u[edges[:, 1]]) ** 2
@@ -147,10 +151,7 @@ def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> np.ndarray:
         norm = np.linalg.norm(grad)
         if norm == 0:
             break
-        w_edge = _project(w_edge - step * grad / norm / math.sqrt(k), edges, n)
-        val = slem(matrix(w_edge))
-        if val < best_val - 1e-12:
-            best, best_val = w_edge.copy(), val
+        w_edge = _project(w_edge - step * grad / norm / math.sqrt(k + 1), edges, n)
     return matrix(best)
 
 
@@ -168,11 +169,11 @@ def _project(we: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
     return we
 
 
-def mixing_matrix(g: nx.Graph, kind: str) -> np.ndarray:
+def mixing_matrix(g: nx.Graph, kind: str, fmmc_iters: int = 1000) -> np.ndarray:
     if kind == "metropolis":
         w = metropolis(g)
     elif kind == "fmmc":
-        w = fmmc(g)
+        w = fmmc(g, iters=fmmc_iters)
     else:
         raise TopologyError(f"unknown mixing {kind!r}; choose metropolis or fmmc")
     check_mixing(w, g)

@@ -37,7 +37,7 @@ class GossipDriver(RoundDriver):
             return self.W, False
         g = topology.build(t.kind, self.sc.data.clients, rng.generator(self.sc.seed, "topology", key),
                            p=t.p, edges=t.edges)
-        w = topology.mixing_matrix(g, t.mixing)
+        w = topology.mixing_matrix(g, t.mixing, t.fmmc_iters)
         if t.weighting == "samples":
             w = topology.sample_weighted(w, self.counts)
             topology.check_reversible(w, g, self.counts)
