@@ -97,3 +97,10 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     with pytest.raises(T.TopologyError, match="detailed balance"):
         T.check_reversible(T.metropolis(g), g, counts)   # symmetric W, unequal counts
     assert np.allclose(T.sample_weighted(T.metropolis(g), np.ones(3)), T.metropolis(g))
+
+
+def test_fmmc_iterations_are_a_budget_and_never_worse_than_metropolis():
+    g = T.build("erdos_renyi", 30, np.random.default_rng(1), p=0.3)
+    base = T.slem(T.metropolis(g))
+    few, many = T.mixing_matrix(g, "fmmc", fmmc_iters=3), T.mixing_matrix(g, "fmmc", fmmc_iters=300)
+    assert T.slem(many) <= T.slem(few) <= base
