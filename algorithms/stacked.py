@@ -257,9 +257,11 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
     order = sorted(range(k_all), key=lambda k: -steps[k])     # longest first: active copies are a prefix
     t_max = steps[order[0]]
     active = [sum(1 for k in order if steps[k] > t) for t in range(t_max)]
-    pad = lambda t: torch.cat([t, t.new_zeros(t_max - t.shape[0], bs)])  # noqa: E731
-    IDX = torch.stack([pad(idx[k]) for k in order])           # (K, T, bs)
-    WT = torch.stack([pad(wts[k]) for k in order])
+    # every copy's steps one after another (no padding to the longest copy): copy i of the
+    # sorted order has its step t at row first[i] + t
+    IDX = torch.cat([idx[k] for k in order])                   # (Σ T_k, bs)
+    WT = torch.cat([wts[k] for k in order])
+    first = torch.tensor([0] + [steps[k] for k in order[:-1]], device=x.device).cumsum(0)
     P = [torch.stack(ts) for ts in zip(*(starts[k] for k in order))]
     bufs: list[torch.Tensor] | None = None
     chunk = _copies_per_pass(P, x.shape[1:].numel(), bs, budget)
@@ -269,10 +271,11 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
         for c0 in range(0, kt, chunk):                         # copies c0..c1 in one pass
             c1 = min(kt, c0 + chunk)
             sub = [p[c0:c1].detach().requires_grad_(True) for p in P]
-            rows_t = IDX[c0:c1, t]
+            at = first[c0:c1] + t
+            rows_t = IDX[at]
             out = forward(model, sub, x[rows_t])
             per = F.cross_entropy(out.reshape(-1, out.shape[-1]), y[rows_t].reshape(-1), reduction="none")
-            loss = (per.view(c1 - c0, bs) * WT[c0:c1, t]).sum()
+            loss = (per.view(c1 - c0, bs) * WT[at]).sum()
             grads = list(torch.autograd.grad(loss, sub))
             with torch.no_grad():
                 if hp.weight_decay:

@@ -54,8 +54,9 @@ def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
         from raysim.engine.serial import serial_driver
         return serial_driver(sc), lambda: None
     from raysim.engine import ray_engine
-    print(f"raysim: {'joining Ray at ' + address if address else 'starting a local Ray instance'} "
-          f"and {sc.resources.hosts} host actors ...", file=sys.stderr, flush=True)
+    ray_start = "" if ray_engine.running() else (
+        f"joining Ray at {address} and " if address else "starting a local Ray instance and ")
+    print(f"raysim: {ray_start}starting {sc.resources.hosts} host actors ...", file=sys.stderr, flush=True)
     ray_engine.init(address, verbose)
     server = ray_engine.RayServer(sc)
     return server, server.close

@@ -41,6 +41,11 @@ def init(address: str | None, verbose: bool = False) -> None:
     ray.init(address=address, **kwargs)
 
 
+def running() -> bool:
+    """True once this process has started or joined Ray (later sweep variants reuse it)."""
+    return ray.is_initialized()
+
+
 def shutdown() -> None:
     if ray.is_initialized():
         ray.shutdown()
