@@ -15,12 +15,13 @@ from torch import nn
 
 from .base import (Algorithm, ClientData, Context, EvalResult, LocalTraining, Weighted, consensus_terms,
                    weighted_rows, weighted_sum)
+from . import stacked
 from .local_sgd import accuracy_and_loss, get_params, load_params, local_sgd, predict_logits
 
 
 @dataclass(frozen=True)
 class FedAvgHyper(LocalTraining):
-    pass
+    stack_clients: str = stacked.stack_mode_field("a host's clients")
 
 
 @dataclass
@@ -49,9 +50,40 @@ class FedAvg(Algorithm):
         return reduced.mean(server_state[0].dtype)
 
     # client
+    def prox_mu(self) -> float:
+        """mu of a proximal term (mu/2)·‖w − w_start‖² in the local loss (FedProx); FedAvg: 0."""
+        return 0.0
+
     def penalty(self, message: list[torch.Tensor], ctx: Context):
-        """Extra loss term for subclasses (FedProx); FedAvg has none."""
-        return None
+        """The proximal term as a function of the model (None when mu is 0)."""
+        mu = self.prox_mu()
+        if mu == 0:
+            return None
+        anchor = [m.to(ctx.device) for m in message]
+
+        def prox(model):
+            return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+        return prox
+
+    def _batching(self) -> bool:
+        if getattr(self, "_batchable", None) is None:
+            self._batchable = stacked.use_batching(self.hp.stack_clients, self.model_fn())
+        return self._batchable
+
+    def train_many(self, states, message, datas, ctxs):
+        """All of a host's sampled clients in lockstep (small models without convolutions)."""
+        if not self._batching() or not datas:
+            return super().train_many(states, message, datas, ctxs)
+        done = stacked.train_clients(self.scratch_model(ctxs[0].device), [message] * len(datas), datas, ctxs,
+                                     self.hp, prox_mu=self.prox_mu())
+        return [(s, Weighted(p, float(d.num_train)), loss) for s, d, (p, loss) in zip(states, datas, done)]
+
+    def gossip_train_many(self, states, datas, ctxs):
+        if not self._batching() or not datas:
+            return super().gossip_train_many(states, datas, ctxs)
+        done = stacked.train_clients(self.scratch_model(ctxs[0].device), [s.params for s in states], datas, ctxs,
+                                     self.hp, prox_mu=self.prox_mu())
+        return [(DSGDState(p), p, loss) for p, loss in done]
 
     def train(self, state, message: list[torch.Tensor], data: ClientData, ctx: Context):
         model = self.scratch_model(ctx.device)

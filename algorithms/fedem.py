@@ -41,12 +41,7 @@ class FedEMHyper(LocalTraining):
     components: int = field(default=3, metadata={"min": 1, "help": "mixture components M"})
     unseen_em_steps: int = field(default=1, metadata={"min": 1,
                                  "help": "E-step + pi updates for unseen clients (components frozen)"})
-    stack_components: str = field(default="auto", metadata={
-        "choices": ("auto", "always", "never"),
-        "help": "run the M components (and a host's clients) as one stacked model: one pass per "
-                "batch for all copies, same batches and arithmetic. auto: for small models without "
-                "convolutions, where it is faster (bench/stacking.py); always: whenever the "
-                "architecture allows; never: one copy after another"})
+    stack_components: str = stacked.stack_mode_field("the M components (and a host's clients)")
 
 
 @dataclass
@@ -93,9 +88,7 @@ class FedEM(Algorithm):
     # -- client ------------------------------------------------------------------------------
     def _stacking(self) -> bool:
         if getattr(self, "_stackable", None) is None:
-            mode, model = self.hp.stack_components, self.model_fn()
-            self._stackable = mode != "never" and stacked.stackable(model) and (
-                mode == "always" or stacked.worth_stacking(model))
+            self._stackable = stacked.use_stacking(self.hp.stack_components, self.model_fn())
         return self._stackable
 
     def _stacked(self, components) -> list[torch.Tensor]:
@@ -146,7 +139,7 @@ class FedEM(Algorithm):
 
     def _batching(self) -> bool:
         if getattr(self, "_batchable", None) is None:
-            self._batchable = self._stacking() and stacked.batchable(self.model_fn())
+            self._batchable = stacked.use_batching(self.hp.stack_components, self.model_fn())
         return self._batchable
 
     def train_many(self, states, message, datas, ctxs):
@@ -186,7 +179,7 @@ class FedEM(Algorithm):
             starts += comps
             offset += n
         trained = iter(stacked.local_sgd_many(model, starts, x, y, groups, self.hp,
-                                              self.hp.lr_at(ctxs[0].round, ctxs[0].rounds)) if starts else [])
+                                              self.hp.lr_at(ctxs[0].round, ctxs[0].rounds))[0] if starts else [])
         results = []
         for (state, nll, n), comps in zip(out, components):
             if n == 0:

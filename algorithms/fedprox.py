@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from .base import Context
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -23,12 +20,5 @@ class FedProx(FedAvg):
     summary = "FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss"
     Hyper = FedProxHyper
 
-    def penalty(self, message: list[torch.Tensor], ctx: Context):
-        mu = self.hp.mu
-        if mu == 0:
-            return None
-        anchor = [m.to(ctx.device) for m in message]
-
-        def prox(model):
-            return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
-        return prox
+    def prox_mu(self) -> float:
+        return self.hp.mu

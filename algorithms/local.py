@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from .base import Algorithm, ClientData, Context, EvalResult, LocalTraining
+from . import stacked
 from .local_sgd import accuracy_and_loss, get_params, load_params, local_sgd, predict_logits
 
 
 @dataclass(frozen=True)
 class LocalHyper(LocalTraining):
-    pass
+    stack_clients: str = stacked.stack_mode_field("a host's clients")
 
 
 @dataclass
@@ -52,6 +53,16 @@ class Local(Algorithm):
         model = self._model_for(state, message, ctx)
         loss = local_sgd(model, data.train_x, data.train_y, self.hp, ctx)
         return LocalState(get_params(model)), None, loss
+
+    def train_many(self, states, message, datas, ctxs):
+        """All of a host's sampled clients in lockstep (small models without convolutions)."""
+        if getattr(self, "_batchable", None) is None:
+            self._batchable = stacked.use_batching(self.hp.stack_clients, self.model_fn())
+        if not datas or not self._batchable:
+            return super().train_many(states, message, datas, ctxs)
+        starts = [message if s is None else s.params for s in states]
+        done = stacked.train_clients(self.scratch_model(ctxs[0].device), starts, datas, ctxs, self.hp)
+        return [(LocalState(p), None, loss) for p, loss in done]
 
     def evaluate(self, state: LocalState | None, message, data: ClientData, ctx: Context) -> EvalResult:
         model = self._model_for(state, message, ctx)

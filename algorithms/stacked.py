@@ -14,6 +14,8 @@ dropout, 1-D/2-D pooling, ``nn.Flatten`` from dim 1, and ``nn.Sequential`` nesti
 """
 from __future__ import annotations
 
+from dataclasses import field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,6 +62,28 @@ def worth_stacking(model: nn.Module) -> bool:
     """The ``auto`` rule: no convolution and at most AUTO_MAX_PARAMS parameters per copy."""
     return (not any(isinstance(layer, nn.Conv2d) for layer in layers(model))
             and sum(p.numel() for p in model.parameters()) <= AUTO_MAX_PARAMS)
+
+
+STACK_MODES = ("auto", "always", "never")
+
+
+def stack_mode_field(copies: str):
+    """The hyperparameter that switches stacking for an algorithm (``copies``: what is stacked)."""
+    return field(default="auto", metadata={
+        "choices": STACK_MODES,
+        "help": f"train {copies} as one stacked model: one pass per batch for all copies, the same "
+                "batches and arithmetic. auto: for small models without convolutions, where it is "
+                "faster (bench/stacking.py); always: whenever the architecture allows; never: one "
+                "after another"})
+
+
+def use_stacking(mode: str, model: nn.Module) -> bool:
+    return mode != "never" and stackable(model) and (mode == "always" or worth_stacking(model))
+
+
+def use_batching(mode: str, model: nn.Module) -> bool:
+    """Stacking across a host's clients too (needs models without convolutions)."""
+    return use_stacking(mode, model) and batchable(model)
 
 
 def stack(copies: list[list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -231,15 +255,17 @@ def losses_many(model: nn.Module, params: list[list[torch.Tensor]], xs: list[tor
 
 def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
                    groups: list[tuple[int, torch.Tensor, torch.Tensor]], hp: LocalTraining, lr: float,
-                   budget: int = 1 << 26) -> list[list[torch.Tensor]]:
+                   prox_mu: float = 0.0, budget: int = 1 << 26
+                   ) -> tuple[list[list[torch.Tensor]], list[float]]:
     """Local SGD of K copies in lockstep, in groups that share samples: a group
     ``(offset, orders, weights)`` with orders (G, epochs, n) and weights (G, n) stands for G
     consecutive copies of ``starts``; its copy g trains on the pooled rows offset..offset+n-1 of
-    ``x``, ``y`` in the orders ``orders[g]``, on the loss mean_i weights[g, i]·ℓ_i per batch —
-    what ``local_sgd`` does with those orders (same batches, same SGD arithmetic; float
-    rounding aside)."""
+    ``x``, ``y`` in the orders ``orders[g]``, on the loss mean_i weights[g, i]·ℓ_i per batch,
+    plus (prox_mu/2)·‖w − start‖² when ``prox_mu`` > 0 (FedProx) — what ``local_sgd`` does with
+    those orders (same batches, same SGD arithmetic; float rounding aside). Returns the trained
+    copies and each copy's mean unweighted loss over the samples it saw (``local_sgd``'s value)."""
     bs = hp.batch_size
-    steps, idx, wts = [], [], []
+    steps, idx, wts, vals = [], [], [], []
     for offset, o, w in groups:
         g, epochs, n = o.shape
         nb = -(-n // bs)
@@ -250,6 +276,7 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
         scale = valid / valid.view(epochs, nb, bs).sum(dim=2, keepdim=True).expand(-1, -1, bs).reshape(epochs, -1)
         idx.append((pos + offset).view(g, -1, bs))                              # (G, T, bs)
         wts.append((torch.gather(w, 1, pos.view(g, -1)).view(g, epochs, -1) * scale).view(g, -1, bs))
+        vals += [valid.view(-1, bs)] * g
         steps += [epochs * nb] * g
     idx = [t for group in idx for t in group]
     wts = [t for group in wts for t in group]
@@ -261,8 +288,12 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
     # sorted order has its step t at row first[i] + t
     IDX = torch.cat([idx[k] for k in order])                   # (Σ T_k, bs)
     WT = torch.cat([wts[k] for k in order])
+    VAL = torch.cat([vals[k] for k in order])
+    seen = torch.tensor([float(vals[k].sum()) for k in order], dtype=torch.float64, device=x.device)
+    loss_sums = torch.zeros(k_all, dtype=torch.float64, device=x.device)
     first = torch.tensor([0] + [steps[k] for k in order[:-1]], device=x.device).cumsum(0)
     P = [torch.stack(ts) for ts in zip(*(starts[k] for k in order))]
+    anchors = [p.clone() for p in P] if prox_mu else None
     bufs: list[torch.Tensor] | None = None
     chunk = _copies_per_pass(P, x.shape[1:].numel(), bs, budget)
     model.train()
@@ -275,9 +306,14 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
             rows_t = IDX[at]
             out = forward(model, sub, x[rows_t])
             per = F.cross_entropy(out.reshape(-1, out.shape[-1]), y[rows_t].reshape(-1), reduction="none")
-            loss = (per.view(c1 - c0, bs) * WT[at]).sum()
+            per = per.view(c1 - c0, bs)
+            loss = (per * WT[at]).sum()
             grads = list(torch.autograd.grad(loss, sub))
             with torch.no_grad():
+                loss_sums[c0:c1] += (per * VAL[at]).sum(dim=1).to(torch.float64)
+                if prox_mu:                       # ∇ (mu/2)‖w − anchor‖² = mu (w − anchor)
+                    grads = torch._foreach_add(grads, torch._foreach_sub(sub, [a[c0:c1] for a in anchors]),
+                                               alpha=prox_mu)
                 if hp.weight_decay:
                     grads = torch._foreach_add(grads, sub, alpha=hp.weight_decay)
                 if hp.momentum:
@@ -292,7 +328,37 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
                         torch._foreach_add_(b, grads)
                     grads = [buf[c0:c1] for buf in bufs]
                 torch._foreach_add_([p[c0:c1] for p in P], grads, alpha=-lr)
-    out = [None] * k_all
+    out: list = [None] * k_all
+    losses = [0.0] * k_all
+    mean = (loss_sums / seen.clamp_min(1)).tolist()
     for i, k in enumerate(order):
-        out[k] = [p[i] for p in P]
+        out[k] = [p[i].clone() for p in P]      # own storage: states outlive this call
+        losses[k] = mean[i]
+    return out, losses
+
+
+def train_clients(model: nn.Module, starts: list[list[torch.Tensor]], datas: list, ctxs: list[Context],
+                  hp: LocalTraining, prox_mu: float = 0.0) -> list[tuple[list[torch.Tensor], float]]:
+    """``local_sgd`` for many clients at once, one copy each: client c starts from ``starts[c]``
+    and trains on its train split with the batch orders ``local_sgd`` draws from its
+    generator. Returns (parameters, mean training loss) per client."""
+    out: list = [None] * len(datas)
+    live = [c for c, d in enumerate(datas) if d.num_train > 0]
+    for c, d in enumerate(datas):
+        if d.num_train == 0:
+            out[c] = ([p.clone() for p in starts[c]], 0.0)
+    if not live:
+        return out
+    x = torch.cat([datas[c].train_x for c in live])
+    y = torch.cat([datas[c].train_y for c in live])
+    groups, offset = [], 0
+    for c in live:
+        n = datas[c].num_train
+        orders = torch.stack([torch.randperm(n, generator=ctxs[c].generator) for _ in range(hp.local_epochs)])
+        groups.append((offset, orders.unsqueeze(0).to(x.device), torch.ones(1, n, device=x.device)))
+        offset += n
+    trained, losses = local_sgd_many(model, [starts[c] for c in live], x, y, groups, hp,
+                                     hp.lr_at(ctxs[0].round, ctxs[0].rounds), prox_mu=prox_mu)
+    for c, params, loss in zip(live, trained, losses):
+        out[c] = (params, loss)
     return out

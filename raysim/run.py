@@ -54,9 +54,12 @@ def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
         from raysim.engine.serial import serial_driver
         return serial_driver(sc), lambda: None
     from raysim.engine import ray_engine
-    ray_start = "" if ray_engine.running() else (
-        f"joining Ray at {address} and " if address else "starting a local Ray instance and ")
-    print(f"raysim: {ray_start}starting {sc.resources.hosts} host actors ...", file=sys.stderr, flush=True)
+    what = f"{sc.resources.hosts} host actors"
+    if not ray_engine.running():
+        what = (f"joining Ray at {address}" if address else "starting a local Ray instance") + f" and {what}"
+    else:
+        what = f"starting {what}"
+    print(f"raysim: {what} ...", file=sys.stderr, flush=True)
     ray_engine.init(address, verbose)
     server = ray_engine.RayServer(sc)
     return server, server.close

@@ -174,3 +174,47 @@ def test_auto_stacks_small_models_without_convolutions_only():
     assert not cls(cls.Hyper(), cnn, rounds=1)._stacking()
     assert cls(cls.Hyper(stack_components="always"), cnn, rounds=1)._stacking()
     assert not cls(cls.Hyper(stack_components="always"), cnn, rounds=1)._batching()   # convolutions
+
+
+def baseline(name, **hp):
+    cls = algorithms.get(name)
+    torch.manual_seed(4)
+    net = mlp(MLPParams((6,)), (4,), 3)
+    base = dict(lr=0.1, batch_size=8, momentum=0.9, weight_decay=5e-4, local_epochs=2)
+    return cls(cls.Hyper(**{**base, **hp}), lambda variant=0: net, rounds=10)
+
+
+@pytest.mark.parametrize("name,hp", [("fedavg", {}), ("fedprox", {"mu": 0.5}), ("local", {}), ("fedavg+", {})])
+def test_baselines_many_clients_at_once_equal_one_at_a_time(name, hp):
+    algo = baseline(name, **hp)
+    assert algo._batching() if name != "local" else True
+    message = get_params(mlp(MLPParams((6,)), (4,), 3))
+    datas = fedem_clients([5, 17, 0, 30, 8])
+    states = [algo.init_client(d.cid, None) for d in datas]
+    if name == "local":          # one client with a model of its own already
+        from algorithms.local import LocalState
+        states[1] = LocalState(get_params(mlp(MLPParams((6,)), (4,), 3)))
+    many = algo.train_many(states, message, datas, ctxs_for(datas))
+    one = [algo.train(s, message, d, c) for s, d, c in zip(states, datas, ctxs_for(datas))]
+    for (s1, r1, l1), (s2, r2, l2) in zip(many, one):
+        assert l1 == pytest.approx(l2, abs=1e-5)
+        a, b = (r1.values, r2.values) if r1 is not None else (s1.params, s2.params)
+        assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
+        if r1 is not None:
+            assert r1.weight == r2.weight
+    # a client's numbers do not depend on the others in the call
+    part = algo.train_many([states[3]], message, [datas[3]], ctxs_for([datas[3]]))
+    a = part[0][1].values if part[0][1] is not None else part[0][0].params
+    b = many[3][1].values if many[3][1] is not None else many[3][0].params
+    assert all(torch.equal(u, v) for u, v in zip(a, b)) and part[0][2] == many[3][2]
+
+
+def test_dsgd_many_clients_at_once_equal_one_at_a_time():
+    algo = baseline("fedprox", mu=0.3)
+    datas = fedem_clients([5, 17, 30])
+    states = [algo.gossip_init(d.cid, get_params(mlp(MLPParams((6,)), (4,), 3))) for d in datas]
+    many = algo.gossip_train_many(states, datas, ctxs_for(datas))
+    one = [algo.gossip_train(s, d, c) for s, d, c in zip(states, datas, ctxs_for(datas))]
+    for (s1, m1, l1), (s2, m2, l2) in zip(many, one):
+        assert l1 == pytest.approx(l2, abs=1e-5)
+        assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(m1, m2))
