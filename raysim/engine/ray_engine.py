@@ -80,26 +80,35 @@ class RayHost(Host):
         super().set_states(from_numpy(trees))
 
 
+def start_hosts(sc: Scenario):
+    """Place and start the host actors (SPREAD placement group, one bundle each) without
+    waiting for them to boot; returns (placement group, actor handles)."""
+    res = sc.resources
+    bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
+    pg = placement_group([dict(bundle) for _ in range(res.hosts)], strategy="SPREAD")
+    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        remove_placement_group(pg)
+        raise RuntimeError(f"the cluster could not place {res.hosts} hosts of {bundle} "
+                           f"within {PLACEMENT_TIMEOUT_S}s")
+    actor = ray.remote(RayHost)
+    n = sc.data.clients
+    threads = max(1, int(res.cpus_per_host))
+    hosts = [
+        actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
+                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, h))
+        .remote(sc, [c for c in range(n) if host_of(c, res.hosts) == h], None, threads)
+        for h in range(res.hosts)
+    ]
+    return pg, hosts
+
+
 class RayTransport:
-    def __init__(self, sc: Scenario):
-        res = sc.resources
-        self.num_hosts = res.hosts
-        self.cpus, self.gpus = res.cpus_per_host, res.gpus_per_host
-        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
-        self.pg = placement_group([dict(bundle) for _ in range(self.num_hosts)], strategy="SPREAD")
-        ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise RuntimeError(f"the cluster could not place {self.num_hosts} hosts of {bundle} "
-                               f"within {PLACEMENT_TIMEOUT_S}s")
-        actor = ray.remote(RayHost)
-        n = sc.data.clients
-        threads = max(1, int(self.cpus))
-        self.hosts = [
-            actor.options(num_cpus=self.cpus, num_gpus=self.gpus, max_concurrency=1,
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, h))
-            .remote(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], None, threads)
-            for h in range(self.num_hosts)
-        ]
+    def __init__(self, sc: Scenario, started=None):
+        """Over host actors ``started`` by ``start_hosts`` (the driver starts them, so they boot
+        while the server actor does), or started here."""
+        self.num_hosts = sc.resources.hosts
+        self.pg, self.hosts = started if started is not None else start_hosts(sc)
         ray.get([h.prefetch.remote() for h in self.hosts])     # started, shards loaded
 
     def train(self, round_: int, message: Any, by_host: list[list[int]]):
@@ -166,8 +175,8 @@ def _check_fits(sc: Scenario) -> None:
 class _Server:
     """Runs inside the server actor: the RoundDriver over Ray host actors."""
 
-    def __init__(self, sc: Scenario):
-        self.driver = make_driver(sc, RayTransport(sc))
+    def __init__(self, sc: Scenario, started=None):
+        self.driver = make_driver(sc, RayTransport(sc, started))
 
     def step(self) -> dict:
         return self.driver.step()
@@ -191,10 +200,17 @@ class RayServer:
     def __init__(self, sc: Scenario):
         _check_fits(sc)
         here = ray.get_runtime_context().get_node_id()
-        self.actor = ray.remote(_Server).options(
-            num_cpus=0, max_concurrency=1,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc)
-        ray.get(self.actor.history.remote())      # surface construction errors now
+        pg, hosts = start_hosts(sc)               # they boot while the server actor does
+        try:
+            self.actor = ray.remote(_Server).options(
+                num_cpus=0, max_concurrency=1,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, (pg, hosts))
+            ray.get(self.actor.history.remote())  # surface construction errors now
+        except BaseException:
+            for h in hosts:
+                ray.kill(h)
+            remove_placement_group(pg)
+            raise
 
     def step(self) -> dict:
         return ray.get(self.actor.step.remote())
