@@ -59,22 +59,26 @@ def test_resampled_graph_logs_its_gap_every_round(tmp_path):
     assert all("spectral_gap" in h for h in d.history)
 
 
-def test_mixing_step_by_hand_on_a_path(tmp_path):
-    # clients 0 - 1 - 2; Metropolis: W = [[2/3,1/3,0],[1/3,1/3,1/3],[0,1/3,2/3]].
-    # With a negligible lr the local step leaves theta as it is, so one round gives W @ theta.
+def path_round(tmp_path, *overrides, weighting="uniform"):
+    """Clients 0 - 1 - 2 with theta = 1, 2, 4 and a negligible lr (the local step leaves theta
+    as it is): one round on 2 hosts; returns (driver, record, theta after the round)."""
     edges = tmp_path / "path.txt"
     edges.write_text("0 1\n1 2\n")
     text = DFEDEM.replace("clients: 12", "clients: 3").replace(
         "algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 1.0e-30,").replace(
         "topology: {kind: erdos_renyi, p: 0.5, mixing: metropolis}",
-        f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis}}")
-    sc = load(tmp_path, text, "rounds=1")
-    d = serial_driver(sc, 2)
+        f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis, weighting: {weighting}}}")
+    d = serial_driver(load(tmp_path, text, "rounds=1", *overrides), 2)
     d.transport.set_states({c: {"params": [torch.full((2, 10), v), torch.zeros(2)]}
                             for c, v in ((0, 1.0), (1, 2.0), (2, 4.0))})
-    d.step()
+    rec = d.step()
     states = d.transport.get_states()
-    got = [states[c]["params"][0][0, 0].item() for c in range(3)]
+    return d, rec, [states[c]["params"][0][0, 0].item() for c in range(3)]
+
+
+def test_mixing_step_by_hand_on_a_path(tmp_path):
+    # Metropolis on the path: W = [[2/3,1/3,0],[1/3,1/3,1/3],[0,1/3,2/3]]; one round gives W @ theta
+    _, _, got = path_round(tmp_path)
     assert got == pytest.approx([4 / 3, 7 / 3, 10 / 3], abs=1e-6)
 
 
@@ -84,23 +88,11 @@ def test_sample_weighted_mixing_step_and_exchange_on_a_path(tmp_path):
     # Hosts: 0 and 2 on host 0, 1 on host 1 -> host 0 fetches {1}, host 1 fetches {0, 2}.
     import numpy as np
     from raysim import topology
-    edges = tmp_path / "path.txt"
-    edges.write_text("0 1\n1 2\n")
-    text = DFEDEM.replace("clients: 12", "clients: 3").replace(
-        "algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 1.0e-30,").replace(
-        "topology: {kind: erdos_renyi, p: 0.5, mixing: metropolis}",
-        f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis, weighting: samples}}")
-    sc = load(tmp_path, text, "rounds=1", "data.min_samples=10", "data.max_samples=300")
-    d = serial_driver(sc, 2)
+    d, rec, got = path_round(tmp_path, "data.min_samples=10", "data.max_samples=300", weighting="samples")
     n = d.counts
     assert len(set(n)) > 1                                     # unequal, so the weighting matters
     assert list(n) == [h.data(c).num_train for c in range(3) for h in d.transport.hosts if c in h.cids]
-    d.transport.set_states({c: {"params": [torch.full((2, 10), v), torch.zeros(2)]}
-                            for c, v in ((0, 1.0), (1, 2.0), (2, 4.0))})
-    rec = d.step()
-    w = topology.sample_weighted(topology.metropolis(topology.from_edges(edges, 3)), n)
-    states = d.transport.get_states()
-    got = [states[c]["params"][0][0, 0].item() for c in range(3)]
+    w = topology.sample_weighted(topology.metropolis(topology.from_edges(tmp_path / "path.txt", 3)), n)
     assert got == pytest.approx(list(w @ np.array([1.0, 2.0, 4.0])), abs=1e-6)
     assert rec["messages_fetched_across_hosts"] == 3
 
