@@ -56,6 +56,14 @@ def e_step(log_pi: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
     return torch.softmax(log_pi[:, None] - losses, dim=0)
 
 
+def em_step(pi: torch.Tensor, losses: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """(negative log-likelihood of the mixture before the update — the round's training loss —,
+    q) for mixture weights pi and per-sample losses (M, n); the new pi is q.mean(dim=1)."""
+    log_pi = torch.log(pi)
+    nll = float(-torch.logsumexp(log_pi[:, None] - losses, dim=0).mean())
+    return nll, e_step(log_pi, losses)
+
+
 def mixture_log_prob(pi: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """log Σ_m π_m softmax(logits_m) for logits of shape (M, n, classes) -> (n, classes)."""
     return torch.logsumexp(torch.log(pi)[:, None, None] + F.log_softmax(logits, dim=-1), dim=0)
@@ -119,11 +127,8 @@ class FedEM(Algorithm):
     def train(self, state: FedEMState, message, data: ClientData, ctx: Context):
         if data.num_train == 0:                 # nothing to learn from: pi and components unchanged
             return FedEMState(state.pi.clone()), [Weighted([p.clone() for p in c], 0.0) for c in message], 0.0
-        pi = state.pi.to(ctx.device)
         losses = self.losses(message, data.train_x, data.train_y, ctx.device)
-        # negative log-likelihood of the mixture before the update (the round's training loss)
-        nll = float(-torch.logsumexp(torch.log(pi)[:, None] - losses, dim=0).mean())
-        q = e_step(torch.log(pi), losses)
+        nll, q = em_step(state.pi.to(ctx.device), losses)
         pi = q.mean(dim=1)
         n = float(data.num_train)
         model = self.scratch_model(ctx.device)
@@ -134,7 +139,7 @@ class FedEM(Algorithm):
         for m, params in enumerate(message):
             load_params(model, params)
             local_sgd(model, data.train_x, data.train_y, self.hp, ctx, sample_weight=q[m])
-            replies.append(Weighted([p.detach().clone() for p in model.parameters()], float(data.num_train)))
+            replies.append(Weighted(get_params(model), n))
         return FedEMState(pi.cpu()), replies, nll
 
     def _batching(self) -> bool:
@@ -169,9 +174,7 @@ class FedEM(Algorithm):
             if n == 0:                          # nothing to learn from: pi and components unchanged
                 out.append((FedEMState(pi.clone()), 0.0, 0))
                 continue
-            pi = pi.to(device)
-            nll = float(-torch.logsumexp(torch.log(pi)[:, None] - loss, dim=0).mean())
-            q = e_step(torch.log(pi), loss)
+            nll, q = em_step(pi.to(device), loss)
             out.append((FedEMState(q.mean(dim=1).cpu()), nll, n))
             # the orders local_sgd would draw: component 0's epochs, then component 1's, ...
             orders = torch.stack([torch.randperm(n, generator=ctx.generator) for _ in range(m * epochs)])
@@ -228,8 +231,8 @@ class FedEM(Algorithm):
         if not self._batching():
             return super().gossip_train_many(states, datas, ctxs)
         out = []
-        for s, (new, replies, nll) in zip(states, self._train_many([s.pi for s in states],
-                                                                   [s.components for s in states], datas, ctxs)):
+        for new, replies, nll in self._train_many([s.pi for s in states], [s.components for s in states],
+                                                  datas, ctxs):
             components = [r.values for r in replies]
             out.append((FedEMState(new.pi, components), components, nll))
         return out
