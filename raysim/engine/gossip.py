@@ -28,6 +28,7 @@ class GossipDriver(RoundDriver):
         self.counts = np.array([counts.get(c, 0) for c in range(sc.data.clients)], dtype=np.float64)
         self.graph_round: int | None = None
         self.W: np.ndarray | None = None
+        self._plan_cache = None         # (rows per host, outboxes) for the W in force
 
     def _mixing(self, r: int) -> tuple[np.ndarray, bool]:
         """W for round r (redrawn each round with ``resample``); True when it changed."""
@@ -79,7 +80,7 @@ class GossipDriver(RoundDriver):
         groups = self._by_host(everyone)
         hosts = len(groups)
         W, changed = self._mixing(r)
-        send_rows = changed or getattr(self, "_plan_cache", None) is None
+        send_rows = changed or self._plan_cache is None
         if send_rows:                   # hosts keep their rows while W stays the same
             self._plan_cache = self._plan(W, groups)
         rows_by_host, outboxes = self._plan_cache

@@ -37,6 +37,9 @@ class Host:
         self.algo.warm_up(self.source.input_shape, self.device)
         self._data: dict[int, ClientData] = {}
         self.states: dict[int, Any] = {}
+        # gossip: this round's messages of the hosted clients, and their rows of W in force
+        self._messages: dict[int, Any] = {}
+        self._rows: dict[int, list[tuple[int, float]]] = {}
 
     # -- data and state ----------------------------------------------------------------------
     def data(self, cid: int) -> ClientData:
