@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Context, LocalTraining
-from .local_sgd import SGD
 
 ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid,
                nn.Softplus, nn.Identity, nn.Dropout)
@@ -89,12 +88,6 @@ def use_batching(mode: str, model: nn.Module) -> bool:
 def stack(copies: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """[[p_1 of copy 0, p_2 of copy 0, ...], ...] -> [stacked p_1, stacked p_2, ...] (M, ...)."""
     return [torch.stack(ts) for ts in zip(*copies)]
-
-
-def unstack(stacked: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Inverse of ``stack``: per-copy lists of (contiguous, detached) tensors."""
-    m = stacked[0].shape[0]
-    return [[p[i].detach().clone() for p in stacked] for i in range(m)]
 
 
 def forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -171,26 +164,11 @@ def local_sgd(model: nn.Module, params: list[list[torch.Tensor]], x: torch.Tenso
     sequential loop draws them (copy 0's epochs first, then copy 1's, ...), so both paths see
     the same batches. Returns the trained per-copy parameter lists."""
     n = int(y.shape[0])
-    m = len(params)
     if n == 0:
         return [[p.detach().clone() for p in ps] for ps in params]
-    epochs = hp.local_epochs
-    orders = torch.stack([torch.stack([torch.randperm(n, generator=ctx.generator) for _ in range(epochs)])
-                          for _ in range(m)]).to(x.device)          # (M, epochs, n)
-    stacked = [p.detach().clone().requires_grad_(True) for p in stack(params)]
-    opt = SGD(stacked, hp.lr_at(ctx.round, ctx.rounds), hp.momentum, hp.weight_decay)
-    bs = hp.batch_size
-    model.train()
-    for e in range(epochs):
-        for start in range(0, n, bs):
-            idx = orders[:, e, start:start + bs]                    # (M, B)
-            out = forward(model, stacked, x[idx])
-            per = F.cross_entropy(out.reshape(-1, out.shape[-1]), y[idx].reshape(-1), reduction="none")
-            loss = (per.view(idx.shape) * torch.gather(sample_weight, 1, idx)).mean(dim=1).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return unstack(stacked)
+    orders = torch.stack([torch.randperm(n, generator=ctx.generator) for _ in range(len(params) * hp.local_epochs)])
+    group = (0, orders.view(len(params), hp.local_epochs, n).to(x.device), sample_weight)
+    return local_sgd_many(model, params, x, y, [group], hp, hp.lr_at(ctx.round, ctx.rounds))[0]
 
 
 # -- many clients at once (DESIGN.md §3, the batched path) ---------------------------------------
