@@ -47,6 +47,9 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
     ("data.splits.test=0.5", "data.splits", "must sum to 1"),
     ("sampling={count: 100}", "sampling.count", "more than the 12 training clients"),
     ("data.partition.kind=dirichlet", "data.partition", "partition applies only to"),
+    ("algorithm.stack_clients=sometimes", "algorithm.stack_clients", "choose one of auto, always, never"),
+    ("topology={kind: ring, weighting: size}", "topology.weighting", "choose one of uniform, samples"),
+    ("topology={kind: ring, mixing: fmmc, fmmc_iters: 0}", "topology.fmmc_iters", "must be >= 1"),
 ])
 def test_bad_values_name_the_key(tmp_path, override, key, words):
     msg = error_of(tmp_path, TINY, [override])
