@@ -78,10 +78,14 @@ def local_sgd(
     penalty: Callable[[nn.Module], torch.Tensor] | None = None,
     before_step: Callable[[], None] | None = None,
     params: list[torch.Tensor] | None = None,
+    momentum: list[torch.Tensor | None] | None = None,
 ) -> float:
     """Train ``model`` in place; return the mean (unpenalized) training loss over all samples seen.
 
     ``params`` restricts the optimizer to those tensors (default: all model parameters).
+    ``momentum``: SGD momentum buffers to continue from (None entries: fresh), one per
+    parameter; the list is updated in place with the final buffers (the tensors passed in are
+    not modified).
     """
     n = int(y.shape[0])
     if n == 0:
@@ -89,6 +93,8 @@ def local_sgd(
     epochs = hp.local_epochs if epochs is None else epochs
     lr = hp.lr_at(ctx.round, ctx.rounds) if lr is None else lr
     opt = SGD(list(model.parameters()) if params is None else list(params), lr, hp.momentum, hp.weight_decay)
+    if momentum is not None:
+        opt.bufs = [None if b is None else b.clone() for b in momentum]
     bs = hp.batch_size
     total = torch.zeros((), device=x.device)
     seen = 0
@@ -117,6 +123,8 @@ def local_sgd(
             opt.step()
             total += data_loss.detach() * len(idx)
             seen += len(idx)
+    if momentum is not None:
+        momentum[:] = opt.bufs
     return float(total) / seen
 
 

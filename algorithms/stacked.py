@@ -158,17 +158,22 @@ def logits(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, batch:
 
 
 def local_sgd(model: nn.Module, params: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
-              hp: LocalTraining, ctx: Context, sample_weight: torch.Tensor) -> list[list[torch.Tensor]]:
+              hp: LocalTraining, ctx: Context, sample_weight: torch.Tensor,
+              momentum: list[list[torch.Tensor] | None] | None = None
+              ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]] | None]:
     """``local_sgd`` for M copies at once: copy m starts from ``params[m]`` and minimizes
     mean_i sample_weight[m, i]·ℓ_i over its own batch order. The orders are drawn as the
     sequential loop draws them (copy 0's epochs first, then copy 1's, ...), so both paths see
-    the same batches. Returns the trained per-copy parameter lists."""
+    the same batches. ``momentum``: per-copy buffers to continue from (as ``local_sgd_many``).
+    Returns the trained per-copy parameter lists and, with SGD momentum, the final buffers."""
     n = int(y.shape[0])
     if n == 0:
-        return [[p.detach().clone() for p in ps] for ps in params]
+        return [[p.detach().clone() for p in ps] for ps in params], momentum
     orders = torch.stack([torch.randperm(n, generator=ctx.generator) for _ in range(len(params) * hp.local_epochs)])
     group = (0, orders.view(len(params), hp.local_epochs, n).to(x.device), sample_weight)
-    return local_sgd_many(model, params, x, y, [group], hp, hp.lr_at(ctx.round, ctx.rounds))[0]
+    trained, _, bufs = local_sgd_many(model, params, x, y, [group], hp, hp.lr_at(ctx.round, ctx.rounds),
+                                      momentum=momentum)
+    return trained, bufs
 
 
 # -- many clients at once (DESIGN.md §3, the batched path) ---------------------------------------
@@ -233,15 +238,18 @@ def losses_many(model: nn.Module, params: list[list[torch.Tensor]], xs: list[tor
 
 def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
                    groups: list[tuple[int, torch.Tensor, torch.Tensor]], hp: LocalTraining, lr: float,
-                   prox_mu: float = 0.0, budget: int = 1 << 26
-                   ) -> tuple[list[list[torch.Tensor]], list[float]]:
+                   prox_mu: float = 0.0, momentum: list[list[torch.Tensor] | None] | None = None,
+                   budget: int = 1 << 26
+                   ) -> tuple[list[list[torch.Tensor]], list[float], list[list[torch.Tensor]] | None]:
     """Local SGD of K copies in lockstep, in groups that share samples: a group
     ``(offset, orders, weights)`` with orders (G, epochs, n) and weights (G, n) stands for G
     consecutive copies of ``starts``; its copy g trains on the pooled rows offset..offset+n-1 of
     ``x``, ``y`` in the orders ``orders[g]``, on the loss mean_i weights[g, i]·ℓ_i per batch,
     plus (prox_mu/2)·‖w − start‖² when ``prox_mu`` > 0 (FedProx) — what ``local_sgd`` does with
-    those orders (same batches, same SGD arithmetic; float rounding aside). Returns the trained
-    copies and each copy's mean unweighted loss over the samples it saw (``local_sgd``'s value)."""
+    those orders (same batches, same SGD arithmetic; float rounding aside). ``momentum[k]``, if
+    given, is copy k's SGD momentum buffer to continue from (None: a fresh one, as each call of
+    ``local_sgd``). Returns the trained copies, each copy's mean unweighted loss over the samples
+    it saw (``local_sgd``'s value) and, with SGD momentum, each copy's final momentum buffer."""
     bs = hp.batch_size
     steps, idx, wts, vals = [], [], [], []
     for offset, o, w in groups:
@@ -272,7 +280,13 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
     first = torch.tensor([0] + [steps[k] for k in order[:-1]], device=x.device).cumsum(0)
     P = [torch.stack(ts) for ts in zip(*(starts[k] for k in order))]
     anchors = [p.clone() for p in P] if prox_mu else None
-    bufs: list[torch.Tensor] | None = None
+    # momentum buffers start at zero (mu·0 + g = g: torch's first step) or where they left off
+    bufs = [torch.zeros_like(p) for p in P] if hp.momentum else None
+    if bufs is not None and momentum is not None:
+        for i, k in enumerate(order):
+            if momentum[k] is not None:
+                for b, v in zip(bufs, momentum[k]):
+                    b[i] = v
     chunk = _copies_per_pass(P, x.shape[1:].numel(), bs, budget)
     model.train()
     for t in range(t_max):
@@ -294,25 +308,22 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
                                                alpha=prox_mu)
                 if hp.weight_decay:
                     grads = torch._foreach_add(grads, sub, alpha=hp.weight_decay)
-                if hp.momentum:
-                    if t == 0:
-                        if bufs is None:
-                            bufs = [torch.empty_like(p) for p in P]
-                        for b, g in zip(bufs, grads):
-                            b[c0:c1] = g
-                    else:
-                        b = [buf[c0:c1] for buf in bufs]
-                        torch._foreach_mul_(b, hp.momentum)
-                        torch._foreach_add_(b, grads)
-                    grads = [buf[c0:c1] for buf in bufs]
+                if bufs is not None:
+                    b = [buf[c0:c1] for buf in bufs]
+                    torch._foreach_mul_(b, hp.momentum)
+                    torch._foreach_add_(b, grads)
+                    grads = b
                 torch._foreach_add_([p[c0:c1] for p in P], grads, alpha=-lr)
     out: list = [None] * k_all
     losses = [0.0] * k_all
+    bufs_out: list | None = [None] * k_all if bufs is not None else None
     mean = (loss_sums / seen.clamp_min(1)).tolist()
     for i, k in enumerate(order):
         out[k] = [p[i].clone() for p in P]      # own storage: states outlive this call
         losses[k] = mean[i]
-    return out, losses
+        if bufs_out is not None:
+            bufs_out[k] = [b[i].clone() for b in bufs]
+    return out, losses, bufs_out
 
 
 def train_clients(model: nn.Module, starts: list[list[torch.Tensor]], datas: list, ctxs: list[Context],
@@ -335,8 +346,8 @@ def train_clients(model: nn.Module, starts: list[list[torch.Tensor]], datas: lis
         orders = torch.stack([torch.randperm(n, generator=ctxs[c].generator) for _ in range(hp.local_epochs)])
         groups.append((offset, orders.unsqueeze(0).to(x.device), torch.ones(1, n, device=x.device)))
         offset += n
-    trained, losses = local_sgd_many(model, [starts[c] for c in live], x, y, groups, hp,
-                                     hp.lr_at(ctxs[0].round, ctxs[0].rounds), prox_mu=prox_mu)
+    trained, losses, _ = local_sgd_many(model, [starts[c] for c in live], x, y, groups, hp,
+                                        hp.lr_at(ctxs[0].round, ctxs[0].rounds), prox_mu=prox_mu)
     for c, params, loss in zip(live, trained, losses):
         out[c] = (params, loss)
     return out

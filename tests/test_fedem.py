@@ -125,3 +125,38 @@ def test_fedem_beats_fedavg_and_local_on_a_mixture(tmp_path):
     em, avg, local = (final_accuracy(tmp_path, a) for a in ("fedem", "fedavg", "local"))
     assert em > avg + 0.05 and em > local + 0.02, (em, avg, local)
     assert em > 0.85
+
+
+@pytest.mark.parametrize("stack", ["always", "never"])
+def test_keep_momentum_carries_the_buffer_to_the_next_round_by_hand(stack):
+    # M = 1, one sample (x=2, y=0), zero weights: the gradient is dW = (-1, 1), db = (-0.5, 0.5).
+    # Round 1: buf = g, W = -lr*g = (0.1, -0.1). Round 2 from zero weights again: with the
+    # buffer kept, buf = 0.9*g + g and W = (0.19, -0.19); with a fresh buffer W = (0.1, -0.1).
+    data = client(0, [2.0], [0])
+    zeros = [[torch.zeros(2, 1), torch.zeros(2)]]
+    for keep, expect in ((True, 0.19), (False, 0.1)):
+        algo = fedem(components=1, momentum=0.9, batch_size=4, keep_momentum=keep, stack_components=stack)
+        state, replies, _ = algo.train(algo.init_client(0, None), zeros, data, ctx())
+        assert replies[0].values[0][:, 0].tolist() == pytest.approx([0.1, -0.1])
+        assert (state.momentum is not None) == keep
+        state, replies, _ = algo.train(state, zeros, data, ctx(round_=1))
+        assert replies[0].values[0][:, 0].tolist() == pytest.approx([expect, -expect])
+
+
+def test_keep_momentum_many_clients_at_once_equal_one_at_a_time():
+    from tests.test_stacked import ctxs_for, fedem_algo, fedem_clients
+    algo, comps = fedem_algo("mlp", keep_momentum=True)
+    datas = fedem_clients([5, 17, 0, 30])
+    one = [algo.init_client(d.cid, None) for d in datas]
+    many = list(one)
+    for r in range(2):
+        res_many = algo.train_many(many, comps, datas, ctxs_for(datas, r))
+        res_one = [algo.train(s, comps, d, c) for s, d, c in zip(one, datas, ctxs_for(datas, r))]
+        many, one = [s for s, _, _ in res_many], [s for s, _, _ in res_one]
+        for (s1, r1, _), (s2, r2, _) in zip(res_many, res_one):
+            for a, b in zip(r1, r2):
+                assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a.values, b.values))
+            if s2.momentum is not None:
+                for b1, b2 in zip(s1.momentum, s2.momentum):
+                    assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(b1, b2))
+    assert many[2].momentum is None and many[0].momentum is not None      # the empty client never trained

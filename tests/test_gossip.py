@@ -131,8 +131,9 @@ def test_gossip_across_ray_hosts_matches_serial(tmp_path):
     assert strip(on_ray["history"]) == strip(serial["history"])
 
 
-def test_gossip_checkpoint_resume_is_identical(tmp_path):
-    sc = load(tmp_path, DFEDEM)
+@pytest.mark.parametrize("extra", [(), ("algorithm.momentum=0.9", "algorithm.keep_momentum=true")])
+def test_gossip_checkpoint_resume_is_identical(tmp_path, extra):
+    sc = load(tmp_path, DFEDEM, *extra)
     full = run(sc, 2)
     part = serial_driver(sc, 2)
     part.step(), part.step()

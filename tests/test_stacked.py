@@ -34,7 +34,7 @@ def test_stacked_training_equals_one_copy_at_a_time(name):
     losses = stacked.per_sample_losses(models[0], stacked.stack(start), x, y)
     expect = torch.stack([F.cross_entropy(m(x), y, reduction="none") for m in models])
     assert torch.allclose(losses, expect, atol=1e-5)
-    out = stacked.local_sgd(models[0], start, x, y, hp, Context(0, 10, 0, torch.Generator().manual_seed(3)), q)
+    out, _ = stacked.local_sgd(models[0], start, x, y, hp, Context(0, 10, 0, torch.Generator().manual_seed(3)), q)
     g = torch.Generator().manual_seed(3)          # the sequential loop draws the same orders
     for m, model in enumerate(models):
         local_sgd(model, x, y, hp, Context(0, 10, 0, g), sample_weight=q[m])
@@ -48,8 +48,8 @@ def test_two_copies_by_hand():
     # copy 0 steps by lr * grad = 0.1 * (0.5*2, -0.5*2) on W; copy 1 (weight 0) does not move.
     start = [[torch.zeros(2, 1), torch.zeros(2)], [torch.zeros(2, 1), torch.zeros(2)]]
     hp = LocalTraining(lr=0.1, batch_size=4)
-    out = stacked.local_sgd(nn.Linear(1, 2), start, torch.tensor([[2.0]]), torch.tensor([0]), hp, ctx(),
-                            torch.tensor([[1.0], [0.0]]))
+    out, _ = stacked.local_sgd(nn.Linear(1, 2), start, torch.tensor([[2.0]]), torch.tensor([0]), hp, ctx(),
+                               torch.tensor([[1.0], [0.0]]))
     assert torch.allclose(out[0][0], torch.tensor([[0.1], [-0.1]]))
     assert torch.allclose(out[0][1], torch.tensor([0.05, -0.05]))
     assert torch.equal(out[1][0], torch.zeros(2, 1)) and torch.equal(out[1][1], torch.zeros(2))
