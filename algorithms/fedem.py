@@ -15,7 +15,7 @@ update (``unseen_em_steps`` times on the same losses).
 Defaults follow the official code: SGD momentum .9, weight decay 5e-4, batch 128, 1 local epoch,
 lr ×0.1 at R/2 and 3R/4, M = 3. The momentum buffer is fresh every round (the paper's local
 SGD); the official clients keep one SGD object per learner across rounds, so their momentum
-carries over: ``keep_momentum: true`` does that (measured on the synthetic data: +3 points).
+carries over: ``keep_momentum: true`` does that (measured on the synthetic data: +2 to 3 points).
 """
 from __future__ import annotations
 
