@@ -50,10 +50,10 @@ def stackable(model: nn.Module) -> bool:
     return all(_supported(layer) for layer in layers(model)) and not any(True for _ in model.buffers())
 
 
-# Measured on one CPU thread (bench/stacking.py): stacking 3 copies halves the time of a linear
-# model or a 64-100-10 MLP, breaks even near 50 000 parameters per copy and loses beyond (the
-# stacked gradients and momentum no longer fit in cache); grouped convolutions lose (FEMNIST CNN:
-# 0.58 s against 0.40 s a client).
+# Measured on one CPU thread (bench/stacking.py): stacking 3 copies cuts the time of a linear
+# model or a 64-100-10 MLP by about a third, breaks even near 50 000 parameters per copy and loses
+# beyond (the stacked gradients and momentum no longer fit in cache); grouped convolutions lose
+# (FEMNIST CNN: 0.85 s against 0.50 s a client).
 AUTO_MAX_PARAMS = 20_000
 
 
@@ -172,7 +172,7 @@ def local_sgd(model: nn.Module, params: list[list[torch.Tensor]], x: torch.Tenso
     orders = torch.stack([torch.randperm(n, generator=ctx.generator) for _ in range(len(params) * hp.local_epochs)])
     group = (0, orders.view(len(params), hp.local_epochs, n).to(x.device), sample_weight)
     trained, _, bufs = local_sgd_many(model, params, x, y, [group], hp, hp.lr_at(ctx.round, ctx.rounds),
-                                      momentum=momentum)
+                                      momentum=momentum, exact=True)
     return trained, bufs
 
 
@@ -239,7 +239,7 @@ def losses_many(model: nn.Module, params: list[list[torch.Tensor]], xs: list[tor
 def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
                    groups: list[tuple[int, torch.Tensor, torch.Tensor]], hp: LocalTraining, lr: float,
                    prox_mu: float = 0.0, momentum: list[list[torch.Tensor] | None] | None = None,
-                   budget: int = 1 << 26
+                   exact: bool = False, budget: int = 1 << 26
                    ) -> tuple[list[list[torch.Tensor]], list[float], list[list[torch.Tensor]] | None]:
     """Local SGD of K copies in lockstep, in groups that share samples: a group
     ``(offset, orders, weights)`` with orders (G, epochs, n) and weights (G, n) stands for G
@@ -249,7 +249,9 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
     those orders (same batches, same SGD arithmetic; float rounding aside). ``momentum[k]``, if
     given, is copy k's SGD momentum buffer to continue from (None: a fresh one, as each call of
     ``local_sgd``). Returns the trained copies, each copy's mean unweighted loss over the samples
-    it saw (``local_sgd``'s value) and, with SGD momentum, each copy's final momentum buffer."""
+    it saw (``local_sgd``'s value) and, with SGD momentum, each copy's final momentum buffer.
+    ``exact`` (one group only: the copies of one client): a batch keeps its true size instead of
+    being padded to the batch size, which no longer has to be fixed across clients."""
     bs = hp.batch_size
     steps, idx, wts, vals = [], [], [], []
     for offset, o, w in groups:
@@ -288,21 +290,25 @@ def local_sgd_many(model: nn.Module, starts: list[list[torch.Tensor]], x: torch.
                 for b, v in zip(bufs, momentum[k]):
                     b[i] = v
     chunk = _copies_per_pass(P, x.shape[1:].numel(), bs, budget)
+    if exact and len(groups) != 1:
+        raise ValueError("exact batches need a single group of copies")
+    widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
     model.train()
     for t in range(t_max):
         kt = active[t]
+        width = widths[t]
         for c0 in range(0, kt, chunk):                         # copies c0..c1 in one pass
             c1 = min(kt, c0 + chunk)
             sub = [p[c0:c1].detach().requires_grad_(True) for p in P]
             at = first[c0:c1] + t
-            rows_t = IDX[at]
+            rows_t = IDX[at][:, :width]
             out = forward(model, sub, x[rows_t])
             per = F.cross_entropy(out.reshape(-1, out.shape[-1]), y[rows_t].reshape(-1), reduction="none")
-            per = per.view(c1 - c0, bs)
-            loss = (per * WT[at]).sum()
+            per = per.view(c1 - c0, width)
+            loss = (per * WT[at][:, :width]).sum()
             grads = list(torch.autograd.grad(loss, sub))
             with torch.no_grad():
-                loss_sums[c0:c1] += (per * VAL[at]).sum(dim=1).to(torch.float64)
+                loss_sums[c0:c1] += (per * VAL[at][:, :width]).sum(dim=1).to(torch.float64)
                 if prox_mu:                       # ∇ (mu/2)‖w − anchor‖² = mu (w − anchor)
                     grads = torch._foreach_add(grads, torch._foreach_sub(sub, [a[c0:c1] for a in anchors]),
                                                alpha=prox_mu)
