@@ -30,7 +30,7 @@ class DSGDState:
     params: list[torch.Tensor]
 
 
-class FedAvg(Algorithm):
+class FedAvg(stacked.Stacking, Algorithm):
     name = "fedavg"
     summary = "FedAvg (McMahan et al. 2017): sample-weighted average of local SGD models"
     Hyper = FedAvgHyper
@@ -64,11 +64,6 @@ class FedAvg(Algorithm):
         def prox(model):
             return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
         return prox
-
-    def _batching(self) -> bool:
-        if getattr(self, "_batchable", None) is None:
-            self._batchable = stacked.use_batching(self.hp.stack_clients, self.model_fn())
-        return self._batchable
 
     def train_many(self, states, message, datas, ctxs):
         """All of a host's sampled clients in lockstep (small models without convolutions)."""

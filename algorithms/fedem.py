@@ -75,13 +75,14 @@ def mixture_log_prob(pi: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(torch.log(pi)[:, None, None] + F.log_softmax(logits, dim=-1), dim=0)
 
 
-class FedEM(Algorithm):
+class FedEM(stacked.Stacking, Algorithm):
     name = "fedem"
     summary = "FedEM (Marfoq et al. 2021): M shared components, per-client mixture weights by EM"
     Hyper = FedEMHyper
     ClientState = FedEMState
     has_global_model = False
     supports_gossip = True
+    stack_field = "stack_components"
 
     def init_server(self, model: nn.Module, rng: np.random.Generator) -> list[list[torch.Tensor]]:
         # component m starts from its own initialization (variant m of the run's seeded init)
@@ -100,11 +101,6 @@ class FedEM(Algorithm):
         return FedEMState(torch.full((m,), 1.0 / m))
 
     # -- client ------------------------------------------------------------------------------
-    def _stacking(self) -> bool:
-        if getattr(self, "_stackable", None) is None:
-            self._stackable = stacked.use_stacking(self.hp.stack_components, self.model_fn())
-        return self._stackable
-
     def _stacked(self, components) -> list[torch.Tensor]:
         """The components' parameters stacked (M, ...), computed once per message."""
         if getattr(self, "_stacked_message", None) is not components:
@@ -158,11 +154,6 @@ class FedEM(Algorithm):
             replies.append(Weighted(get_params(model), n))
             bufs.append(buf)
         return FedEMState(pi.cpu(), None, bufs if moms else None), replies, nll
-
-    def _batching(self) -> bool:
-        if getattr(self, "_batchable", None) is None:
-            self._batchable = stacked.use_batching(self.hp.stack_components, self.model_fn())
-        return self._batchable
 
     def train_many(self, states, message, datas, ctxs):
         """All of a host's sampled clients at once (models without convolutions): one blocked

@@ -27,7 +27,7 @@ class LocalState:
     params: list[torch.Tensor]
 
 
-class Local(Algorithm):
+class Local(stacked.Stacking, Algorithm):
     name = "local"
     summary = "Local training only (no communication): each client keeps its own model"
     Hyper = LocalHyper
@@ -56,9 +56,7 @@ class Local(Algorithm):
 
     def train_many(self, states, message, datas, ctxs):
         """All of a host's sampled clients in lockstep (small models without convolutions)."""
-        if getattr(self, "_batchable", None) is None:
-            self._batchable = stacked.use_batching(self.hp.stack_clients, self.model_fn())
-        if not datas or not self._batchable:
+        if not datas or not self._batching():
             return super().train_many(states, message, datas, ctxs)
         starts = [message if s is None else s.params for s in states]
         done = stacked.train_clients(self.scratch_model(ctxs[0].device), starts, datas, ctxs, self.hp)

@@ -85,6 +85,24 @@ def use_batching(mode: str, model: nn.Module) -> bool:
     return use_stacking(mode, model) and batchable(model)
 
 
+class Stacking:
+    """Mixin for an algorithm whose hyperparameter ``stack_field`` (a ``stack_mode_field``)
+    chooses stacking: the decisions, made once from the run's model."""
+
+    stack_field = "stack_clients"
+
+    def _stacking(self) -> bool:
+        if getattr(self, "_stack_decision", None) is None:
+            self._stack_decision = use_stacking(getattr(self.hp, self.stack_field), self.model_fn())
+        return self._stack_decision
+
+    def _batching(self) -> bool:
+        """Stack across a host's clients too."""
+        if getattr(self, "_batch_decision", None) is None:
+            self._batch_decision = use_batching(getattr(self.hp, self.stack_field), self.model_fn())
+        return self._batch_decision
+
+
 def stack(copies: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """[[p_1 of copy 0, p_2 of copy 0, ...], ...] -> [stacked p_1, stacked p_2, ...] (M, ...)."""
     return [torch.stack(ts) for ts in zip(*copies)]
@@ -135,26 +153,20 @@ def forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor) -> to
 
 
 @torch.no_grad()
-def per_sample_losses(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                      batch: int = 4096) -> torch.Tensor:
-    """Cross-entropy of every copy on every sample, (M, n); x and y are shared by the copies."""
-    m = params[0].shape[0]
-    model.eval()
-    out = []
-    for i in range(0, max(int(y.shape[0]), 1), batch):
-        xb, yb = x[i:i + batch], y[i:i + batch]
-        logits = forward(model, params, xb.unsqueeze(0).expand(m, *xb.shape))
-        out.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.repeat(m), reduction="none").view(m, -1))
-    return torch.cat(out, dim=1)
-
-
-@torch.no_grad()
 def logits(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, batch: int = 4096) -> torch.Tensor:
     """Logits of every copy on shared inputs, (M, n, classes)."""
     m = params[0].shape[0]
     model.eval()
     return torch.cat([forward(model, params, x[i:i + batch].unsqueeze(0).expand(m, *x[i:i + batch].shape))
-                      for i in range(0, x.shape[0], batch)], dim=1)
+                      for i in range(0, max(int(x.shape[0]), 1), batch)], dim=1)
+
+
+@torch.no_grad()
+def per_sample_losses(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every copy on every sample, (M, n); x and y are shared by the copies."""
+    out = logits(model, params, x)
+    m, n = out.shape[0], out.shape[1]
+    return F.cross_entropy(out.reshape(m * n, -1), y.repeat(m), reduction="none").view(m, n)
 
 
 def local_sgd(model: nn.Module, params: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,

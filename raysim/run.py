@@ -31,11 +31,10 @@ class DeferredInterrupt:
         self.requested = False
         self._previous = None
 
-    def __enter__(self) -> "DeferredInterrupt":
+    def install(self) -> None:
         if (threading.current_thread() is threading.main_thread()
                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
@@ -44,7 +43,7 @@ class DeferredInterrupt:
         print("\nraysim: interrupted: stopping after this round (Ctrl-C again to stop now)",
               file=sys.stderr, flush=True)
 
-    def __exit__(self, *exc) -> None:
+    def restore(self) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
@@ -86,7 +85,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     close = lambda: None  # noqa: E731
     stop = DeferredInterrupt()
     try:
-        stop.__enter__()
+        stop.install()
         server, close = _make_server(sc, engine, address, verbose)
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
         path = checkpoint.path_for(sc.checkpoint.dir, tracker.run_id)
@@ -122,7 +121,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         outcome = "killed"
         raise
     finally:
-        stop.__exit__()
+        stop.restore()
         if bar is not None:
             bar.close()
         try:

@@ -200,11 +200,6 @@ def sample_weighted(w: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def check_reversible(w: np.ndarray, g: nx.Graph, counts: np.ndarray, tol: float = 1e-9) -> None:
-    """Row-stochastic, nonnegative, zero off the graph, and in detailed balance with pi ∝ counts."""
-    check_mixing(w, g, tol, counts)
-
-
 def check_mixing(w: np.ndarray, g: nx.Graph, tol: float = 1e-9, counts: np.ndarray | None = None) -> None:
     """Symmetric, doubly stochastic, nonnegative, zero off the graph (self-weights allowed); with
     ``counts``, in detailed balance with pi ∝ counts instead of symmetric."""

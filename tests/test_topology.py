@@ -85,7 +85,7 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     w = T.sample_weighted(T.metropolis(g), counts)
     expect = np.array([[2 / 3, 1 / 3, 0], [1 / 6, 1 / 2, 1 / 3], [0, 1 / 6, 5 / 6]])
     assert np.allclose(w, expect)
-    T.check_reversible(w, g, counts)
+    T.check_mixing(w, g, counts=counts)
     pi = counts / counts.sum()
     assert np.allclose(pi @ w, pi)                       # keeps the sample-weighted average
     x = np.array([1.0, 2.0, 4.0])
@@ -95,7 +95,7 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     gap = T.spectral_gap(w, counts)
     assert gap == pytest.approx(1 - sorted(abs(np.linalg.eigvals(w)))[-2])
     with pytest.raises(T.TopologyError, match="detailed balance"):
-        T.check_reversible(T.metropolis(g), g, counts)   # symmetric W, unequal counts
+        T.check_mixing(T.metropolis(g), g, counts=counts)   # symmetric W, unequal counts
     assert np.allclose(T.sample_weighted(T.metropolis(g), np.ones(3)), T.metropolis(g))
 
 

@@ -41,7 +41,7 @@ class GossipDriver(RoundDriver):
         w = topology.mixing_matrix(g, t.mixing, t.fmmc_iters)
         if t.weighting == "samples":
             w = topology.sample_weighted(w, self.counts)
-            topology.check_reversible(w, g, self.counts)
+            topology.check_mixing(w, g, counts=self.counts)
         self.W, self.graph_round = w, key
         return self.W, True
 
