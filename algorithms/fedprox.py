@@ -20,5 +20,5 @@ class FedProx(FedAvg):
     summary = "FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss"
     Hyper = FedProxHyper
 
-    def prox_mu(self) -> float:
-        return self.hp.mu
+    def consts(self, received) -> dict:
+        return {"anchor": received.shared, "mu": self.hp.mu}

@@ -273,8 +273,8 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     topology = None
     if raw.get("topology") is not None:
         topology = load_dataclass(ctx, "topology", TopologyCfg, raw["topology"])
-        gossip = [n for n, a in algorithms.REGISTRY.items() if a.supports_gossip]
-        if not algorithms.REGISTRY[algorithm.name].supports_gossip:
+        gossip = [n for n, a in algorithms.REGISTRY.items() if a.decentralized]
+        if not algorithms.REGISTRY[algorithm.name].decentralized:
             ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form; with a topology "
                      f"choose one of {', '.join(gossip)}")
         if topology.kind == "edges" and not topology.edges:
@@ -286,6 +286,10 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         if sampling.count is not None or sampling.fraction != 1.0:
             ctx.fail("sampling", "every client takes part in every gossip round; leave sampling out with a topology")
 
+    problem = algorithms.REGISTRY[algorithm.name].check(algorithm.params, topology is not None)
+    if problem is not None:
+        ctx.fail(f"algorithm.{problem[0]}", problem[1])
+
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
                   algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw)
     if check_data:
@@ -293,11 +297,19 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     return sc
 
 
+def make_source(sc: Scenario):
+    """The scenario's federated data source (cheap: files are read on first use)."""
+    from raysim.data import PartitionCfg, Splits, build_source
+    d = sc.data
+    part = PartitionCfg(d.partition.name, d.partition.params) if d.partition is not None else None
+    splits = Splits(d.splits.train, d.splits.val, d.splits.test)
+    return build_source(d.dataset.name, d.dataset.params, d.clients, part, splits, sc.seed)
+
+
 def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     """Open the data source (files present and well-formed) and build the model once."""
     from raysim.data import DataError
     from raysim.models import MODELS
-    from raysim.setup import make_source
 
     try:
         source = make_source(sc)
@@ -305,6 +317,6 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     except DataError as e:
         ctx.fail("data", str(e))
     try:
-        MODELS[sc.model.name].build(sc.model.params, source.input_shape, source.num_classes)
+        MODELS[sc.model.name].build(sc.model.params, source.input_shape, source.num_outputs)
     except ValueError as e:
         ctx.fail("model.name", str(e))

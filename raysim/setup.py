@@ -1,4 +1,5 @@
-"""Turn a validated Scenario into its parts: data source, model factory, algorithm.
+"""Turn a validated Scenario into its parts: model factory and algorithm (the data source is
+``config.make_source``).
 
 Called in the driver and again inside every host process, so each builds only what it needs.
 """
@@ -9,15 +10,9 @@ import torch
 import algorithms
 from raysim import rng
 from raysim.config import Scenario
-from raysim.data import DATASETS, PartitionCfg, Splits, build_source
+from raysim.core.tasks import TASKS
+from raysim.data import DATASETS
 from raysim.models import MODELS
-
-
-def make_source(sc: Scenario):
-    d = sc.data
-    part = PartitionCfg(d.partition.name, d.partition.params) if d.partition is not None else None
-    splits = Splits(d.splits.train, d.splits.val, d.splits.test)
-    return build_source(d.dataset.name, d.dataset.params, d.clients, part, splits, sc.seed)
 
 
 def make_model_fn(sc: Scenario, source):
@@ -30,13 +25,13 @@ def make_model_fn(sc: Scenario, source):
         """``variant`` k > 0 gives another independent initialization (mixture components)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + variant)
-            return spec.build(sc.model.params, source.input_shape, source.num_classes)
+            return spec.build(sc.model.params, source.input_shape, source.num_outputs)
     return model_fn
 
 
 def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
     cls = algorithms.get(sc.algorithm.name)
-    return cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds)
+    return cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
 
 
 def describe_registries() -> list[tuple[str, list[tuple[str, str]]]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from algorithms.base import ClientData
+from raysim.core.data import ClientData
 from raysim.rng import generator
 
 
@@ -39,7 +39,13 @@ class FederatedSource:
 
     num_clients: int
     input_shape: tuple[int, ...]   # per-sample shape, e.g. (150,) or (1, 28, 28)
-    num_classes: int
+    num_classes: int               # classification: classes; regression: target dimension
+    task: str = "classification"   # a raysim.core.tasks.TASKS key
+
+    @property
+    def num_outputs(self) -> int:
+        """Width of the model's output layer."""
+        return self.num_classes
 
     def client(self, cid: int) -> ClientData:
         raise NotImplementedError
@@ -54,17 +60,18 @@ def _half_up(v: float) -> int:
 
 
 def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
-                 splits: Splits, seed: int) -> ClientData:
+                 splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64) -> ClientData:
     """Shuffle a client's n samples with generator(seed, "split", cid); train takes the first
     round(n·train) (half up), val the next round(n·val), test the rest.
 
     With n >= 2, train and test each keep at least one sample when their fraction is > 0
-    (taken from val first, then from the larger of the two).
+    (taken from val first, then from the larger of the two). Targets become ``target_dtype``
+    (int64 class ids; float32 for regression).
     """
     if isinstance(x, np.ndarray):
         x = np.ascontiguousarray(x)
     x = torch.as_tensor(x, dtype=torch.float32)
-    y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y, dtype=torch.int64)
+    y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y, dtype=target_dtype)
     n = int(y.shape[0])
     if int(x.shape[0]) != n:
         raise ValueError(f"client {cid}: {x.shape[0]} inputs but {n} labels")

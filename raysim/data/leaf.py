@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms.base import ClientData
+from raysim.core.data import ClientData
 from raysim.rng import generator
 
 from .base import DataError, FederatedSource, Splits, split_client

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.base import ClientData
+from raysim.core.data import ClientData
 from raysim.rng import generator
 
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client

@@ -1,4 +1,5 @@
-"""The round driver: sampling, broadcast, dispatch, reduction, evaluation, checkpoints.
+"""The round driver: statistics, selection, messages, dispatch, reduction, evaluation,
+checkpoints.
 
 Transport-agnostic: it talks to hosts through a Transport (in-process hosts for the serial
 engine, Ray actors for the Ray engine), so both engines share every line of round logic.
@@ -6,27 +7,29 @@ engine, Ray actors for the Ray engine), so both engines share every line of roun
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import is_dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from algorithms.base import EvalResult, state_to_tree, tree_to_state
 from raysim import rng
-from raysim.config import Scenario
+from raysim.config import Scenario, make_source
+from raysim.core.replies import Accumulator
+from raysim.core.tasks import lower_is_better
 from raysim.engine import checkpoint
-from raysim.engine.reduce import Accumulator
-from raysim.setup import make_algorithm, make_source
+from raysim.engine.trees import state_to_tree, tree_to_state
+from raysim.setup import make_algorithm
 
 
 class Transport(Protocol):
     num_hosts: int
 
-    def train(self, round_: int, message: Any, by_host: list[list[int]]) -> list[tuple]: ...
-    def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]) -> list[dict]: ...
+    def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
+    def train(self, round_: int, message: Any, by_host: list[dict[int, int]]) -> list[tuple]: ...
+    def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]) -> list[dict]: ...
     def get_states(self) -> dict[int, Any]: ...
     def set_states(self, trees: dict[int, Any]) -> None: ...
-    def message_nbytes(self, message: Any) -> int: ...
+    def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int: ...
     def shutdown(self) -> None: ...
 
 
@@ -59,38 +62,39 @@ def mean_train_loss(losses: dict[int, tuple[float, int]]) -> float:
     return float(sum(l * k for l, k in ls) / n) if n else float("nan")
 
 
-@dataclass
-class EvalSummary:
-    accuracy: float
-    bottom_decile_accuracy: float
-    loss: float
-    global_accuracy: float | None
-    extras: dict[str, float]
+def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = "") -> dict[str, float]:
+    """Every metric the clients report: its mean weighted by test size (clients with a test
+    split) and its bottom decile across clients — the 10th percentile, or the 90th for a metric
+    where lower is better (losses, errors)."""
+    names: list[str] = []
+    for c in sorted(results):
+        names += [k for k in results[c][0] if k not in names]
+    out: dict[str, float] = {}
+    for name in names:
+        vals = [(results[c][0][name], results[c][1]) for c in sorted(results)
+                if results[c][1] > 0 and name in results[c][0]]
+        if not vals:
+            continue
+        v = np.array([x for x, _ in vals], dtype=np.float64)
+        w = np.array([n for _, n in vals], dtype=np.float64)
+        out[f"{prefix}{name}"] = float((v * w).sum() / w.sum())
+        out[f"{prefix}bottom_decile_{name}"] = float(np.percentile(v, 90 if lower_is_better(name) else 10))
+    return out
 
 
-def summarize(results: dict[int, EvalResult]) -> EvalSummary | None:
-    """Accuracy weighted by local test size, 10th percentile of per-client accuracy, loss."""
-    rs = [results[c] for c in sorted(results) if results[c].total > 0]
-    if not rs:
-        return None
-    correct = np.array([r.correct for r in rs], dtype=np.float64)
-    total = np.array([r.total for r in rs], dtype=np.float64)
-    per_client = correct / total
-    glob = None
-    if all(r.global_correct is not None for r in rs):
-        glob = float(sum(r.global_correct for r in rs) / total.sum())
-    extras = {k: float(np.mean([r.extras[k] for r in rs])) for k in rs[0].extras}
-    return EvalSummary(float(correct.sum() / total.sum()), float(np.percentile(per_client, 10)),
-                       float(sum(r.loss_sum for r in rs) / total.sum()), glob, extras)
+def groups_by_host(assignment: dict[int, int], hosts: int) -> list[dict[int, int]]:
+    out: list[dict[int, int]] = [{} for _ in range(hosts)]
+    for c in sorted(assignment):
+        out[host_of(c, hosts)][c] = assignment[c]
+    return out
 
 
 class RoundDriver:
     def __init__(self, sc: Scenario, transport: Transport):
         self.sc = sc
         self.transport = transport
-        source = make_source(sc)
-        self.algo = make_algorithm(sc, source)
-        self.server_state = self.algo.init_server(self.algo.model_fn(), rng.generator(sc.seed, "server_init"))
+        self.algo = make_algorithm(sc, make_source(sc))
+        self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
         self.train_ids, self.unseen_ids = split_unseen(sc)
         self.round = 0              # rounds completed
         self.history: list[dict] = []
@@ -101,14 +105,28 @@ class RoundDriver:
             groups[host_of(int(c), self.transport.num_hosts)].append(int(c))
         return groups
 
+    def _prepare(self, r: int, sampled: np.ndarray) -> None:
+        """The algorithm's statistics phase, when it asks for one this round."""
+        req = self.algo.stats_request(self.server_state, r)
+        if req is None:
+            return
+        who = self.train_ids if req.clients == "all" else sampled
+        total = Accumulator()
+        for acc in self.transport.stats(r, req.message, self._by_host(who)):
+            total.merge(acc)
+        self.server_state = self.algo.absorb_stats(self.server_state, total.result(), r)
+
     def step(self) -> dict:
         """Run the next round; return its metrics record."""
         t0 = time.perf_counter()
         r = self.round
         sampled = sample_clients(self.sc, self.train_ids, r)
-        message = self.algo.broadcast(self.server_state, r)
-        groups = self._by_host(sampled)
-        parts = self.transport.train(r, message, groups)
+        self._prepare(r, sampled)
+        assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
+                                      rng.generator(self.sc.seed, "select", r))
+        message = self.algo.message(self.server_state, r)
+        by_host = groups_by_host(assignment, self.transport.num_hosts)
+        parts = self.transport.train(r, message, by_host)
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
@@ -120,9 +138,9 @@ class RoundDriver:
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
-            "clients": float(len(sampled)),
+            "clients": float(len(assignment)),
             "train_loss": mean_train_loss(losses),
-            "bytes_down": float(self.transport.message_nbytes(message) * sum(1 for g in groups if g)),
+            "bytes_down": float(self.transport.message_nbytes(message, by_host)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
         }
         return self._finish(record, t0, compute)
@@ -138,29 +156,20 @@ class RoundDriver:
         return record
 
     def eval_message(self) -> Any:
-        return self.algo.broadcast(self.server_state, self.round)
+        return self.algo.message(self.server_state, self.round)
 
     def evaluate(self) -> dict[str, float]:
-        message = self.eval_message()
         everyone = np.concatenate([self.train_ids, self.unseen_ids])
-        results: dict[int, EvalResult] = {}
+        groups = {int(c): 0 for c in everyone}
+        groups.update(self.algo.eval_groups(self.server_state, everyone))
+        results: dict[int, tuple[dict[str, float], int]] = {}
         unseen = [int(c) for c in self.unseen_ids]
-        for part in self.transport.evaluate(self.round, message, self._by_host(everyone), unseen):
+        for part in self.transport.evaluate(self.round, self.eval_message(),
+                                            groups_by_host(groups, self.transport.num_hosts), unseen):
             results.update(part)
-        out: dict[str, float] = {}
-        seen = summarize({c: results[int(c)] for c in self.train_ids})
-        if seen is not None:
-            out.update(accuracy=seen.accuracy, bottom_decile_accuracy=seen.bottom_decile_accuracy,
-                       test_loss=seen.loss)
-            if seen.global_accuracy is not None and self.algo.has_global_model:
-                out["global_accuracy"] = seen.global_accuracy
-            out.update(seen.extras)
+        out = summarize({int(c): results[int(c)] for c in self.train_ids})
         if len(self.unseen_ids):
-            unseen = summarize({c: results[int(c)] for c in self.unseen_ids})
-            if unseen is not None:
-                out.update(unseen_accuracy=unseen.accuracy,
-                           unseen_bottom_decile_accuracy=unseen.bottom_decile_accuracy)
-                out.update({f"unseen_{k}": v for k, v in unseen.extras.items()})
+            out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -176,23 +185,8 @@ class RoundDriver:
     def restore(self, path: str) -> int:
         ck = checkpoint.load(path)
         self.round = int(ck["round"])
-        self.server_state = _restore_server(self.server_state, ck["server"])
+        t = type(self.server_state)
+        self.server_state = tree_to_state(t, ck["server"]) if is_dataclass(t) else ck["server"]
         self.transport.set_states(ck["clients"])
         self.history = list(ck["history"])
         return self.round
-
-
-def _restore_server(template: Any, tree: Any) -> Any:
-    """Server states are plain trees of tensors (lists) or dataclasses of them."""
-    import dataclasses
-    if dataclasses.is_dataclass(template):
-        return tree_to_state(type(template), tree)
-    return tree
-
-
-def make_driver(sc: Scenario, transport: Transport) -> RoundDriver:
-    """The server's round driver, or the gossip scheduler when the scenario has a topology."""
-    if sc.topology is not None:
-        from raysim.engine.gossip import GossipDriver
-        return GossipDriver(sc, transport)
-    return RoundDriver(sc, transport)

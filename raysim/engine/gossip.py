@@ -1,12 +1,18 @@
-"""The gossip scheduler: decentralized rounds over a communication graph (D-FedEM, D-SGD).
+"""The gossip scheduler: decentralized rounds over a communication graph (D-FedEM, D-SGD, ...).
 
-Each round the scheduler first works out, from W, which messages each host needs from each
-other host. Every client then takes its local step on its own parameters (inside its host);
-a host keeps its clients' messages for its own mixing and puts one bundle per host that needs
-some of them into the object store, holding exactly those. The scheduler passes each host the
-refs of the bundles made for it and its clients' rows W_ij; the host fetches them (peer to
-peer) and sets θ_i <- Σ_j W_ij θ_j. The scheduler moves refs and weights, never models.
-Consensus distance comes from per-host sums of θ and ‖θ‖², like any other reply.
+Every client keeps its own copy of the server state. Each round the scheduler first works out,
+from W, which messages each host needs from each other host. Every client then takes its local
+step as its own server (inside its host); a host keeps its clients' shared parameters for its
+own mixing and puts one bundle per host that needs some of them into the object store, holding
+exactly those. The scheduler passes each host the refs of the bundles made for it and its
+clients' rows W_ij; the host fetches them (peer to peer) and sets θ_i <- Σ_j W_ij θ_j. The
+scheduler moves refs and weights, never models.
+
+Consensus distance mean_k ‖θ_k − θ̄‖², per group of shared parameters: the hosts return the
+sum of their mixed θ with the mix; θ̄ (rounded to float32, so it does not depend on how the
+float64 sums were grouped) goes back to them, and each client's ‖θ_k − θ̄‖² comes back keyed
+by client id and is summed in id order: computed directly (no cancellation near consensus),
+identical for any number of hosts.
 """
 from __future__ import annotations
 
@@ -14,17 +20,18 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from raysim import rng, topology
 from raysim.config import Scenario
+from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, host_of, mean_train_loss
-from raysim.engine.reduce import Accumulator
 
 
 class GossipDriver(RoundDriver):
     def __init__(self, sc: Scenario, transport):
         super().__init__(sc, transport)
-        counts = self.transport.gossip_init(self.algo.broadcast(self.server_state, 0))
+        counts = self.transport.gossip_init(self.server_state)
         self.counts = np.array([counts.get(c, 0) for c in range(sc.data.clients)], dtype=np.float64)
         self.graph_round: int | None = None
         self.W: np.ndarray | None = None
@@ -53,7 +60,11 @@ class GossipDriver(RoundDriver):
         return r
 
     def eval_message(self) -> Any:
-        return None                    # each client evaluates its own parameters
+        return None                    # each client is scored with its own copy
+
+    def evaluate(self) -> dict[str, float]:
+        # no global model exists: each client's copy is its own model
+        return {k: v for k, v in super().evaluate().items() if "global_" not in k}
 
     def _plan(self, W: np.ndarray, groups: list[list[int]]):
         """Each host's rows {i: [(j, W_ij)]} and, per source host, which of its clients'
@@ -92,7 +103,7 @@ class GossipDriver(RoundDriver):
             compute += secs
         plans = [([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h] if send_rows else None)
                  for h in range(hosts)]
-        stats = self.transport.gossip_mix(plans)
+        sums = self.transport.gossip_mix(plans)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
@@ -100,27 +111,22 @@ class GossipDriver(RoundDriver):
             "train_loss": mean_train_loss(losses),
             "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
-        record.update(self.consensus(stats))
+        record.update(self.consensus(sums))
         if changed:
             record["spectral_gap"] = topology.spectral_gap(
                 W, self.counts if self.sc.topology.weighting == "samples" else None)
         return self._finish(record, t0, compute)
 
-    def consensus(self, stats=None) -> dict[str, float]:
-        """mean_k ‖θ_k − θ̄‖² per parameter group (component), from summed θ and ‖θ‖² (the
-        hosts' sums, as gossip_mix returns them, or asked for now)."""
+    def consensus(self, sums: list[Accumulator]) -> dict[str, float]:
+        """mean_k ‖θ_k − θ̄‖² per group of shared parameters and over all groups."""
         total = Accumulator()
-        for acc in (self.transport.consensus() if stats is None else stats):
+        for acc in sums:
             total.merge(acc)
-        groups = total.result()
-        out = {}
-        for m, g in enumerate(groups):
-            k = g.weight
-            *sums, sq = g.values
-            mean_sq = float(sq) / k
-            norm_mean = sum(float(((s / k) ** 2).sum()) for s in sums)
-            out[f"consensus_distance_{m}"] = max(0.0, mean_sq - norm_mean)
-        out["consensus_distance"] = float(np.mean(list(out.values())))
-        # the float64 sums above depend on how clients are grouped into hosts in their last bits;
-        # reported at float32 precision they do not (as the model sums, DESIGN.md §1.4)
-        return {k: float(np.float32(v)) for k, v in out.items()}
+        mean = (total.result() / total.count).to(torch.float32)
+        per_client: dict[int, list[float]] = {}
+        for part in self.transport.consensus(mean):
+            per_client.update(part)
+        d = np.array([per_client[c] for c in sorted(per_client)], dtype=np.float64)   # (clients, groups)
+        out = {f"consensus_distance_{m}": float(v) for m, v in enumerate(d.mean(axis=0))}
+        out["consensus_distance"] = float(d.mean(axis=0).mean())
+        return out

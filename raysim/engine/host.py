@@ -1,8 +1,12 @@
 """A host: many clients' data shards and persistent states in one long-lived process.
 
 The same class runs in-process (serial engine) and as a Ray actor (ray_engine wraps it), so
-both engines execute identical code. Clients are trained one after another, in client-id
-order, and their replies are summed locally; the host sends one partial sum per round.
+both engines execute identical code. A host runs its clients' steps in client-id order through
+``raysim.core.loop.drive``, which trains the jobs all of them yield in one vectorized pass, and
+sums their replies locally; it sends one partial sum per round.
+
+Decentralized, a host also keeps each of its clients' copy of the server state and mixes the
+shared parameters with the neighbours' (``gossip_*``).
 """
 from __future__ import annotations
 
@@ -11,12 +15,15 @@ from typing import Any
 
 import torch
 
-from algorithms.base import ClientData, Context, PerClient, state_to_tree, tree_to_state
+from algorithms.base import Received
 from raysim import rng
-from raysim.config import Scenario
-from raysim.engine.reduce import Accumulator
-from raysim.engine.trees import to_device
-from raysim.setup import make_algorithm, make_source
+from raysim.config import Scenario, make_source
+from raysim.core import mixing
+from raysim.core.data import ClientData, Context
+from raysim.core.loop import drive
+from raysim.core.replies import Accumulator, PerClient, reduce
+from raysim.engine.trees import state_to_tree, to_device, tree_to_state
+from raysim.setup import make_algorithm
 
 
 def pick_device(gpus: float) -> torch.device:
@@ -37,8 +44,11 @@ class Host:
         self.algo.warm_up(self.source.input_shape, self.device)
         self._data: dict[int, ClientData] = {}
         self.states: dict[int, Any] = {}
-        # gossip: this round's messages of the hosted clients, and their rows of W in force
-        self._messages: dict[int, Any] = {}
+        # decentralized: each client's copy of the server state, its message to its neighbours
+        # this round, and its row of W in force
+        self.servers: dict[int, Any] = {}
+        self._server_type: type | None = None
+        self._flat: dict[int, torch.Tensor] = {}
         self._rows: dict[int, list[tuple[int, float]]] = {}
 
     # -- data and state ----------------------------------------------------------------------
@@ -53,9 +63,9 @@ class Host:
             self.states[cid] = self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid))
         return self.states[cid]
 
-    def context(self, round_: int, cid: int, purpose: str) -> Context:
+    def context(self, round_: int, cid: int, purpose: str, group: int = 0) -> Context:
         g = rng.torch_generator(self.sc.seed, purpose, round_, cid)
-        return Context(round_, self.sc.rounds, cid, g, self.device)
+        return Context(round_, self.sc.rounds, cid, g, self.device, group)
 
     def prefetch(self) -> None:
         """Load every hosted client's shard now (at host start), so rounds only train."""
@@ -65,98 +75,142 @@ class Host:
     def num_samples(self) -> dict[int, int]:
         return {c: self.source.num_samples(c) for c in self.cids}
 
+    def _drive(self, calls: list) -> list:
+        return drive(calls, self.algo.trainer(self.device).fit)
+
+    def _received(self, shared: Any, parts: dict[int, Any], group: int) -> Received:
+        return Received(shared, parts.get(group))
+
     # -- a round -------------------------------------------------------------------------------
-    def train(self, round_: int, message: Any, cids: list[int]) -> tuple[Accumulator, PerClient, float]:
-        """Train the given clients (ascending id); return (sum of replies, loss per client, seconds)."""
+    def stats(self, round_: int, message: Any, cids: list[int]) -> Accumulator:
+        """Statistics for the server's preparation phase: each client's ``client_stats``."""
+        received = Received(to_device(message, self.device))
+        cids = sorted(cids)
+        results = self._drive([self.algo.client_stats(self.state(c), received, self.data(c),
+                                                      self.context(round_, c, "stats")) for c in cids])
+        acc = Accumulator()
+        for cid, (state, reply) in zip(cids, results):
+            self.states[cid] = state
+            acc.add(reply)
+        return acc
+
+    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int]
+              ) -> tuple[Accumulator, PerClient, float]:
+        """Train the clients of ``groups`` ({cid: group}) on the shared part and their group's
+        part; return (sum of replies, loss per client, seconds)."""
         t0 = time.perf_counter()
-        message = to_device(message, self.device)
+        shared, parts = to_device(shared, self.device), to_device(parts, self.device)
+        cids = sorted(groups)
+        calls = [self.algo.train(self.state(c), self._received(shared, parts, groups[c]), self.data(c),
+                                 self.context(round_, c, "train", groups[c])) for c in cids]
         acc = Accumulator()
         losses = PerClient()
-        cids = sorted(cids)
-        results = self.algo.train_many([self.state(c) for c in cids], message, [self.data(c) for c in cids],
-                                       [self.context(round_, c, "train") for c in cids])
-        for cid, (state, reply, loss) in zip(cids, results):
+        for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
             acc.add(reply)
             losses[cid] = (float(loss), self.data(cid).num_train)
         return acc, losses, time.perf_counter() - t0
 
-    def evaluate(self, round_: int, message: Any, cids: list[int], unseen: list[int] = ()) -> dict[int, Any]:
-        """Evaluate clients; ``unseen`` ones never trained: they personalize first (not kept)."""
-        message = to_device(message, self.device)
-        unseen = set(unseen)
-        out = {}
-        for cid in sorted(cids):
-            ctx = self.context(round_, cid, "eval")
-            if cid in unseen:
-                state = self.algo.personalize(message, self.data(cid),
-                                              self.context(round_, cid, "personalize"))
-            else:
-                state = self.state(cid)
-            out[cid] = self.algo.evaluate(state, message, self.data(cid), ctx)
-        return out
+    def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
+                 unseen: list[int] = ()) -> dict[int, tuple[dict[str, float], int]]:
+        """Each client's metrics and test size. ``unseen`` clients never trained: they
+        personalize first (not kept). Decentralized (``self.servers``), each client is scored
+        with the message of its own copy of the server state."""
+        shared, parts = to_device(shared, self.device), to_device(parts, self.device)
+        cids = sorted(groups)
+        received = {c: self._own_message(round_, c) if self.servers else
+                    self._received(shared, parts, groups[c]) for c in cids}
+        unseen = sorted(set(unseen))
+        personal = dict(zip(unseen, self._drive([
+            self.algo.personalize(received[c], self.data(c), self.context(round_, c, "personalize", groups[c]))
+            for c in unseen])))
+        calls = [self.algo.evaluate(personal[c] if c in personal else self.state(c), received[c], self.data(c),
+                                    self.context(round_, c, "eval", groups[c])) for c in cids]
+        return {c: (m, self.data(c).num_test) for c, m in zip(cids, self._drive(calls))}
 
-    # -- gossip (decentralized topology) ------------------------------------------------------
-    def gossip_init(self, message: Any) -> dict[int, int]:
-        """Every hosted client starts from its own copy of the initial shared parameters;
-        returns each hosted client's number of training samples (for sample-weighted mixing)."""
-        message = to_device(message, self.device)
+    # -- decentralized (gossip) ----------------------------------------------------------------
+    def _own_message(self, round_: int, cid: int) -> Received:
+        msg = self.algo.message(self.servers[cid], round_)
+        return Received(msg.shared, msg.groups.get(0))
+
+    def gossip_init(self, server: Any) -> dict[int, int]:
+        """Every hosted client starts from its own copy of the initial server state; returns
+        each client's number of training samples (for sample-weighted mixing)."""
+        server = to_device(server, self.device)
+        self._server_type = type(server)
         for cid in self.cids:
-            self.states[cid] = self.algo.gossip_init(cid, message)
+            self.servers[cid] = self.algo.with_shared(server, [[t.clone() for t in g]
+                                                               for g in self.algo.shared(server)])
         return {cid: self.data(cid).num_train for cid in self.cids}
 
     def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]
-                     ) -> tuple[dict[int, Any], PerClient, float]:
-        """Local step of each client on its own parameters. The messages stay here for this
-        host's own mixing; ``outbox[h]`` lists the clients whose messages host h needs, and the
-        return holds one bundle {cid: message} per such host (nothing else leaves)."""
+                     ) -> tuple[dict[int, dict[int, torch.Tensor]], PerClient, float]:
+        """Each client's local step as its own server (message from its copy, aggregate of its
+        own reply). The flattened shared parameters stay here for this host's mixing;
+        ``outbox[h]`` lists the clients whose parameters host h needs, and the return holds
+        one bundle {cid: parameters} per such host (nothing else leaves)."""
         t0 = time.perf_counter()
-        losses = PerClient()
         cids = sorted(cids)
-        results = self.algo.gossip_train_many([self.state(c) for c in cids], [self.data(c) for c in cids],
-                                              [self.context(round_, c, "train") for c in cids])
-        self._messages = {}
-        for cid, (state, message, loss) in zip(cids, results):
+        calls = [self.algo.train(self.state(c), self._own_message(round_, c), self.data(c),
+                                 self.context(round_, c, "train")) for c in cids]
+        losses = PerClient()
+        self._flat = {}
+        for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
-            self._messages[cid] = message
+            self.servers[cid] = self.algo.aggregate(self.servers[cid], reduce([reply]), round_)
+            self._flat[cid] = mixing.flatten(self.algo.shared(self.servers[cid]))
             losses[cid] = (float(loss), self.data(cid).num_train)
-        bundles = {h: {j: self._messages[j] for j in wanted} for h, wanted in outbox.items() if wanted}
+        bundles = {h: {j: self._flat[j] for j in wanted} for h, wanted in outbox.items() if wanted}
         return bundles, losses, time.perf_counter() - t0
 
-    def gossip_mix(self, inbox: list[dict[int, Any]], rows: dict[int, list[tuple[int, float]]] | None
+    def gossip_mix(self, inbox: list[dict[int, torch.Tensor]], rows: dict[int, list[tuple[int, float]]] | None
                    ) -> Accumulator:
         """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows[i]`` lists (j, W_ij) in ascending
-        j (None: the rows last sent, while W stays the same); messages come from this host's own
-        clients and the bundles other hosts sent. Returns the consensus statistics after mixing."""
+        j (None: the rows last sent, while W stays the same). Returns the sum of the mixed
+        parameters (for the mean the consensus distance needs)."""
         if rows is not None:
             self._rows = rows
-        rows = self._rows
-        sources = dict(self._messages)
+        sources = dict(self._flat)
         for bundle in inbox:
             sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
-        cids = sorted(rows)
-        new = self.algo.mix_many([self.states[c] for c in cids], sources, [rows[c] for c in cids])
-        for cid, state in zip(cids, new):
-            self.states[cid] = state
-        self._messages = {}
-        return self.consensus()
-
-    def consensus(self) -> Accumulator:
+        cids = sorted(self._rows)
         acc = Accumulator()
-        for cid in self.cids:
-            acc.add(self.algo.consensus_stats(self.states[cid]))
+        for cid, flat in zip(cids, mixing.mix_rows(sources, [self._rows[c] for c in cids])):
+            template = self.algo.shared(self.servers[cid])
+            self.servers[cid] = self.algo.with_shared(self.servers[cid], mixing.unflatten(template, flat))
+            acc.add(flat)
+        self._flat = {}
         return acc
+
+    def consensus(self, mean: torch.Tensor) -> PerClient:
+        """‖θ_k − θ̄‖² per group of shared parameters, per hosted client."""
+        mean = mean.to(self.device)
+        out = PerClient()
+        for cid in self.cids:
+            groups = self.algo.shared(self.servers[cid])
+            out[cid] = mixing.squared_distances(mixing.flatten(groups), mean, mixing.group_sizes(groups))
+        return out
 
     # -- checkpoints ---------------------------------------------------------------------------
     def get_states(self) -> dict[int, Any]:
-        return {cid: state_to_tree(s) for cid, s in sorted(self.states.items()) if s is not None}
+        out = {}
+        for cid in self.cids:
+            state, server = self.states.get(cid), self.servers.get(cid)
+            if state is not None or server is not None:
+                out[cid] = {"state": state_to_tree(state), "server": state_to_tree(server)}
+        return out
 
     def set_states(self, trees: dict[int, Any]) -> None:
         cls = self.algo.ClientState
         self.states = {}
         for cid, tree in trees.items():
-            if cid in self.cids:
-                self.states[int(cid)] = to_device(tree_to_state(cls, tree), self.device)
+            cid = int(cid)
+            if cid not in self.cids:
+                continue
+            if tree["state"] is not None:
+                self.states[cid] = to_device(tree_to_state(cls, tree["state"]), self.device)
+            if tree["server"] is not None:
+                self.servers[cid] = to_device(tree_to_state(self._server_type, tree["server"]), self.device)
 
     def ping(self) -> bool:
         return True

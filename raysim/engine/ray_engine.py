@@ -18,9 +18,11 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from raysim.config import Scenario, ScenarioError
-from raysim.engine.driver import host_of, make_driver
+from raysim.engine.driver import host_of
+from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
-from raysim.engine.trees import from_numpy, nbytes, to_numpy
+from raysim.engine.serial import message_nbytes, parts_for
+from raysim.engine.trees import from_numpy, to_numpy
 
 PLACEMENT_TIMEOUT_S = 120
 
@@ -51,17 +53,31 @@ def shutdown() -> None:
         ray.shutdown()
 
 
+def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
+    """Per-group parts sent as {group: ref}: fetched here, on the host (Ray does not resolve
+    refs inside a dict)."""
+    keys = list(parts)
+    return dict(zip(keys, (from_numpy(v) for v in ray.get([parts[k] for k in keys]))))
+
+
 class RayHost(Host):
     """A Host as a Ray actor: tensors cross the process boundary as numpy arrays."""
 
-    def train(self, round_: int, message: Any, cids: list[int]):
-        return super().train(round_, from_numpy(message), cids)
+    def stats(self, round_: int, message: Any, cids: list[int]):
+        return super().stats(round_, from_numpy(message), cids)
 
-    def evaluate(self, round_: int, message: Any, cids: list[int], unseen: list[int] = ()):
-        return super().evaluate(round_, from_numpy(message), cids, unseen)
+    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int]):
+        return super().train(round_, from_numpy(shared), _fetch(parts), groups)
 
-    def gossip_init(self, message: Any) -> dict[int, int]:
-        return super().gossip_init(from_numpy(message))
+    def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
+                 unseen: list[int] = ()):
+        return super().evaluate(round_, from_numpy(shared), _fetch(parts), groups, unseen)
+
+    def gossip_init(self, server: Any) -> dict[int, int]:
+        return super().gossip_init(from_numpy(server))
+
+    def consensus(self, mean: Any):
+        return super().consensus(from_numpy(mean))
 
     def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]):
         """One object per host that needs some of these clients' messages, holding exactly
@@ -111,18 +127,32 @@ class RayTransport:
         self.pg, self.hosts = started if started is not None else start_hosts(sc)
         ray.get([h.prefetch.remote() for h in self.hosts])     # started, shards loaded
 
-    def train(self, round_: int, message: Any, by_host: list[list[int]]):
-        ref = ray.put(to_numpy(message))
-        return ray.get([h.train.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
+    def _put(self, message: Any, by_host: list[dict[int, int]]):
+        """The shared part and each needed group part into the object store once; per host,
+        the shared ref and the refs of its clients' groups."""
+        if message is None:
+            return None, [{} for _ in by_host]
+        shared = ray.put(to_numpy(message.shared))
+        needed = sorted({g for groups in by_host for g in parts_for(message, groups)})
+        refs = {g: ray.put(to_numpy(message.groups[g])) for g in needed}
+        return shared, [{g: refs[g] for g in parts_for(message, groups)} for groups in by_host]
 
-    def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
+    def stats(self, round_: int, message: Any, by_host: list[list[int]]):
         ref = ray.put(to_numpy(message))
+        return ray.get([h.stats.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
+
+    def train(self, round_: int, message: Any, by_host: list[dict[int, int]]):
+        shared, parts = self._put(message, by_host)
+        return ray.get([h.train.remote(round_, shared, p, g) for h, p, g in zip(self.hosts, parts, by_host)])
+
+    def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
+        shared, parts = self._put(message, by_host)
         unseen = set(unseen)
-        return ray.get([h.evaluate.remote(round_, ref, cids, [c for c in cids if c in unseen])
-                        for h, cids in zip(self.hosts, by_host)])
+        return ray.get([h.evaluate.remote(round_, shared, p, g, [c for c in g if c in unseen])
+                        for h, p, g in zip(self.hosts, parts, by_host)])
 
-    def gossip_init(self, message: Any) -> None:
-        ref = ray.put(to_numpy(message))
+    def gossip_init(self, server: Any) -> dict[int, int]:
+        ref = ray.put(to_numpy(server))
         counts: dict[int, int] = {}
         for part in ray.get([h.gossip_init.remote(ref) for h in self.hosts]):
             counts.update(part)
@@ -136,8 +166,9 @@ class RayTransport:
         # the refs travel inside a list, so Ray does not resolve them here: each host fetches its own
         return ray.get([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
 
-    def consensus(self):
-        return ray.get([h.consensus.remote() for h in self.hosts])
+    def consensus(self, mean):
+        ref = ray.put(to_numpy(mean))
+        return ray.get([h.consensus.remote(ref) for h in self.hosts])
 
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -149,8 +180,8 @@ class RayTransport:
         ref = ray.put(to_numpy(trees))
         ray.get([h.set_states.remote(ref) for h in self.hosts])
 
-    def message_nbytes(self, message: Any) -> int:
-        return nbytes(message)
+    def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
+        return message_nbytes(message, by_host)
 
     def shutdown(self) -> None:
         for h in self.hosts:

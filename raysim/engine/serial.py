@@ -6,9 +6,25 @@ from typing import Any
 import torch
 
 from raysim.config import Scenario
-from raysim.engine.driver import RoundDriver, host_of, make_driver
+from raysim.engine.driver import RoundDriver, host_of
+from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.trees import nbytes
+
+
+def parts_for(message: Any, groups: dict[int, int]) -> dict[int, Any]:
+    """The per-group parts a host's clients need (only those)."""
+    if message is None:
+        return {}
+    return {g: message.groups[g] for g in sorted(set(groups.values())) if g in message.groups}
+
+
+def message_nbytes(message: Any, by_host: list[dict[int, int]]) -> int:
+    """Bytes sent down: the shared part to every host with a client, each group part to every
+    host that needs it."""
+    busy = [g for g in by_host if g]
+    shared = nbytes(message.shared) * len(busy)
+    return shared + sum(nbytes(part) for g in busy for part in parts_for(message, g).values())
 
 
 class LocalTransport:
@@ -22,16 +38,21 @@ class LocalTransport:
         for h in self.hosts:
             h.prefetch()
 
-    def train(self, round_: int, message: Any, by_host: list[list[int]]):
-        return [h.train(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
+    def stats(self, round_: int, message: Any, by_host: list[list[int]]):
+        return [h.stats(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
 
-    def evaluate(self, round_: int, message: Any, by_host: list[list[int]], unseen: list[int]):
-        return [h.evaluate(round_, message, cids, unseen) for h, cids in zip(self.hosts, by_host)]
+    def train(self, round_: int, message: Any, by_host: list[dict[int, int]]):
+        return [h.train(round_, message.shared, parts_for(message, g), g) for h, g in zip(self.hosts, by_host)]
 
-    def gossip_init(self, message: Any) -> dict[int, int]:
+    def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
+        shared = None if message is None else message.shared
+        return [h.evaluate(round_, shared, parts_for(message, g), g, [c for c in g if c in set(unseen)])
+                for h, g in zip(self.hosts, by_host)]
+
+    def gossip_init(self, server: Any) -> dict[int, int]:
         counts: dict[int, int] = {}
         for h in self.hosts:
-            counts.update(h.gossip_init(message))
+            counts.update(h.gossip_init(server))
         return counts
 
     def gossip_train(self, round_: int, by_host: list[list[int]], outboxes: list[dict[int, list[int]]]):
@@ -40,8 +61,8 @@ class LocalTransport:
     def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]] | None]]):
         return [h.gossip_mix(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)]
 
-    def consensus(self):
-        return [h.consensus() for h in self.hosts]
+    def consensus(self, mean):
+        return [h.consensus(mean) for h in self.hosts]
 
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -53,8 +74,8 @@ class LocalTransport:
         for h in self.hosts:
             h.set_states(trees)
 
-    def message_nbytes(self, message: Any) -> int:
-        return nbytes(message)
+    def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
+        return message_nbytes(message, by_host)
 
     def shutdown(self) -> None:
         self.hosts = []

@@ -1,32 +1,64 @@
-"""Summing client replies: hosts pre-sum their clients, the server sums the host sums.
+"""Client replies and their reduction: hosts pre-sum their clients, the server sums host sums.
 
 A reply is any nesting of dataclasses, lists and tuples whose leaves are tensors, numbers,
-``Weighted`` terms (added as weight·value) or ``PerClient`` dicts (united). Numeric leaves are
-accumulated in float64: float32 values times integer weights are exact there, and the float64
-rounding of the running sum sits ~2^-29 below float32 resolution, so casting the final mean back
-to float32 gives the same numbers for 1 host or 8 and any arrival order (the server merges host
-sums in host order and hosts add their clients in client-id order).
+``Weighted`` terms (added as weight·value), ``PerClient`` dicts (united: values keyed by client
+id) or ``ByKey`` dicts (summed key by key: e.g. one ``Weighted`` per cluster a client trained).
+Numeric leaves are accumulated in float64: float32 values times integer weights are exact
+there, and the float64 rounding of the running sum sits ~2^-29 below float32 resolution, so
+casting the final mean back to float32 gives the same numbers for 1 host or 8 and any arrival
+order (the server merges host sums in host order and hosts add their clients in client-id
+order).
 """
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from algorithms.base import PerClient, Weighted
+
+class PerClient(dict):
+    """A reply field keyed by client id; reduction takes the union."""
+
+
+class ByKey(dict):
+    """A reply field of sub-replies keyed by a group (cluster, component, ...); reduction sums
+    the sub-replies of equal keys and keeps every key that occurs."""
+
+
+@dataclass
+class Weighted:
+    """A weighted term of a sum: the reduction adds ``weight * v`` for each tensor and ``weight``.
+
+    After reduction ``values`` hold the float64 sums Σ_k w_k·v_k and ``weight`` holds Σ_k w_k.
+    """
+
+    values: list[torch.Tensor]
+    weight: float
+
+    def mean(self, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        """Σ w·v / Σ w, cast back to ``dtype``."""
+        return [(v / self.weight).to(dtype) for v in self.values]
 
 
 def _flatten(obj: Any, leaves: list) -> Any:
-    """Describe ``obj``'s structure; append its leaves in order as PerClient dicts or
-    (tensor, scale) pairs meaning ``scale * tensor`` (scale None: the tensor itself)."""
+    """Describe ``obj``'s structure; append its leaves in order: PerClient dicts, dicts of
+    Accumulators (ByKey) or (tensor, scale) pairs meaning ``scale * tensor``."""
     if obj is None:
         return ("none",)
     if isinstance(obj, PerClient):
         leaves.append(obj)
         return ("per_client",)
+    if isinstance(obj, ByKey):
+        subs = {}
+        for key, sub in obj.items():
+            subs[key] = Accumulator()
+            subs[key].add(sub)
+        leaves.append(_Keyed(subs))
+        return ("by_key",)
     if isinstance(obj, Weighted):
         w = float(obj.weight)
         leaves.extend((v.detach(), w) for v in obj.values)
@@ -52,6 +84,8 @@ def _unflatten(spec: Any, it) -> Any:
         return None
     if kind == "per_client":
         return next(it)
+    if kind == "by_key":
+        return ByKey({k: acc.result() for k, acc in sorted(next(it).items())})
     if kind == "weighted":
         values = [next(it) for _ in range(spec[1])]
         return Weighted(values, float(next(it)))
@@ -62,6 +96,10 @@ def _unflatten(spec: Any, it) -> Any:
     if kind == "dataclass":
         return spec[1](**{name: _unflatten(s, it) for name, s in spec[2]})
     return spec[1](_unflatten(s, it) for s in spec[2])
+
+
+class _Keyed(dict):
+    """key -> Accumulator (a ByKey leaf being summed)."""
 
 
 class Accumulator:
@@ -84,7 +122,8 @@ class Accumulator:
     def merge(self, other: "Accumulator") -> None:
         if other.leaves is None:
             return
-        self._add_leaves(other.spec, [v if isinstance(v, PerClient) else (v, None) for v in other.leaves])
+        self._add_leaves(other.spec, [v if isinstance(v, (PerClient, _Keyed)) else (v, None)
+                                      for v in other.leaves])
         self.count += other.count
 
     def _add_leaves(self, spec, leaves) -> None:
@@ -94,6 +133,10 @@ class Accumulator:
             for leaf in leaves:
                 if isinstance(leaf, PerClient):
                     self.leaves.append(PerClient(leaf))
+                    continue
+                if isinstance(leaf, _Keyed):
+                    self.leaves.append(_Keyed())
+                    _merge_keyed(self.leaves[-1], leaf)
                     continue
                 t, scale = leaf
                 buf = t.to(device="cpu", dtype=torch.float64, copy=True)
@@ -106,6 +149,9 @@ class Accumulator:
         for i, (mine, leaf) in enumerate(zip(self.leaves, leaves)):
             if isinstance(mine, PerClient):
                 mine.update(leaf)
+                continue
+            if isinstance(mine, _Keyed):
+                _merge_keyed(mine, leaf)
                 continue
             t, scale = leaf
             if t.dtype != torch.float64 or t.device.type != "cpu":
@@ -129,16 +175,29 @@ class Accumulator:
     # Ray moves numpy arrays out of band; torch tensors would be pickled byte by byte (~10x slower)
     def __getstate__(self) -> dict:
         leaves = None if self.leaves is None else [
-            v if isinstance(v, PerClient) else v.numpy() for v in self.leaves]
+            v if isinstance(v, (PerClient, _Keyed)) else v.numpy() for v in self.leaves]
         return {"spec": self.spec, "leaves": leaves, "count": self.count}
 
     def __setstate__(self, st: dict) -> None:
         self.spec, self.count, self._scratch = st["spec"], st["count"], None
         self.leaves = None if st["leaves"] is None else [
-            v if isinstance(v, PerClient) else _tensor(v) for v in st["leaves"]]
+            v if isinstance(v, (PerClient, _Keyed)) else _tensor(v) for v in st["leaves"]]
 
     def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.leaves or () if isinstance(v, torch.Tensor))
+        total = 0
+        for v in self.leaves or ():
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+            elif isinstance(v, _Keyed):
+                total += sum(a.nbytes() for a in v.values())
+        return total
+
+
+def _merge_keyed(mine: _Keyed, other: _Keyed) -> None:
+    for key, acc in other.items():
+        if key not in mine:
+            mine[key] = Accumulator()
+        mine[key].merge(acc)
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
@@ -149,3 +208,11 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(a)
+
+
+def reduce(replies: list[Any]) -> Any:
+    """The sum of a list of replies (in list order)."""
+    acc = Accumulator()
+    for r in replies:
+        acc.add(r)
+    return acc.result()

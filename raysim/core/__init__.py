@@ -1,0 +1,13 @@
+"""The pure tensor layer under both the algorithms and the engine (DESIGN.md §2–3).
+
+Nothing here imports Ray, MLflow, the engine or ``algorithms``: algorithms build on it, the
+engine runs it inside host actors.
+
+- ``data``: a client's shard (``ClientData``) and what a client step knows (``Context``);
+- ``tasks``: classification and regression (per-sample loss, per-client scores);
+- ``forward``: a model run for K parameter sets at once (stacked), and when that is possible;
+- ``optim``: SGD and Adam on stacked parameters;
+- ``loop``: the one local-training loop (``Job`` in, ``Fitted`` out) and ``drive``;
+- ``replies``: summable reply types and their grouping-independent reduction;
+- ``mixing``: gossip mixing θ_i ← Σ_j W_ij θ_j and the consensus distance.
+"""

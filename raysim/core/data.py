@@ -1,0 +1,50 @@
+"""A client's data shard and the context of a client step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Context:
+    """What a client step may know besides its state, the message and its data."""
+
+    round: int            # 0-based round index
+    rounds: int           # total rounds of the run
+    cid: int              # client id
+    generator: torch.Generator   # derived from (seed, purpose, round, cid)
+    device: torch.device = torch.device("cpu")
+    group: int = 0        # the group the server chose for this client this round (cluster, ...)
+
+
+@dataclass
+class ClientData:
+    """One client's shard: tensors already on the host's device. Labels are int64 class ids
+    (classification) or float targets, (n,) or (n, d) (regression)."""
+
+    cid: int
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def num_val(self) -> int:
+        return int(self.val_y.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_y.shape[0])
+
+    def to(self, device: torch.device) -> "ClientData":
+        if device.type == "cpu":
+            return self
+        return ClientData(self.cid, *(t.to(device) for t in (
+            self.train_x, self.train_y, self.val_x, self.val_y, self.test_x, self.test_y)))

@@ -1,0 +1,335 @@
+"""The one local-training loop (DESIGN.md §3), for one parameter set or thousands at once.
+
+A ``Job`` is one parameter set to train on one client's train split: where it starts, the
+sample orders (drawn from the client's generator), optional per-sample weights, per-job
+constants its objective reads (e.g. a proximal anchor), and optimizer state to continue from.
+An ``Objective`` says, for K jobs at once, what the loss is: parameters (stacked (K, ...)) ->
+per-job loss on a batch. The loop owns everything else: batching, epochs, the optimizer (SGD
+with momentum and weight decay, or Adam), devices and the reported loss.
+
+``Trainer.fit`` runs a list of jobs:
+- across clients (conv-free models, ``stack_across``): every job in lockstep, step t of every
+  job that has one as one stacked pass; batches are padded to the batch size (padding weighs
+  0), so each job's shapes, hence its numbers, do not depend on the other jobs;
+- within a client (``stack_within``): a client's jobs (e.g. FedEM's M components) stacked, batch
+  sizes exact;
+- otherwise one job at a time. One job alone is the same loop with K = 1.
+
+``drive`` runs client steps written as generators: a step yields the jobs it wants trained,
+gets ``Fitted`` back, and returns its result; ``drive`` trains the jobs every client of a host
+yielded in one ``fit`` call, so a method written for one client is batched over all of them.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import forward as fwd
+from . import optim
+from .data import ClientData, Context
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the jobs of one pass share: the optimizer and the batching."""
+
+    lr: float
+    epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"          # sgd | adam
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+
+@dataclass
+class Batch:
+    """Step t of K jobs: inputs (K, B, ...), targets (K, B, ...), per-row loss weights (K, B)
+    (per-sample weight / rows in the batch; 0 on padding) and the validity mask (K, B)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: torch.Tensor
+    valid: torch.Tensor
+
+
+class Objective:
+    """Parameters -> loss on a batch, for K jobs at once.
+
+    ``loss`` gets the jobs' parameters stacked (K, ...) in model order, the batch, the jobs'
+    constants stacked (K, ...) and this step's draws (K, ...) or None; it returns the loss to
+    minimize per job (K,) and the data loss summed over each job's valid rows (K,), which the
+    loop reports. Jobs share no parameter, so the gradient of the summed loss is each job's own.
+    ``trainable``: which parameters are trained (None: all). ``draws``: per-step random draws of
+    one job, taken from its client's generator when the job is made (None: none).
+    """
+
+    trainable: tuple[bool, ...] | None = None
+
+    def draws(self, generator: torch.Generator, steps: int) -> torch.Tensor | None:
+        return None
+
+    def loss(self, forward: Callable, params: list[torch.Tensor], batch: Batch, consts: dict,
+             draws: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class Supervised(Objective):
+    """The task's loss, weighted per sample (1 by default), plus (mu/2)·‖w − anchor‖² where a
+    job has the constants ``mu`` and ``anchor`` (FedProx, Ditto's personal model, ...)."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def loss(self, forward, params, batch, consts, draws):
+        per = self.task.per_sample(forward(params, batch.x), batch.y)
+        loss = (per * batch.weight).sum(1)
+        if "mu" in consts:
+            sq = sum(((p - a) ** 2).flatten(1).sum(1) for p, a in zip(params, consts["anchor"]))
+            loss = loss + 0.5 * consts["mu"] * sq
+        return loss, (per.detach() * batch.valid).sum(1)
+
+
+@dataclass
+class Job:
+    params: list[torch.Tensor]          # the starting point (not modified)
+    x: torch.Tensor                     # the client's train inputs and targets
+    y: torch.Tensor
+    orders: torch.Tensor                # (epochs, n): sample order of each epoch
+    settings: Settings
+    objective: Objective
+    weights: torch.Tensor | None = None  # (n,) per-sample loss weights
+    consts: dict = field(default_factory=dict)   # tensors or lists of tensors, per job
+    opt_state: dict | None = None       # optimizer state to continue from (None: fresh)
+    keep_state: bool = False            # return the final optimizer state
+    draws: torch.Tensor | None = None   # (steps, ...) the objective's per-step draws
+    cid: int = -1
+
+
+@dataclass
+class Fitted:
+    params: list[torch.Tensor]          # own storage
+    loss: float                         # mean data loss over the samples seen
+    opt_state: dict | None = None       # with keep_state
+
+
+def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, settings: Settings,
+             objective: Objective, *, weights=None, consts=None, opt_state=None, keep_state=False,
+             orders: torch.Tensor | None = None) -> Job:
+    """A job on the client's train split; its orders (one permutation per epoch) and draws come
+    from the client's generator now, in the order jobs are made."""
+    n = data.num_train
+    g = ctx.generator
+    if orders is None:
+        orders = draw_orders(g, n, settings.epochs)
+    steps = settings.epochs * -(-n // settings.batch_size)
+    draws = objective.draws(g, steps) if steps else None
+    return Job(params, data.train_x, data.train_y, orders.to(data.train_x.device), settings, objective,
+               weights, consts or {}, opt_state, keep_state, draws, ctx.cid)
+
+
+def draw_orders(generator: torch.Generator, n: int, epochs: int) -> torch.Tensor:
+    if n == 0:
+        return torch.zeros(epochs, 0, dtype=torch.long)
+    return torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)])
+
+
+class Trainer:
+    """Runs jobs on one model architecture (a host's scratch model), vectorized as the
+    ``stacking`` mode and the model allow (forward.py)."""
+
+    def __init__(self, model: nn.Module, mode: str = "auto", budget: int = 1 << 26):
+        self.model = model
+        self.forward = fwd.make_forward(model)
+        self.across = fwd.stack_across(mode, model)
+        self.within = fwd.stack_within(mode, model)
+        self.budget = budget
+        self._stack_key = None
+        self._stack_val = None
+
+    # -- training -------------------------------------------------------------------------------
+    def fit(self, jobs: list[Job]) -> list[Fitted]:
+        out: list[Fitted | None] = [None] * len(jobs)
+        if self.across:
+            units = [list(range(len(jobs)))]
+        elif self.within:             # consecutive jobs of one client
+            units = []
+            for i, j in enumerate(jobs):
+                if units and jobs[units[-1][0]].cid == j.cid:
+                    units[-1].append(i)
+                else:
+                    units.append([i])
+        else:
+            units = [[i] for i in range(len(jobs))]
+        for unit in units:
+            groups: dict[tuple, list[int]] = {}
+            for i in unit:
+                j = jobs[i]
+                key = (id(j.objective), j.settings, tuple(sorted(j.consts)), j.opt_state is not None,
+                       j.draws is not None)
+                groups.setdefault(key, []).append(i)
+            for idx in groups.values():
+                for i, res in zip(idx, self._fit([jobs[i] for i in idx], exact=not self.across)):
+                    out[i] = res
+        return out
+
+    def _fit(self, jobs: list[Job], exact: bool) -> list[Fitted]:
+        s, obj = jobs[0].settings, jobs[0].objective
+        bs, epochs = s.batch_size, s.epochs
+        device = jobs[0].x.device
+        # the distinct data tensors, pooled once (a client's jobs share its data)
+        offsets: dict[int, int] = {}
+        xs, ys = [], []
+        total = 0
+        for j in jobs:
+            if id(j.x) not in offsets:
+                offsets[id(j.x)] = total
+                xs.append(j.x)
+                ys.append(j.y)
+                total += int(j.y.shape[0])
+        X = torch.cat(xs) if len(xs) > 1 else xs[0]
+        Y = torch.cat(ys) if len(ys) > 1 else ys[0]
+        steps, idx, wts, vals = [], [], [], []
+        for j in jobs:
+            n = int(j.y.shape[0])
+            nb = -(-n // bs)
+            pos = torch.zeros(epochs, nb * bs, dtype=torch.long, device=device)
+            pos[:, :n] = j.orders
+            valid = torch.zeros(epochs, nb * bs, dtype=X.dtype if X.is_floating_point() else torch.float32,
+                                device=device)
+            valid[:, :n] = 1.0
+            counts = valid.view(epochs, nb, bs).sum(dim=2, keepdim=True).clamp_min(1)
+            scale = (valid.view(epochs, nb, bs) / counts).view(epochs, -1)
+            w = scale if j.weights is None else j.weights[pos] * scale
+            idx.append((pos + offsets[id(j.x)]).view(-1, bs))
+            wts.append(w.view(-1, bs))
+            vals.append(valid.view(-1, bs))
+            steps.append(epochs * nb)
+        k_all = len(jobs)
+        order = sorted(range(k_all), key=lambda k: -steps[k])   # longest first: active jobs are a prefix
+        t_max = steps[order[0]]
+        results: list[Fitted | None] = [None] * k_all
+        if t_max == 0:
+            return [Fitted([p.clone() for p in j.params], 0.0, _state_copy(j) if j.keep_state else None)
+                    for j in jobs]
+        if exact and len({steps[k] for k in range(k_all)}) != 1:
+            raise ValueError("exact batches need jobs of one client (equal sizes)")
+        active = [sum(1 for k in order if steps[k] > t) for t in range(t_max)]
+        # every job's steps one after another (no padding to the longest job): job i of the
+        # sorted order has its step t at row first[i] + t
+        IDX = torch.cat([idx[k] for k in order])
+        WT = torch.cat([wts[k] for k in order])
+        VAL = torch.cat([vals[k] for k in order])
+        first = torch.tensor([0] + [steps[k] for k in order[:-1]], device=device).cumsum(0)
+        seen = torch.tensor([float(vals[k].sum()) for k in order], dtype=torch.float64, device=device)
+        loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
+        P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
+        train_mask = obj.trainable or (True,) * len(P)
+        trained = [p for p, t in zip(P, train_mask) if t]
+        consts = {key: _stack_const([jobs[k].consts[key] for k in order]) for key in jobs[0].consts}
+        draws = None
+        if jobs[0].draws is not None:
+            draws = torch.stack([_pad_steps(jobs[k].draws, t_max) for k in order]).to(device)
+        opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained,
+                            [jobs[k].opt_state for k in order])
+        chunk = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
+        widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
+        self.model.train()
+        for t in range(t_max):
+            kt, width = active[t], widths[t]
+            for c0 in range(0, kt, chunk):
+                c1 = min(kt, c0 + chunk)
+                sub = [p[c0:c1].detach().requires_grad_(m) for p, m in zip(P, train_mask)]
+                at = first[c0:c1] + t
+                rows = IDX[at][:, :width]
+                batch = Batch(X[rows], Y[rows], WT[at][:, :width], VAL[at][:, :width])
+                cs = {key: [v[c0:c1] for v in val] if isinstance(val, list) else val[c0:c1]
+                      for key, val in consts.items()}
+                loss, data_sum = obj.loss(self.forward, sub, batch, cs, None if draws is None else draws[c0:c1, t])
+                grads = list(torch.autograd.grad(loss.sum(), [p for p, m in zip(sub, train_mask) if m]))
+                loss_sums[c0:c1] += data_sum.detach().to(torch.float64)
+                opt.step([p[c0:c1] for p in trained], grads, c0, c1)
+        mean = (loss_sums / seen.clamp_min(1)).tolist()
+        for i, k in enumerate(order):
+            results[k] = Fitted([p[i].clone() for p in P], mean[i],
+                                opt.state_of(i) if jobs[k].keep_state else None)
+        return results
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def stacked(self, sets: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        """The sets stacked (K, ...), cached while the same set objects are asked for again (a
+        message's components are stacked once, not once per client)."""
+        key = [id(s) for s in sets]
+        if self._stack_key is None or self._stack_key[0] != key:
+            self._stack_val = fwd.stack(sets)
+            self._stack_key = (key, list(sets))     # references keep the identity check sound
+        return self._stack_val
+
+    @torch.no_grad()
+    def outputs(self, sets: list[list[torch.Tensor]], x: torch.Tensor, block: int = 4096) -> torch.Tensor:
+        """Outputs of every set on shared inputs ``x``: (K, n, outputs)."""
+        self.model.eval()
+        P = self.stacked(sets)
+        k = P[0].shape[0]
+        out = []
+        for i in range(0, max(int(x.shape[0]), 1), block):
+            xb = x[i:i + block]
+            if self.within:
+                out.append(self.forward(P, xb.unsqueeze(0).expand(k, *xb.shape)))
+            else:
+                out.append(torch.cat([self.forward([p[j:j + 1] for p in P], xb.unsqueeze(0)) for j in range(k)]))
+        return torch.cat(out, dim=1)
+
+
+def _pad_steps(d: torch.Tensor, t: int) -> torch.Tensor:
+    if d.shape[0] == t:
+        return d
+    return torch.cat([d, d.new_zeros(t - d.shape[0], *d.shape[1:])])
+
+
+def _stack_const(values: list) -> Any:
+    if isinstance(values[0], (list, tuple)):
+        return [torch.stack(ts) for ts in zip(*values)]
+    return torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values])
+
+
+def _state_copy(job: Job) -> dict | None:
+    if job.opt_state is None:
+        return None
+    return {k: ([t.clone() for t in v] if isinstance(v, list) else v.clone()) for k, v in job.opt_state.items()}
+
+
+def drive(calls: list[Any], fit: Callable[[list[Job]], list[Fitted]]) -> list[Any]:
+    """Results of client steps: a generator step yields lists of jobs and receives them
+    trained; every pending step's jobs (in call order) go into one ``fit``. Plain values pass
+    through."""
+    results: list[Any] = [None] * len(calls)
+    pending: list[tuple[int, Any, list[Job]]] = []
+    for i, call in enumerate(calls):
+        if inspect.isgenerator(call):
+            _advance(pending, results, i, call, None)
+        else:
+            results[i] = call
+    while pending:
+        fitted = fit([j for _, _, jobs in pending for j in jobs])
+        nxt: list = []
+        start = 0
+        for i, gen, jobs in pending:
+            _advance(nxt, results, i, gen, fitted[start:start + len(jobs)])
+            start += len(jobs)
+        pending = nxt
+    return results
+
+
+def _advance(pending: list, results: list, i: int, gen, value) -> None:
+    try:
+        jobs = next(gen) if value is None else gen.send(value)
+    except StopIteration as stop:
+        results[i] = stop.value
+        return
+    pending.append((i, gen, list(jobs)))

@@ -1,0 +1,81 @@
+"""SGD and Adam on stacked parameters (K sets along dim 0), in foreach calls.
+
+The arithmetic is torch.optim's (SGD: momentum without dampening or Nesterov, coupled weight
+decay; Adam: bias-corrected, coupled weight decay) applied to every set at once; the
+optimizers' per-step bookkeeping, which costs as much as the step itself for the small models
+clients train, is left out. Tests hold both to torch.optim on one set.
+
+State per set is a dict of tensors, so a client can keep it across rounds (in its state) and
+a checkpoint can hold it: SGD {"momentum": [...]} and Adam {"exp_avg": [...], "exp_avg_sq":
+[...], "step": scalar}. A fresh state is zeros: for SGD μ·0 + g = g is torch's first step.
+"""
+from __future__ import annotations
+
+import torch
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def state_keys(name: str, momentum: float) -> tuple[str, ...]:
+    if name == "adam":
+        return ("exp_avg", "exp_avg_sq")
+    return ("momentum",) if momentum else ()
+
+
+def fresh(name: str, momentum: float, params: list[torch.Tensor]) -> dict:
+    """A fresh state for one set."""
+    out = {k: [torch.zeros_like(p) for p in params] for k in state_keys(name, momentum)}
+    if name == "adam":
+        out["step"] = torch.zeros((), dtype=torch.float64)
+    return out
+
+
+class Stacked:
+    """The state of K sets stacked, and the step. ``params``: the trainable stacked tensors."""
+
+    def __init__(self, name: str, lr: float, momentum: float, weight_decay: float, betas, eps: float,
+                 params: list[torch.Tensor], states: list[dict | None]):
+        self.name, self.lr, self.momentum, self.wd = name, lr, momentum, weight_decay
+        self.b1, self.b2 = betas
+        self.eps = eps
+        self.buffers = {}
+        for key in state_keys(name, momentum):
+            self.buffers[key] = [torch.stack([p[k].new_zeros(p.shape[1:]) if s is None else s[key][i].to(p.device)
+                                              for k, s in enumerate(states)]) for i, p in enumerate(params)]
+        if name == "adam":
+            self.steps = torch.tensor([0.0 if s is None else float(s["step"]) for s in states],
+                                      dtype=torch.float64)
+
+    @torch.no_grad()
+    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor], lo: int, hi: int) -> None:
+        """One step of sets lo..hi-1 (``params`` and ``grads`` are those slices)."""
+        if self.wd:
+            grads = torch._foreach_add(grads, params, alpha=self.wd)
+        if self.name == "sgd":
+            if self.momentum:
+                bufs = [b[lo:hi] for b in self.buffers["momentum"]]
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, grads)
+                grads = bufs
+            torch._foreach_add_(params, grads, alpha=-self.lr)
+            return
+        m = [b[lo:hi] for b in self.buffers["exp_avg"]]
+        v = [b[lo:hi] for b in self.buffers["exp_avg_sq"]]
+        self.steps[lo:hi] += 1
+        steps = self.steps[lo:hi]
+        torch._foreach_lerp_(m, grads, 1 - self.b1)
+        torch._foreach_mul_(v, self.b2)
+        torch._foreach_addcmul_(v, grads, grads, 1 - self.b2)
+        bc1 = 1 - self.b1 ** steps                       # per set: steps may differ (kept states)
+        bc2_sqrt = (1 - self.b2 ** steps).sqrt()
+        for p, mi, vi in zip(params, m, v):
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            denom = (vi.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(self.eps)
+            p.addcdiv_(mi * (-self.lr / bc1).to(p.dtype).view(shape), denom)
+
+    def state_of(self, k: int) -> dict:
+        """Set k's state (own storage)."""
+        out = {key: [b[k].clone() for b in bufs] for key, bufs in self.buffers.items()}
+        if self.name == "adam":
+            out["step"] = self.steps[k].clone()
+        return out
