@@ -7,7 +7,6 @@ from raysim import config
 from raysim.engine import checkpoint
 from raysim.engine.driver import sample_clients, split_unseen, summarize
 from raysim.engine.serial import serial_driver
-from algorithms.base import EvalResult
 from tests.conftest import TINY, write_scenario
 
 
@@ -40,7 +39,7 @@ def test_local_state_persists_and_is_host_count_independent(tmp_path):
     assert strip_times(a.history) == strip_times(b.history)
     states = a.transport.get_states()
     assert sorted(states) == list(range(12))          # every client kept its own model
-    assert not torch.equal(states[0]["params"][0], states[1]["params"][0])
+    assert not torch.equal(states[0]["state"]["params"][0], states[1]["state"]["params"][0])
 
 
 def test_sampling_is_seeded_per_round_and_sorted(tmp_path):
@@ -62,14 +61,19 @@ def test_unseen_clients_never_train(tmp_path):
     assert "unseen_accuracy" in d.history[-1]
 
 
-def test_summarize_weighted_mean_and_bottom_decile():
-    res = {c: EvalResult(correct=c, total=10, loss_sum=1.0) for c in range(11)}   # accs 0, .1, ..., 1
+def test_summarize_weighted_mean_and_bottom_decile_of_every_metric():
+    # accuracies 0, .1, ..., 1 and losses 1, .9, ..., 0 on 10 test samples each
+    res = {c: ({"accuracy": c / 10, "test_loss": 1 - c / 10}, 10) for c in range(11)}
     s = summarize(res)
-    assert s.accuracy == pytest.approx(55 / 110)
-    assert s.bottom_decile_accuracy == pytest.approx(0.1)
-    assert s.loss == pytest.approx(11 / 110)
-    weighted = summarize({0: EvalResult(1, 1, 0.0), 1: EvalResult(0, 3, 0.0)})
-    assert weighted.accuracy == pytest.approx(0.25)
+    assert s["accuracy"] == pytest.approx(0.5) and s["test_loss"] == pytest.approx(0.5)
+    assert s["bottom_decile_accuracy"] == pytest.approx(0.1)
+    assert s["bottom_decile_test_loss"] == pytest.approx(0.9)      # lower is better: the 90th percentile
+    # weighted by test size; a client without a test split (weight 0) does not count
+    weighted = summarize({0: ({"accuracy": 1.0}, 1), 1: ({"accuracy": 0.0}, 3), 2: ({"accuracy": 1.0}, 0)})
+    assert weighted["accuracy"] == pytest.approx(0.25)
+    # a metric only some clients report (e.g. per cluster) averages over those clients
+    some = summarize({0: ({"accuracy": 1.0, "cluster_mse": 2.0}, 1), 1: ({"accuracy": 0.0}, 1)}, "unseen_")
+    assert some["unseen_cluster_mse"] == 2.0 and some["unseen_accuracy"] == 0.5
 
 
 def test_eval_every_and_final_round(tmp_path):

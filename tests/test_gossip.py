@@ -69,17 +69,20 @@ def path_round(tmp_path, *overrides, weighting="uniform"):
         "topology: {kind: erdos_renyi, p: 0.5, mixing: metropolis}",
         f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis, weighting: {weighting}}}")
     d = serial_driver(load(tmp_path, text, "rounds=1", *overrides), 2)
-    d.transport.set_states({c: {"params": [torch.full((2, 10), v), torch.zeros(2)]}
+    d.transport.set_states({c: {"state": None, "server": [torch.full((2, 10), v), torch.zeros(2)]}
                             for c, v in ((0, 1.0), (1, 2.0), (2, 4.0))})
     rec = d.step()
     states = d.transport.get_states()
-    return d, rec, [states[c]["params"][0][0, 0].item() for c in range(3)]
+    return d, rec, [states[c]["server"][0][0, 0].item() for c in range(3)]
 
 
 def test_mixing_step_by_hand_on_a_path(tmp_path):
     # Metropolis on the path: W = [[2/3,1/3,0],[1/3,1/3,1/3],[0,1/3,2/3]]; one round gives W @ theta
-    _, _, got = path_round(tmp_path)
+    _, rec, got = path_round(tmp_path)
     assert got == pytest.approx([4 / 3, 7 / 3, 10 / 3], abs=1e-6)
+    # consensus distance: the 20 weights of each client equal theta_i, mean 7/3, the biases 0:
+    # mean_k 20 (theta_k - 7/3)^2 = 20 * ((1)^2 + 0 + (1)^2) / 3
+    assert rec["consensus_distance"] == pytest.approx(20 * 2 / 3, rel=1e-5)
 
 
 def test_sample_weighted_mixing_step_and_exchange_on_a_path(tmp_path):
@@ -107,7 +110,7 @@ def test_dsgd_on_a_complete_graph_is_fedavg(tmp_path):
     assert all(h["consensus_distance"] < 1e-10 for h in dsgd.history)
     states = dsgd.transport.get_states()
     for c in range(12):
-        for a, b in zip(states[c]["params"], fedavg.server_state):
+        for a, b in zip(states[c]["server"], fedavg.server_state):
             assert torch.allclose(a, b, atol=1e-6)
     assert dsgd.history[-1]["accuracy"] == pytest.approx(fedavg.history[-1]["accuracy"], abs=0.02)
 
@@ -115,6 +118,8 @@ def test_dsgd_on_a_complete_graph_is_fedavg(tmp_path):
 def test_topology_validation(tmp_path):
     with pytest.raises(ScenarioError, match="algorithm.name: 'local' has no decentralized form"):
         load(tmp_path, DFEDEM, "algorithm={name: local}")
+    with pytest.raises(ScenarioError, match="algorithm.server_average: 'all' averages at a server"):
+        load(tmp_path, DFEDEM, "algorithm.server_average=all")
     with pytest.raises(ScenarioError, match="eval.unseen_fraction"):
         load(tmp_path, DFEDEM, "eval.unseen_fraction=0.2")
     with pytest.raises(ScenarioError, match="topology.kind: 'hypercube' is not allowed"):
@@ -159,3 +164,20 @@ def test_sweep_runs_every_topology_and_prints_a_table(tmp_path):
     ring, complete = s["variants"]["ring"], s["variants"]["complete"]
     assert ring["mlflow_run_id"] != complete["mlflow_run_id"]
     assert complete["history"][-1]["consensus_distance"] < ring["history"][-1]["consensus_distance"]
+
+
+def test_consensus_distance_is_identical_for_any_number_of_hosts_near_consensus(tmp_path):
+    # a complete graph reaches consensus in one mix: the distance is tiny, where mean||theta||^2 -
+    # ||mean theta||^2 cancelled catastrophically; computed directly it is the same for 1, 2, 5 hosts
+    sc = load(tmp_path, DFEDEM, "topology.kind=complete", "rounds=2")
+    runs = [run(sc, h) for h in (1, 2, 5)]
+    values = [[h["consensus_distance_0"] for h in d.history] for d in runs]
+    assert values[0] == values[1] == values[2]
+    assert all(0 <= v < 1e-10 for v in values[0])
+
+
+def test_fedavg_plus_with_a_topology_tunes_each_clients_own_model(tmp_path):
+    text = DFEDEM.replace("algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg+, lr: 0.3,")
+    d = run(load(tmp_path, text, "rounds=2"))
+    last = d.history[-1]
+    assert 0.5 < last["accuracy"] <= 1.0 and "global_accuracy" not in last

@@ -2,37 +2,90 @@
 import re
 from pathlib import Path
 
+import networkx as nx
+
 ROOT = Path(__file__).resolve().parents[1]
-IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.M)
+IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+([\w, ()]+)|import\s+([\w.]+))", re.M)
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports(path: Path) -> set[str]:
-    return {a or b for a, b in IMPORT.findall(path.read_text())}
+    """Absolute names of the modules ``path`` imports (relative imports resolved; ``from P
+    import m`` counts P.m when P.m is a module of the project)."""
+    package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+    out = set()
+    for frm, names, plain in IMPORT.findall(path.read_text()):
+        if plain:
+            out.add(plain)
+            continue
+        if frm.startswith("."):
+            up = len(frm) - len(frm.lstrip("."))
+            base = package.rsplit(".", up - 1)[0] if up > 1 else package
+            frm = f"{base}.{frm.lstrip('.')}".rstrip(".")
+        out.add(frm)
+        for name in re.findall(r"\w+", names):
+            if (ROOT / Path(*f"{frm}.{name}".split("."))).with_suffix(".py").exists():
+                out.add(f"{frm}.{name}")
+    return out
 
 
-def test_algorithms_never_import_ray_mlflow_or_the_engine():
-    for f in (ROOT / "algorithms").rglob("*.py"):
+def sources(*dirs):
+    return [f for d in dirs for f in (ROOT / d).rglob("*.py")]
+
+
+def test_algorithms_import_only_the_core_of_raysim_never_ray_mlflow_or_the_engine():
+    for f in sources("algorithms"):
         for mod in imports(f):
-            assert not mod.startswith(("ray", "mlflow", "raysim")), f"{f.name} imports {mod}"
+            assert not mod.startswith(("ray.", "mlflow")) and mod != "ray", f"{f.name} imports {mod}"
+            if mod.startswith("raysim"):
+                assert mod.startswith("raysim.core"), f"{f.name} imports {mod}"
+
+
+def test_the_core_imports_nothing_above_it():
+    for f in sources("raysim/core"):
+        for mod in imports(f):
+            assert not (mod == "ray" or mod.startswith(("ray.", "mlflow", "algorithms"))), f"{f.name} imports {mod}"
+            if mod.startswith("raysim"):
+                assert mod.startswith("raysim.core"), f"{f.name} imports {mod}"
 
 
 def test_engine_reaches_algorithms_only_through_the_registry_and_the_contract():
-    for f in (ROOT / "raysim").rglob("*.py"):
+    for f in sources("raysim"):
         for mod in imports(f):
             if mod.startswith("algorithms"):
                 assert mod in ("algorithms", "algorithms.base"), f"{f.relative_to(ROOT)} imports {mod}"
 
 
 def test_every_ray_call_lives_in_the_transport_module():
-    for f in (ROOT / "raysim").rglob("*.py"):
+    for f in sources("raysim"):
         if f.name == "ray_engine.py":
             continue
         for mod in imports(f):
             assert not (mod == "ray" or mod.startswith("ray.")), f"{f.relative_to(ROOT)} imports {mod}"
 
 
+def test_no_import_cycles_between_project_modules():
+    files = sources("raysim", "algorithms")
+    known = {module_of(f) for f in files}
+    g = nx.DiGraph()
+    for f in files:
+        for mod in imports(f):
+            if mod in known and mod != module_of(f) and not module_of(f).startswith(mod + "."):
+                g.add_edge(module_of(f), mod)
+    cycles = [c for c in nx.simple_cycles(g) if not all(m.endswith("__init__") for m in c)]
+    # a package's __init__ importing its own submodules is not a cycle of ideas; only count
+    # cycles between modules that are not each other's package
+    cycles = [c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".")
+                                          for a in c for b in c if a != b)]
+    assert not cycles, cycles
+
+
 def test_yaml_and_torch_load_are_safe():
-    for f in list((ROOT / "raysim").rglob("*.py")) + list((ROOT / "algorithms").rglob("*.py")):
+    for f in sources("raysim", "algorithms"):
         text = f.read_text()
         assert "yaml.load(" not in text and "pickle.load" not in text, f
         for call in re.findall(r"torch\.load\([^)]*\)", text):
