@@ -1,7 +1,7 @@
-"""Stacked components (algorithms/stacked.py) against one copy after another: FedEM's local
-step for M = 3 copies of each model of the zoo, one CPU thread, one client of 300 samples
-(batch 128, momentum .9, weight decay 5e-4). The ``auto`` rule (stack small models without
-convolutions) comes from these figures.
+"""Stacked jobs against one job after another, with the one loop (raysim/core/loop.py): FedEM's
+local step for M = 3 components of each model of the zoo, one CPU thread, one client of 300
+samples (batch 128, momentum .9, weight decay 5e-4). The ``auto`` rule (stack small models
+without convolutions) comes from these figures.
 
     python bench/stacking.py
 """
@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from algorithms import stacked
-from algorithms.base import Context, LocalTraining
-from algorithms.local_sgd import get_params, local_sgd
+from raysim.core import forward as fwd
+from raysim.core.loop import Job, Settings, Supervised, Trainer, draw_orders
+from raysim.core.tasks import TASKS
 from raysim.models import CNNParams, LinearParams, MLPParams, femnist_cnn, linear, mlp
 
 CASES = [
@@ -36,28 +36,22 @@ def timed(fn, reps: int) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)
-    hp = LocalTraining(lr=0.05, batch_size=128, momentum=0.9, weight_decay=5e-4)
+    s = Settings(lr=0.05, batch_size=128, momentum=0.9, weight_decay=5e-4)
+    objective = Supervised(TASKS["classification"])
     m, n = 3, 300
     print(f"{'model':<20} {'params':>8} {'stacked ms':>11} {'one by one ms':>14} {'ratio':>6}  auto")
     for name, build, shape, classes in CASES:
         models = [build() for _ in range(m)]
-        params = [get_params(x) for x in models]
         x, y = torch.rand(n, *shape), torch.randint(0, classes, (n,))
         q = torch.softmax(torch.randn(m, n), dim=0)
-
-        def together():
-            stacked.local_sgd(models[0], params, x, y, hp, Context(0, 10, 0, torch.Generator()), q)
-
-        def one_by_one():
-            g = torch.Generator()
-            for i, model in enumerate(models):
-                local_sgd(model, x, y, hp, Context(0, 10, 0, g), sample_weight=q[i])
-
+        g = torch.Generator().manual_seed(0)
+        jobs = [Job(fwd.params_of(models[i]), x, y, draw_orders(g, n, 1), s, objective, q[i], cid=0) for i in range(m)]
+        stacked, alone = Trainer(models[0], "always"), Trainer(models[0], "never")
         reps = 3 if "cnn" in name else 20
-        a, b = timed(together, reps), timed(one_by_one, reps)
+        a, b = timed(lambda: stacked.fit(jobs), reps), timed(lambda: alone.fit(jobs), reps)
         size = sum(p.numel() for p in models[0].parameters())
         print(f"{name:<20} {size:>8} {a * 1e3:>11.2f} {b * 1e3:>14.2f} {a / b:>6.2f}  "
-              f"{'stack' if stacked.worth_stacking(models[0]) else 'one by one'}")
+              f"{'stack' if fwd.worth_stacking(models[0]) else 'one by one'}")
 
 
 if __name__ == "__main__":

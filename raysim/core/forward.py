@@ -96,6 +96,20 @@ def stack(sets: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     return [torch.stack(ts) for ts in zip(*sets)]
 
 
+def _plan(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's leaves with their kind, worked out once per model."""
+    plan = getattr(model, "_raysim_plan", None)
+    if plan is None:
+        plan = []
+        for layer in layers(model):
+            kind = ("conv" if isinstance(layer, nn.Conv2d) else "pool" if isinstance(layer, POOLS)
+                    else "flatten" if isinstance(layer, nn.Flatten) else "linear" if isinstance(layer, nn.Linear)
+                    else "elementwise")
+            plan.append((kind, layer))
+        object.__setattr__(model, "_raysim_plan", plan)
+    return plan
+
+
 def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """Outputs of K sets: ``params`` are the model's parameters stacked (K, ...) in
     ``model.parameters()`` order, ``x`` is (K, B, ...) (set k sees x[k]); returns (K, B, ...).
@@ -105,8 +119,8 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
     m, b = x.shape[0], x.shape[1]
     it = iter(params)
     grouped = False                      # True: x is (B, K*C, ...)
-    for layer in layers(model):
-        if isinstance(layer, nn.Conv2d):
+    for kind, layer in _plan(model):
+        if kind == "conv":
             if not grouped:
                 x = x.transpose(0, 1).reshape(b, -1, *x.shape[3:])
                 grouped = True
@@ -114,26 +128,27 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
             bias = next(it) if layer.bias is not None else None
             x = F.conv2d(x, w.reshape(-1, *w.shape[2:]), None if bias is None else bias.reshape(-1),
                          layer.stride, layer.padding, layer.dilation, groups=m)
-        elif isinstance(layer, POOLS):
+        elif kind == "pool":
             if grouped:
                 x = layer(x)
             else:
                 y = layer(x.reshape(m * b, *x.shape[2:]))
                 x = y.reshape(m, b, *y.shape[1:])
-        elif isinstance(layer, nn.Flatten):
+        elif kind == "flatten":
             x = x.reshape(b, m, -1).transpose(0, 1) if grouped else x.reshape(m, b, -1)
             grouped = False
-        elif isinstance(layer, nn.Linear):
+        elif kind == "linear":
             if grouped:
                 x = x.reshape(b, m, -1).transpose(0, 1)
                 grouped = False
             w = next(it)
             bias = next(it) if layer.bias is not None else None
             shape = x.shape
-            flat = x.reshape(m, -1, shape[-1])
-            out = torch.bmm(flat, w.transpose(1, 2)) if bias is None else torch.baddbmm(
-                bias.unsqueeze(1), flat, w.transpose(1, 2))
-            x = out.reshape(*shape[:-1], w.shape[1])
+            flat_t = x.reshape(m, -1, shape[-1]).transpose(1, 2)
+            # (W x^T)^T rather than x W^T: the weight's gradient (grad · x) then comes out
+            # contiguous, which the optimizer's foreach step needs to be fast
+            out = torch.bmm(w, flat_t) if bias is None else torch.baddbmm(bias.unsqueeze(2), w, flat_t)
+            x = out.transpose(1, 2).reshape(*shape[:-1], w.shape[1])
         else:                            # element-wise: any layout
             x = layer(x)
     if grouped:

@@ -194,40 +194,25 @@ class Trainer:
                 total += int(j.y.shape[0])
         X = torch.cat(xs) if len(xs) > 1 else xs[0]
         Y = torch.cat(ys) if len(ys) > 1 else ys[0]
-        steps, idx, wts, vals = [], [], [], []
-        for j in jobs:
-            n = int(j.y.shape[0])
-            nb = -(-n // bs)
-            pos = torch.zeros(epochs, nb * bs, dtype=torch.long, device=device)
-            pos[:, :n] = j.orders
-            valid = torch.zeros(epochs, nb * bs, dtype=X.dtype if X.is_floating_point() else torch.float32,
-                                device=device)
-            valid[:, :n] = 1.0
-            counts = valid.view(epochs, nb, bs).sum(dim=2, keepdim=True).clamp_min(1)
-            scale = (valid.view(epochs, nb, bs) / counts).view(epochs, -1)
-            w = scale if j.weights is None else j.weights[pos] * scale
-            idx.append((pos + offsets[id(j.x)]).view(-1, bs))
-            wts.append(w.view(-1, bs))
-            vals.append(valid.view(-1, bs))
-            steps.append(epochs * nb)
         k_all = len(jobs)
+        ns = [int(j.y.shape[0]) for j in jobs]
+        steps = [epochs * -(-n // bs) for n in ns]
         order = sorted(range(k_all), key=lambda k: -steps[k])   # longest first: active jobs are a prefix
         t_max = steps[order[0]]
-        results: list[Fitted | None] = [None] * k_all
         if t_max == 0:
             return [Fitted([p.clone() for p in j.params], 0.0, _state_copy(j) if j.keep_state else None)
                     for j in jobs]
-        if exact and len({steps[k] for k in range(k_all)}) != 1:
+        if exact and len(set(steps)) != 1:
             raise ValueError("exact batches need jobs of one client (equal sizes)")
+        IDX, WT, VAL = _schedule([jobs[k] for k in order], [offsets[id(jobs[k].x)] for k in order],
+                                 [ns[k] for k in order], epochs, bs, device)
         active = [sum(1 for k in order if steps[k] > t) for t in range(t_max)]
         # every job's steps one after another (no padding to the longest job): job i of the
         # sorted order has its step t at row first[i] + t
-        IDX = torch.cat([idx[k] for k in order])
-        WT = torch.cat([wts[k] for k in order])
-        VAL = torch.cat([vals[k] for k in order])
         first = torch.tensor([0] + [steps[k] for k in order[:-1]], device=device).cumsum(0)
-        seen = torch.tensor([float(vals[k].sum()) for k in order], dtype=torch.float64, device=device)
+        seen = torch.tensor([float(epochs * ns[k]) for k in order], dtype=torch.float64, device=device)
         loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
+        results: list[Fitted | None] = [None] * k_all
         P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
         train_mask = obj.trainable or (True,) * len(P)
         trained = [p for p, t in zip(P, train_mask) if t]
@@ -239,7 +224,7 @@ class Trainer:
                             [jobs[k].opt_state for k in order])
         chunk = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
         widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
-        self.model.train()
+        self._mode(True)
         for t in range(t_max):
             kt, width = active[t], widths[t]
             for c0 in range(0, kt, chunk):
@@ -255,10 +240,14 @@ class Trainer:
                 loss_sums[c0:c1] += data_sum.detach().to(torch.float64)
                 opt.step([p[c0:c1] for p in trained], grads, c0, c1)
         mean = (loss_sums / seen.clamp_min(1)).tolist()
+        own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
         for i, k in enumerate(order):
-            results[k] = Fitted([p[i].clone() for p in P], mean[i],
-                                opt.state_of(i) if jobs[k].keep_state else None)
+            results[k] = Fitted([p[i] for p in own], mean[i], opt.state_of(i) if jobs[k].keep_state else None)
         return results
+
+    def _mode(self, training: bool) -> None:
+        if self.model.training != training:      # Module.train() walks every submodule: only on a change
+            self.model.train(training)
 
     # -- evaluation -----------------------------------------------------------------------------
     def stacked(self, sets: list[list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -273,7 +262,7 @@ class Trainer:
     @torch.no_grad()
     def outputs(self, sets: list[list[torch.Tensor]], x: torch.Tensor, block: int = 4096) -> torch.Tensor:
         """Outputs of every set on shared inputs ``x``: (K, n, outputs)."""
-        self.model.eval()
+        self._mode(False)
         P = self.stacked(sets)
         k = P[0].shape[0]
         out = []
@@ -283,7 +272,39 @@ class Trainer:
                 out.append(self.forward(P, xb.unsqueeze(0).expand(k, *xb.shape)))
             else:
                 out.append(torch.cat([self.forward([p[j:j + 1] for p in P], xb.unsqueeze(0)) for j in range(k)]))
-        return torch.cat(out, dim=1)
+        return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+
+
+def _schedule(jobs: list[Job], offsets: list[int], ns: list[int], epochs: int, bs: int, device
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every job's batches as rows of ``bs`` entries, job after job: (row indices into the
+    pooled data, loss weights = sample weight / rows in the batch, validity); epoch e of job k
+    fills ceil(n_k / bs) rows, its last one padded (index 0, weight 0). One pass of tensor ops
+    for all jobs."""
+    ns_t = torch.tensor(ns, device=device)
+    nb = -(-ns_t // bs)                                   # batches per epoch
+    width = nb * bs                                       # padded samples per epoch
+    base = torch.cumsum(torch.cat([ns_t.new_zeros(1), epochs * width]), 0)[:-1]
+    counts = epochs * ns_t
+    job = torch.repeat_interleave(torch.arange(len(jobs), device=device), counts)
+    within = torch.arange(int(counts.sum()), device=device) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts)
+    n_of = ns_t[job]
+    pos = base[job] + (within // n_of) * width[job] + within % n_of
+    orders = torch.cat([j.orders.reshape(-1) for j in jobs])
+    total = int((epochs * width).sum())
+    idx = torch.zeros(total, dtype=torch.long, device=device)
+    idx[pos] = orders + torch.tensor(offsets, device=device)[job]
+    valid = torch.zeros(total, device=device)
+    valid[pos] = 1.0
+    weight = valid.clone()
+    if any(j.weights is not None for j in jobs):
+        ws = torch.cat([j.weights if j.weights is not None else torch.ones(n, device=device)
+                        for j, n in zip(jobs, ns)])
+        weight[pos] = ws[orders + (torch.cumsum(ns_t, 0) - ns_t)[job]].to(weight.dtype)
+    valid, weight = valid.view(-1, bs), weight.view(-1, bs)
+    weight = weight / valid.sum(dim=1, keepdim=True).clamp_min(1)
+    return idx.view(-1, bs), weight, valid
 
 
 def _pad_steps(d: torch.Tensor, t: int) -> torch.Tensor:
