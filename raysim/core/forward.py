@@ -144,11 +144,16 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
             w = next(it)
             bias = next(it) if layer.bias is not None else None
             shape = x.shape
-            flat_t = x.reshape(m, -1, shape[-1]).transpose(1, 2)
-            # (W x^T)^T rather than x W^T: the weight's gradient (grad · x) then comes out
-            # contiguous, which the optimizer's foreach step needs to be fast
-            out = torch.bmm(w, flat_t) if bias is None else torch.baddbmm(bias.unsqueeze(2), w, flat_t)
-            x = out.transpose(1, 2).reshape(*shape[:-1], w.shape[1])
+            flat = x.reshape(m, -1, shape[-1])
+            if torch.is_grad_enabled():
+                # (W x^T)^T rather than x W^T: the weight's gradient (grad · x) then comes out
+                # contiguous, which the optimizer's foreach step needs to be fast
+                out = (torch.bmm(w, flat.transpose(1, 2)) if bias is None else
+                       torch.baddbmm(bias.unsqueeze(2), w, flat.transpose(1, 2))).transpose(1, 2)
+            else:                        # no gradient: the faster layout for many rows
+                out = torch.bmm(flat, w.transpose(1, 2)) if bias is None else torch.baddbmm(
+                    bias.unsqueeze(1), flat, w.transpose(1, 2))
+            x = out.reshape(*shape[:-1], w.shape[1])
         else:                            # element-wise: any layout
             x = layer(x)
     if grouped:
