@@ -3,13 +3,15 @@
 REGISTRY is the one place the engine finds algorithms by name.
 """
 from .base import Algorithm
+from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
 from .fedem import FedEM
 from .fedprox import FedProx
+from .ifca import IFCA
 from .local import Local
 
-REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM)}
+REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto)}
 
 
 def get(name: str) -> type[Algorithm]:

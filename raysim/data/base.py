@@ -8,7 +8,7 @@ partitioner once, lazily, and ``client(cid)`` slices it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -90,20 +90,47 @@ def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.T
     return ClientData(cid, x[tr], y[tr], x[va], y[va], x[te], y[te])
 
 
+@dataclass(frozen=True)
+class GroupParams:
+    """Clients in groups that see the data differently (clustered FL): client k belongs to
+    group k mod ``groups``; group g's images are rotated by g·90° (``rotate``, IFCA's rotated
+    MNIST) or its labels permuted by a permutation drawn for g (``permute_labels``; group 0
+    keeps both as they are)."""
+
+    groups: int = field(default=1, metadata={"min": 1, "max": 4, "help": "client groups (1: none)"})
+    group_transform: str = field(default="rotate", metadata={"choices": ("rotate", "permute_labels")})
+
+
 class PooledSource(FederatedSource):
     """A labelled pool split among clients by a partitioner (lazily, once per instance).
 
-    Subclasses set ``name``, ``input_shape``, ``num_classes`` and implement ``load`` (the pool:
-    inputs and int64 labels) and, where the stored inputs need it, ``to_float``.
+    Subclasses set ``name``, ``input_shape``, ``num_classes`` and ``image_shape`` (for
+    rotations) and implement ``load`` (the pool: inputs and int64 labels) and, where the stored
+    inputs need it, ``to_float``. ``groups`` (GroupParams) transforms each group's shards.
     """
 
     name = "pool"
+    image_shape: tuple[int, int] | None = None
 
-    def __init__(self, clients: int, partition, splits: Splits, seed: int):
+    def __init__(self, clients: int, partition, splits: Splits, seed: int, groups: GroupParams | None = None):
         if partition is None:
             raise ValueError(f"{self.name} is a pooled dataset and needs a partition")
         self.num_clients, self.partition, self.splits, self.seed = clients, partition, splits, seed
+        self.groups = groups or GroupParams()
         self._pool: tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None = None
+
+    def group_of(self, cid: int) -> int:
+        """The client's true group (what a clustered method should recover)."""
+        return cid % self.groups.groups
+
+    def transform(self, x: np.ndarray, y: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+        if group == 0:
+            return x, y
+        if self.groups.group_transform == "rotate":
+            h, w = self.image_shape
+            return np.ascontiguousarray(np.rot90(x.reshape(-1, h, w), k=group, axes=(1, 2)).reshape(x.shape)), y
+        perm = generator(self.seed, "label_permutation", group).permutation(self.num_classes)
+        return x, perm[y]
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -131,4 +158,5 @@ class PooledSource(FederatedSource):
     def client(self, cid: int) -> ClientData:
         x, y, parts = self.pool()
         idx = parts[cid]
-        return split_client(cid, self.to_float(x[idx]), y[idx], self.splits, self.seed)
+        xs, ys = self.transform(self.to_float(x[idx]), y[idx], self.group_of(cid))
+        return split_client(cid, xs, ys, self.splits, self.seed)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import DataError, PooledSource, Splits
+from .base import DataError, GroupParams, PooledSource, Splits
 
 IMAGES, LABELS = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"), ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")
 FILES = (IMAGES[0], LABELS[0], IMAGES[1], LABELS[1])
@@ -29,7 +29,7 @@ INSTALL = ("install them with `sudo apt-get install dataset-fashion-mnist` or se
 
 
 @dataclass(frozen=True)
-class FashionParams:
+class FashionParams(GroupParams):
     root: str = field(default="/usr/share/datasets/fashion-mnist",
                       metadata={"help": "folder of the four IDX files (plain or .gz)"})
 
@@ -91,10 +91,10 @@ def _load(paths: tuple[Path, ...], stamps: tuple) -> tuple[np.ndarray, np.ndarra
 
 class FashionMNIST(PooledSource):
     name = "fashion_mnist"
-    input_shape, num_classes = (1, 28, 28), 10
+    input_shape, num_classes, image_shape = (1, 28, 28), 10, (28, 28)
 
     def __init__(self, params: FashionParams, clients: int, partition, splits: Splits, seed: int):
-        super().__init__(clients, partition, splits, seed)
+        super().__init__(clients, partition, splits, seed, params)
         self.root = Path(params.root)
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ import numpy as np
 from raysim.core.data import ClientData
 from raysim.rng import generator
 
-from .base import DataError, FederatedSource, PooledSource, Splits, split_client
+from .base import DataError, FederatedSource, GroupParams, PooledSource, Splits, split_client
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Gaussian(FederatedSource):
 
 
 @dataclass(frozen=True)
-class DigitsParams:
+class DigitsParams(GroupParams):
     pass
 
 
@@ -127,10 +127,10 @@ class Digits(PooledSource):
     UCI optdigits): real data present on every machine, pooled and split by the partitioner."""
 
     name = "digits"
-    input_shape, num_classes = (64,), 10
+    input_shape, num_classes, image_shape = (64,), 10, (8, 8)
 
     def __init__(self, params: DigitsParams, clients: int, partition, splits: Splits, seed: int):
-        super().__init__(clients, partition, splits, seed)
+        super().__init__(clients, partition, splits, seed, params)
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         from sklearn.datasets import load_digits

@@ -106,15 +106,14 @@ class RoundDriver:
         return groups
 
     def _prepare(self, r: int, sampled: np.ndarray) -> None:
-        """The algorithm's statistics phase, when it asks for one this round."""
-        req = self.algo.stats_request(self.server_state, r)
-        if req is None:
-            return
-        who = self.train_ids if req.clients == "all" else sampled
-        total = Accumulator()
-        for acc in self.transport.stats(r, req.message, self._by_host(who)):
-            total.merge(acc)
-        self.server_state = self.algo.absorb_stats(self.server_state, total.result(), r)
+        """The algorithm's statistics phase: as long as it asks this round (e.g. until its
+        initialization suits it), the clients answer and it updates the server state."""
+        while (req := self.algo.stats_request(self.server_state, r)) is not None:
+            who = self.train_ids if req.clients == "all" else sampled
+            total = Accumulator()
+            for acc in self.transport.stats(r, req.message, self._by_host(who)):
+                total.merge(acc)
+            self.server_state = self.algo.absorb_stats(self.server_state, total.result(), r)
 
     def step(self) -> dict:
         """Run the next round; return its metrics record."""
