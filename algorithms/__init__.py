@@ -8,10 +8,11 @@ from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
 from .fedem import FedEM
 from .fedprox import FedProx
+from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
 
-REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto)}
+REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft)}
 
 
 def get(name: str) -> type[Algorithm]:

@@ -23,7 +23,9 @@ A round, as the engine runs it:
 
 Evaluation: ``evaluate`` returns a client's metrics as a dict (personalized, global, per
 cluster, ...); the engine reports, for each, the mean weighted by test size and the bottom
-decile. Unseen clients (``eval.unseen_fraction``) first ``personalize`` with the shared parts
+decile. A clustered method also names its cluster models (``centers``), which the engine scores
+on every source's held-out set when the data are a mixture of sources, and each client's
+estimated weights of them (``importance``). Unseen clients (``eval.unseen_fraction``) first ``personalize`` with the shared parts
 frozen. ``train``, ``evaluate`` and ``personalize`` may each yield jobs.
 
 Decentralized (``decentralized = True``; a ``topology`` in the scenario): every client keeps its
@@ -176,6 +178,11 @@ class Algorithm:
     def message(self, server: Any, round_: int) -> Message:
         return Message(server)
 
+    def centers(self, server: Any) -> list[list[torch.Tensor]] | None:
+        """The cluster models of a clustered method (centers, cluster models, components), which
+        the engine scores on each source's held-out set (the center/source table); None: none."""
+        return None
+
     def eval_groups(self, server: Any, cids: np.ndarray) -> dict[int, int]:
         """{client id: group} whose part each client is evaluated with (absent: group 0)."""
         return {}
@@ -198,6 +205,11 @@ class Algorithm:
     def evaluate(self, state: Any, received: Received, data: ClientData, ctx: Context):
         """The client's metrics on its test split, e.g. {"accuracy": .., "test_loss": ..}."""
         raise NotImplementedError
+
+    def importance(self, state: Any) -> torch.Tensor | None:
+        """The client's estimated weight of each of ``centers`` (soft or 0/1), reported beside
+        the true shares of its sources; None: none."""
+        return None
 
     def personalize(self, received: Received, data: ClientData, ctx: Context):
         """State of a client that never trained (``eval.unseen_fraction``), adapted with the

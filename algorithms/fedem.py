@@ -9,7 +9,8 @@ Each round, at each sampled client, with the components just received:
   (batch loss = mean_i q[m, i]·ℓ_i, as the official code's ``fit_batch``): M jobs of the one
   loop, each with its own sample order.
 Server: each component becomes the average of the clients' components weighted by n_k.
-Prediction: p(y|x) = Σ_m π_m · softmax(θ_m(x)) (regression: Σ_m π_m θ_m(x)).
+Prediction: p(y|x) = Σ_m π_m · softmax(θ_m(x)) (regression: Σ_m π_m θ_m(x)); ``center_*``
+metrics score the component of largest π alone (FedSoft's reading of FedEM's local model).
 Unseen clients (Table 3) personalize π from uniform with the components frozen: E-step + π
 update repeated until π moves less than ``unseen_tol`` (L1), at most ``unseen_max_steps``
 times — the fixed point the official code reaches over its repeated evaluations.
@@ -133,6 +134,9 @@ class FedEM(Algorithm):
                 comps.append(r.mean(old[0].dtype))
         return FedEMServer(comps, server.total_samples)
 
+    def centers(self, server):
+        return server.components
+
     def shared(self, server):
         return server.components
 
@@ -177,6 +181,9 @@ class FedEM(Algorithm):
                 break
         return FedEMState(pi.cpu())
 
+    def importance(self, state: FedEMState):
+        return state.pi
+
     @torch.no_grad()
     def evaluate(self, state: FedEMState, received, data, ctx):
         pi = state.pi.to(ctx.device)
@@ -188,4 +195,6 @@ class FedEM(Algorithm):
             pred = mixture_log_prob(pi, outputs)
         else:
             pred = torch.einsum("m,mn...->n...", pi, outputs)
-        return {**out, **self.task.scores(pred, data.test_y)}
+        # center_*: the component of largest π alone (how FedSoft scores FedEM's "local model")
+        best = outputs[int(pi.argmax())]
+        return {**out, **self.task.scores(pred, data.test_y), **self.task.scores(best, data.test_y, "center_")}

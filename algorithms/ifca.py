@@ -87,6 +87,14 @@ class IFCA(Algorithm):
     def message(self, server, round_):
         return Message(server.models)
 
+    def centers(self, server):
+        return server.models
+
+    def importance(self, state):
+        if state is None:
+            return None
+        return torch.nn.functional.one_hot(state.cluster, self.hp.clusters).double()
+
     def aggregate(self, server, reduced, round_):
         if reduced is None:
             return server

@@ -215,7 +215,8 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
 
 def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     import algorithms
-    from raysim.data import DATASETS, PARTITIONERS
+    from raysim.data import DATASETS, PARTITIONERS, partitions_of
+    from raysim.data.mixture import problem as mixture_problem
     from raysim.models import MODELS
 
     ctx = Ctx(file)
@@ -241,14 +242,18 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         ctx.fail("data.clients", "missing; give the number of clients (an integer >= 1)")
     clients = coerce(ctx, "data.clients", int, d["clients"])
     check_range(ctx, "data.clients", {"min": 1}, clients)
-    spec = DATASETS[dataset.name]
+    allowed = partitions_of(dataset.name)
     partition = None
-    if spec.pooled:
-        partition = component(ctx, "data.partition", d.get("partition"), "kind", PARTITIONERS,
-                               lambda s: s.Params, default="iid")
+    if allowed:
+        partition = component(ctx, "data.partition", d.get("partition"), "kind",
+                              {k: PARTITIONERS[k] for k in allowed}, lambda s: s.Params, default=allowed[0])
+        if partition.name == "mixture":
+            bad = mixture_problem(partition.params)
+            if bad is not None:
+                ctx.fail(f"data.partition.{bad[0]}", bad[1])
     elif d.get("partition") is not None:
         ctx.fail("data.partition", f"dataset '{dataset.name}' has its own client split; "
-                 f"partition applies only to {', '.join(n for n, s in DATASETS.items() if s.pooled)}")
+                 f"partition applies only to {', '.join(n for n in DATASETS if partitions_of(n))}")
     splits = load_dataclass(ctx, "data.splits", SplitsCfg, d.get("splits"))
     if abs(splits.train + splits.val + splits.test - 1.0) > 1e-6:
         ctx.fail("data.splits", f"train + val + test = {splits.train + splits.val + splits.test:g}; they must sum to 1")

@@ -11,14 +11,33 @@ from typing import Callable
 from torch import nn
 
 
+INITS = ("default", "xavier_normal")
+
+
+def _init_field():
+    return field(default="default", metadata={
+        "choices": INITS, "help": "default: PyTorch's; xavier_normal: Glorot-normal weights (FedSoft's)"})
+
+
 @dataclass(frozen=True)
 class LinearParams:
-    pass
+    bias: bool = field(default=True, metadata={"help": "false: no intercept (FedSoft's linear regression)"})
+    init: str = _init_field()
 
 
 @dataclass(frozen=True)
 class MLPParams:
     hidden: tuple[int, ...] = field(default=(200, 200), metadata={"help": "hidden layer widths"})
+    init: str = _init_field()
+
+
+def _initialized(model: nn.Module, how: str) -> nn.Module:
+    """Linear weights re-drawn by ``how`` (biases keep PyTorch's default)."""
+    if how == "xavier_normal":
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_normal_(m.weight)
+    return model
 
 
 @dataclass(frozen=True)
@@ -27,11 +46,10 @@ class CNNParams:
 
 
 def linear(params: LinearParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """Multinomial logistic regression: flatten -> Linear."""
+    """A linear model (multinomial logistic regression, or linear regression): flatten -> Linear."""
     dim = math.prod(input_shape)
-    if len(input_shape) == 1:
-        return nn.Linear(dim, classes)
-    return nn.Sequential(nn.Flatten(), nn.Linear(dim, classes))
+    layer = nn.Linear(dim, classes, bias=params.bias)
+    return _initialized(layer if len(input_shape) == 1 else nn.Sequential(nn.Flatten(), layer), params.init)
 
 
 def mlp(params: MLPParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -42,7 +60,7 @@ def mlp(params: MLPParams, input_shape: tuple[int, ...], classes: int) -> nn.Mod
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
     layers.append(nn.Linear(width, classes))
-    return nn.Sequential(*layers)
+    return _initialized(nn.Sequential(*layers), params.init)
 
 
 def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:

@@ -110,7 +110,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             if fail_after and r == fail_after:
                 raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")
         bar.close()
-        summary = make_summary(sc, history, time.perf_counter() - t0, tracker)
+        summary = make_summary(sc, history, time.perf_counter() - t0, tracker, server.report())
         if summary_path:
             Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
             Path(summary_path).write_text(json.dumps(summary, indent=2))
@@ -135,12 +135,21 @@ def _save(server, path: Path, sc: Scenario) -> None:
     server.save(str(path), {"scenario": json.loads(json.dumps(sc.raw, default=str))})
 
 
-def make_summary(sc: Scenario, history: list[dict], wall: float, tracker) -> dict:
-    evaluated = [h for h in history if "accuracy" in h]
+FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accuracy",
+         "unseen_bottom_decile_accuracy", "test_loss", "mse", "bottom_decile_mse", "train_mse",
+         "train_accuracy", "unseen_mse")
+
+
+def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, clusters: dict | None = None) -> dict:
+    """The run's summary; ``final`` holds the last evaluation's headline metrics and, for a
+    clustered method, its cluster report: ``center_source`` (row c: center c's score on each
+    source), ``association`` (each source's best center), ``importance`` and ``true_shares``
+    ({client id: weights})."""
+    evaluated = [h for h in history if "eval_seconds" in h]
     last = evaluated[-1] if evaluated else {}
-    final = {k: last[k] for k in ("accuracy", "bottom_decile_accuracy", "global_accuracy",
-                                  "unseen_accuracy", "unseen_bottom_decile_accuracy", "test_loss")
-             if k in last}
+    final: dict = {k: last[k] for k in FINAL if k in last}
+    for key, value in (clusters or {}).items():
+        final[key] = {str(c): v for c, v in value.items()} if isinstance(value, dict) else value
     return {
         "scenario": sc.path,
         "name": sc.name,

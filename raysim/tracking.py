@@ -5,6 +5,7 @@ Tracking URI: scenario ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else MLfl
 """
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -72,11 +73,35 @@ class Tracker:
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def log_summary(self, summary: dict) -> None:
+        """summary.json, and for a clustered method ``clusters/center_source.csv`` (row c:
+        center c's score per source, the association below) and ``clusters/importance.csv``
+        (each client's estimated weights beside its true shares)."""
+        final = summary.get("final", {})
         with tempfile.TemporaryDirectory() as tmp:
             p = os.path.join(tmp, "summary.json")
             with open(p, "w") as f:
                 json.dump(summary, f, indent=2)
             self.client.log_artifact(self.run_id, p)
+            if "center_source" in final:
+                p = os.path.join(tmp, "center_source.csv")
+                table = final["center_source"]
+                with open(p, "w", newline="") as f:
+                    w = csv.writer(f)
+                    w.writerow(["center", *[f"source{s}" for s in range(len(table[0]))]])
+                    w.writerows([[c, *row] for c, row in enumerate(table)])
+                    w.writerow(["best_center", *final["association"]])
+                self.client.log_artifact(self.run_id, p, "clusters")
+            if "importance" in final:
+                p = os.path.join(tmp, "importance.csv")
+                imp, true = final["importance"], final.get("true_shares", {})
+                width = len(next(iter(imp.values())))
+                tw = len(next(iter(true.values()))) if true else 0
+                with open(p, "w", newline="") as f:
+                    w = csv.writer(f)
+                    w.writerow(["client", *[f"estimated{c}" for c in range(width)],
+                                *[f"true{s}" for s in range(tw)]])
+                    w.writerows([[c, *v, *true.get(c, [])] for c, v in imp.items()])
+                self.client.log_artifact(self.run_id, p, "clusters")
 
     def finish(self, outcome: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS[outcome])

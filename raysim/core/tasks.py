@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 class Task:
     name = ""
+    metric = ""          # the primary score (a key of ``scores``)
 
     def per_sample(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -27,6 +28,7 @@ class Task:
 
 class Classification(Task):
     name = "classification"
+    metric = "accuracy"
 
     def per_sample(self, out, y):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
@@ -42,6 +44,7 @@ class Classification(Task):
 
 class Regression(Task):
     name = "regression"
+    metric = "mse"
 
     def per_sample(self, out, y):
         if y.dim() == out.dim() - 1:        # scalar targets, one output

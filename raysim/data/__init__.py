@@ -13,6 +13,7 @@ from . import partition as _p
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
 from .leaf import LeafFEMNIST, LeafParams
+from .mixture import MixtureParams, MixtureParts, RegressionMixture, RegressionParams, mixture
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
 
 
@@ -23,6 +24,7 @@ class DatasetSpec:
     Params: type              # frozen dataclass of the dataset's own options
     pooled: bool              # a labelled pool split among clients by a partitioner
     build: Callable[..., FederatedSource]   # (params, clients, partition, splits, seed)
+    partitions: tuple[str, ...] = ()        # the partitioners it takes (pooled: all), the first the default
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 LeafParams, False, LeafFEMNIST),
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
                 DigitsParams, True, Digits),
+    DatasetSpec("regression_mixture", "FedSoft synthetic linear regression (Ruan & Joe-Wong 2022): clients mix "
+                "S sources y = <w_s, x> + noise (partition kind mixture)",
+                RegressionParams, False, RegressionMixture, ("mixture",)),
 )}
 
 PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
@@ -59,7 +64,17 @@ PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
     PartitionerSpec("shards", "pathological non-IID: k label-sorted shards per client (McMahan et al. 2017)",
                     _p.ShardsParams, _p.shards),
     PartitionerSpec("iid", "uniform random split, equal sizes", _p.IIDParams, _p.iid),
+    PartitionerSpec("mixture", "clients mix S sources (FedSoft's 10:90, 30:70, linear, random schemes); "
+                    "source s = the pool rotated s·90° or label-permuted", MixtureParams, mixture),
 )}
+
+POOLED_PARTITIONS = tuple(PARTITIONERS)
+
+
+def partitions_of(dataset: str) -> tuple[str, ...]:
+    """The partitioners a dataset takes (first: its default); () when it has its own split."""
+    spec = DATASETS[dataset]
+    return ("iid", *[p for p in POOLED_PARTITIONS if p != "iid"]) if spec.pooled else spec.partitions
 
 
 def build_source(dataset: str, params, clients: int, partition: PartitionCfg | None,
@@ -68,5 +83,6 @@ def build_source(dataset: str, params, clients: int, partition: PartitionCfg | N
     return DATASETS[dataset].build(params, clients, partition, splits, seed)
 
 
-__all__ = ["DATASETS", "PARTITIONERS", "DataError", "DatasetSpec", "FederatedSource",
-           "PartitionCfg", "PartitionerSpec", "PooledSource", "Splits", "build_source", "split_client"]
+__all__ = ["DATASETS", "PARTITIONERS", "DataError", "DatasetSpec", "FederatedSource", "MixtureParams",
+           "MixtureParts", "PartitionCfg", "PartitionerSpec", "PooledSource", "Splits", "build_source",
+           "partitions_of", "split_client"]

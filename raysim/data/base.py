@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,27 +55,30 @@ class FederatedSource:
         """Samples of client ``cid`` before the train/val/test split."""
         raise NotImplementedError
 
+    # Clients as mixtures of source distributions (partition kind ``mixture``): a clustered
+    # method's models are scored on each source's held-out set, and its estimates compared
+    # with the true shares.
+    num_sources: int = 0
+
+    def source_test(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out (inputs, targets) of source ``s``."""
+        raise NotImplementedError
+
+    def true_shares(self, cid: int) -> np.ndarray | None:
+        """Share of each source (or group) in client ``cid``'s train split, (S,); None when
+        the data do not say."""
+        return None
+
 
 def _half_up(v: float) -> int:
     return int(math.floor(v + 0.5))
 
 
-def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
-                 splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64) -> ClientData:
-    """Shuffle a client's n samples with generator(seed, "split", cid); train takes the first
-    round(n·train) (half up), val the next round(n·val), test the rest.
-
-    With n >= 2, train and test each keep at least one sample when their fraction is > 0
-    (taken from val first, then from the larger of the two). Targets become ``target_dtype``
-    (int64 class ids; float32 for regression).
-    """
-    if isinstance(x, np.ndarray):
-        x = np.ascontiguousarray(x)
-    x = torch.as_tensor(x, dtype=torch.float32)
-    y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y, dtype=target_dtype)
-    n = int(y.shape[0])
-    if int(x.shape[0]) != n:
-        raise ValueError(f"client {cid}: {x.shape[0]} inputs but {n} labels")
+def split_index(cid: int, n: int, splits: Splits, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train, val, test) positions among a client's n samples: a permutation from
+    generator(seed, "split", cid); train takes the first round(n·train) (half up), val the next
+    round(n·val), test the rest. With n >= 2, train and test each keep at least one sample when
+    their fraction is > 0 (taken from val first, then from the larger of the two)."""
     n_train = min(_half_up(n * splits.train), n)
     n_val = min(_half_up(n * splits.val), n - n_train)
     if n >= 2:
@@ -86,7 +90,21 @@ def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.T
             else:
                 n_train -= 1
     perm = torch.from_numpy(generator(seed, "split", cid).permutation(n))
-    tr, va, te = perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
+    return perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
+
+
+def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
+                 splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64) -> ClientData:
+    """A client's n samples split by ``split_index``. Targets become ``target_dtype`` (int64
+    class ids; float32 for regression)."""
+    if isinstance(x, np.ndarray):
+        x = np.ascontiguousarray(x)
+    x = torch.as_tensor(x, dtype=torch.float32)
+    y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y, dtype=target_dtype)
+    n = int(y.shape[0])
+    if int(x.shape[0]) != n:
+        raise ValueError(f"client {cid}: {x.shape[0]} inputs but {n} labels")
+    tr, va, te = split_index(cid, n, splits, seed)
     return ClientData(cid, x[tr], y[tr], x[va], y[va], x[te], y[te])
 
 
@@ -107,6 +125,8 @@ class PooledSource(FederatedSource):
     Subclasses set ``name``, ``input_shape``, ``num_classes`` and ``image_shape`` (for
     rotations) and implement ``load`` (the pool: inputs and int64 labels) and, where the stored
     inputs need it, ``to_float``. ``groups`` (GroupParams) transforms each group's shards.
+    With partition kind ``mixture`` the groups are sources instead: every client mixes them,
+    source s seeing the pool through transform s (``mixture.py``).
     """
 
     name = "pool"
@@ -117,7 +137,16 @@ class PooledSource(FederatedSource):
             raise ValueError(f"{self.name} is a pooled dataset and needs a partition")
         self.num_clients, self.partition, self.splits, self.seed = clients, partition, splits, seed
         self.groups = groups or GroupParams()
-        self._pool: tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None = None
+        self._pool: tuple[np.ndarray, np.ndarray, Any] | None = None
+        if partition.kind == "mixture":
+            s = partition.params.sources
+            if self.groups.groups > 1:
+                raise DataError(f"{self.name}: data.groups = {self.groups.groups} with a mixture partition; "
+                                f"the mixture's sources are the groups: set data.partition.sources instead")
+            if self.groups.group_transform == "rotate" and s > 4:
+                raise DataError(f"{self.name}: data.partition.sources = {s}: rotations give at most 4 sources "
+                                f"(0/90/180/270°); use data.group_transform: permute_labels for more")
+            self.num_sources = s
 
     def group_of(self, cid: int) -> int:
         """The client's true group (what a clustered method should recover)."""
@@ -139,8 +168,9 @@ class PooledSource(FederatedSource):
         """Stored inputs of some samples -> float32 model inputs."""
         return x.astype(np.float32, copy=False)
 
-    def pool(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """(inputs, labels, one index array per client), computed on first use."""
+    def pool(self) -> tuple[np.ndarray, np.ndarray, Any]:
+        """(inputs, labels, the partition: one index array per client, or MixtureParts),
+        computed on first use."""
         if self._pool is None:
             from . import PARTITIONERS
             x, y = self.load()
@@ -152,11 +182,40 @@ class PooledSource(FederatedSource):
             self._pool = (x, y, parts)
         return self._pool
 
+    def _indices(self, cid: int) -> np.ndarray:
+        parts = self.pool()[2]
+        return parts.parts[cid] if self.num_sources else parts[cid]
+
     def num_samples(self, cid: int) -> int:
-        return len(self.pool()[2][cid])
+        return len(self._indices(cid))
+
+    def _view(self, idx: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pool samples ``idx`` as float inputs and labels, each seen through its source's transform."""
+        x, y, _ = self.pool()
+        xs, ys = self.to_float(x[idx]), y[idx]
+        if not (sources != 0).any():
+            return xs, ys
+        xs, ys = np.array(xs), np.array(ys)
+        for s in np.unique(sources[sources != 0]):
+            m = sources == s
+            xs[m], ys[m] = self.transform(xs[m], ys[m], int(s))
+        return xs, ys
 
     def client(self, cid: int) -> ClientData:
-        x, y, parts = self.pool()
-        idx = parts[cid]
-        xs, ys = self.transform(self.to_float(x[idx]), y[idx], self.group_of(cid))
+        idx = self._indices(cid)
+        if self.num_sources:
+            xs, ys = self._view(idx, self.pool()[2].sources[cid])
+        else:
+            xs, ys = self.transform(self.to_float(self.pool()[0][idx]), self.pool()[1][idx], self.group_of(cid))
         return split_client(cid, xs, ys, self.splits, self.seed)
+
+    def source_test(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.pool()[2].holdout
+        xs, ys = self._view(idx, np.full(len(idx), s))
+        return torch.from_numpy(np.ascontiguousarray(xs)), torch.from_numpy(np.asarray(ys, dtype=np.int64))
+
+    def true_shares(self, cid: int) -> np.ndarray | None:
+        if not self.num_sources:          # groups: all of a client's data is its group's
+            return np.eye(self.groups.groups)[self.group_of(cid)] if self.groups.groups > 1 else None
+        from .mixture import train_shares
+        return train_shares(cid, self.pool()[2].sources[cid], self.num_sources, self.splits, self.seed)

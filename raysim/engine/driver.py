@@ -11,6 +11,7 @@ from dataclasses import is_dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from raysim import rng
 from raysim.config import Scenario, make_source
@@ -93,7 +94,10 @@ class RoundDriver:
     def __init__(self, sc: Scenario, transport: Transport):
         self.sc = sc
         self.transport = transport
-        self.algo = make_algorithm(sc, make_source(sc))
+        self.source = make_source(sc)
+        self.algo = make_algorithm(sc, self.source)
+        self.clusters: dict[str, Any] = {}     # the last evaluation's cluster report
+        self._source_tests: list | None = None
         self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
         self.train_ids, self.unseen_ids = split_unseen(sc)
         self.round = 0              # rounds completed
@@ -169,7 +173,48 @@ class RoundDriver:
         out = summarize({int(c): results[int(c)] for c in self.train_ids})
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
+        out.update(self._cluster_report({c: r[2] for c, r in results.items() if r[2] is not None}))
         return out
+
+    def _cluster_report(self, importance: dict[int, list[float]]) -> dict[str, float]:
+        """A clustered method's report (kept in ``self.clusters``): each cluster model's score
+        on each source's held-out set (``center_source``: row c = center c), each source's best
+        center (``association``), the clients' estimated weights (``importance``) and, where
+        the data know them, the true shares. Returns the table as per-round metrics
+        ``center<c>_source<s>_<metric>``."""
+        report: dict[str, Any] = {}
+        metrics: dict[str, float] = {}
+        centers = self.algo.centers(self.server_state)
+        if centers is not None and self.source.num_sources:
+            if self._source_tests is None:
+                self._source_tests = [self.source.source_test(s) for s in range(self.source.num_sources)]
+            task = self.algo.task
+            cols = []
+            for x, y in self._source_tests:
+                out = self.algo.outputs(centers, x, torch.device("cpu"))
+                cols.append([task.scores(o, y)[task.metric] for o in out])
+            table = [[cols[s][c] for s in range(len(cols))] for c in range(len(centers))]
+            pick = min if lower_is_better(task.metric) else max
+            report["center_source"] = table
+            report["association"] = [pick(range(len(centers)), key=lambda c: table[c][s]) for s in range(len(cols))]
+            metrics = {f"center{c}_source{s}_{task.metric}": v for c, row in enumerate(table) for s, v in enumerate(row)}
+        if importance:
+            report["importance"] = {c: importance[c] for c in sorted(importance)}
+            shares = self._true_shares()
+            if shares is not None:
+                report["true_shares"] = shares
+        self.clusters = report
+        return metrics
+
+    def _true_shares(self) -> dict[int, list[float]] | None:
+        everyone = sorted(int(c) for c in np.concatenate([self.train_ids, self.unseen_ids]))
+        if self.source.true_shares(everyone[0]) is None:
+            return None
+        return {c: [float(v) for v in self.source.true_shares(c)] for c in everyone}
+
+    def report(self) -> dict[str, Any]:
+        """The last evaluation's cluster report (empty for unclustered methods)."""
+        return self.clusters
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, path: str, extra: dict | None = None) -> None:

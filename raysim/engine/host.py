@@ -112,8 +112,8 @@ class Host:
         return acc, losses, time.perf_counter() - t0
 
     def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
-                 unseen: list[int] = ()) -> dict[int, tuple[dict[str, float], int]]:
-        """Each client's metrics and test size. ``unseen`` clients never trained: they
+                 unseen: list[int] = ()) -> dict[int, tuple[dict[str, float], int, list[float] | None]]:
+        """Each client's metrics, test size and estimated weights of the cluster models. ``unseen`` clients never trained: they
         personalize first (not kept). Decentralized (``self.servers``), each client is scored
         with the message of its own copy of the server state."""
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
@@ -124,9 +124,14 @@ class Host:
         personal = dict(zip(unseen, self._drive([
             self.algo.personalize(received[c], self.data(c), self.context(round_, c, "personalize", groups[c]))
             for c in unseen])))
-        calls = [self.algo.evaluate(personal[c] if c in personal else self.state(c), received[c], self.data(c),
-                                    self.context(round_, c, "eval", groups[c])) for c in cids]
-        return {c: (m, self.data(c).num_test) for c, m in zip(cids, self._drive(calls))}
+        states = {c: personal[c] if c in personal else self.state(c) for c in cids}
+        calls = [self.algo.evaluate(states[c], received[c], self.data(c), self.context(round_, c, "eval", groups[c]))
+                 for c in cids]
+        out = {}
+        for c, m in zip(cids, self._drive(calls)):
+            imp = self.algo.importance(states[c])
+            out[c] = (m, self.data(c).num_test, None if imp is None else [float(v) for v in imp])
+        return out
 
     # -- decentralized (gossip) ----------------------------------------------------------------
     def _own_message(self, round_: int, cid: int) -> Received:

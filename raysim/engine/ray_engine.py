@@ -221,6 +221,9 @@ class _Server:
     def history(self) -> list[dict]:
         return self.driver.history
 
+    def report(self) -> dict:
+        return self.driver.report()
+
     def shutdown(self) -> None:
         self.driver.transport.shutdown()
 
@@ -255,6 +258,9 @@ class RayServer:
     @property
     def history(self) -> list[dict]:
         return ray.get(self.actor.history.remote())
+
+    def report(self) -> dict:
+        return ray.get(self.actor.report.remote())
 
     def close(self) -> None:
         try:
