@@ -3,6 +3,7 @@
 REGISTRY is the one place the engine finds algorithms by name.
 """
 from .base import Algorithm
+from .cfl import CFL
 from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
@@ -12,7 +13,7 @@ from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
 
-REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft)}
+REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL)}
 
 
 def get(name: str) -> type[Algorithm]:

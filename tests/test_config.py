@@ -30,7 +30,7 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("override, key, words", [
-    ("algorithm.name=fedavgg", "algorithm.name", "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto"),
+    ("algorithm.name=fedavgg", "algorithm.name", "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl"),
     ("algorithm.lrr=0.1", "algorithm.lrr", "unknown key"),
     ("algorithm.lr=fast", "algorithm.lr", "not a number"),
     ("algorithm.lr=-1", "algorithm.lr", "must be > 0"),
@@ -106,7 +106,7 @@ def test_cli_exit_code_2_one_line_no_traceback(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert lines[0] == (f"raysim: {path}: algorithm.name: 'fedavgg' is not one of the choices; "
-                        "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto")
+                        "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl")
 
 
 def test_cli_validate_and_list(tmp_path, capsys):

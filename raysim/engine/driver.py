@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from sklearn.metrics import adjusted_rand_score
 
 from raysim import rng
 from raysim.config import Scenario, make_source
@@ -163,8 +164,9 @@ class RoundDriver:
 
     def evaluate(self) -> dict[str, float]:
         everyone = np.concatenate([self.train_ids, self.unseen_ids])
+        chosen = self.algo.eval_groups(self.server_state, everyone)
         groups = {int(c): 0 for c in everyone}
-        groups.update(self.algo.eval_groups(self.server_state, everyone))
+        groups.update(chosen)
         results: dict[int, tuple[dict[str, float], int]] = {}
         unseen = [int(c) for c in self.unseen_ids]
         for part in self.transport.evaluate(self.round, self.eval_message(),
@@ -173,10 +175,14 @@ class RoundDriver:
         out = summarize({int(c): results[int(c)] for c in self.train_ids})
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
-        out.update(self._cluster_report({c: r[2] for c, r in results.items() if r[2] is not None}))
+        importance = {c: r[2] for c, r in results.items() if r[2] is not None}
+        centers = self.algo.centers(self.server_state)
+        if not importance and centers is not None and chosen:     # hard clusters held by the server
+            importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items()}
+        out.update(self._cluster_report(importance, centers))
         return out
 
-    def _cluster_report(self, importance: dict[int, list[float]]) -> dict[str, float]:
+    def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
         """A clustered method's report (kept in ``self.clusters``): each cluster model's score
         on each source's held-out set (``center_source``: row c = center c), each source's best
         center (``association``), the clients' estimated weights (``importance``) and, where
@@ -184,7 +190,6 @@ class RoundDriver:
         ``center<c>_source<s>_<metric>``."""
         report: dict[str, Any] = {}
         metrics: dict[str, float] = {}
-        centers = self.algo.centers(self.server_state)
         if centers is not None and self.source.num_sources:
             if self._source_tests is None:
                 self._source_tests = [self.source.source_test(s) for s in range(self.source.num_sources)]
@@ -203,6 +208,10 @@ class RoundDriver:
             shares = self._true_shares()
             if shares is not None:
                 report["true_shares"] = shares
+                # agreement of the hard assignments (largest estimated weight vs largest true share)
+                cids = sorted(importance)
+                metrics["assignment_ari"] = float(adjusted_rand_score(
+                    [int(np.argmax(shares[c])) for c in cids], [int(np.argmax(importance[c])) for c in cids]))
         self.clusters = report
         return metrics
 
