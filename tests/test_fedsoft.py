@@ -300,3 +300,25 @@ def test_cfl_finds_the_rotation_groups_of_real_digits(tmp_path):
     found = [int(np.argmax(f["importance"][c])) for c in cids]
     truth = [int(np.argmax(f["true_shares"][c])) for c in cids]
     assert len(set(found)) == 2 and adjusted_rand_score(truth, found) >= 0.9
+
+
+def test_fedavg_learns_a_regression_task_end_to_end(tmp_path):
+    """Regression through the generic path: one source, so one linear model fits everyone;
+    FedAvg's MSE must come down to the label noise (1.0) from the initial model's."""
+    p = write_scenario(tmp_path, """
+rounds: 15
+data:
+  dataset: regression_mixture
+  clients: 10
+  partition: {kind: mixture, scheme: random, sources: 1, min_size: 60, max_size: 80, holdout: 100}
+model: {name: linear, bias: false}
+algorithm: {name: fedavg, lr: 0.02, batch_size: 10}
+eval: {every: 1}
+resources: {hosts: 2}
+""")
+    d = serial_driver(config.load(p), 2)
+    first = d.step()
+    for _ in range(14):
+        last = d.step()
+    assert last["mse"] < 1.3 < 0.2 * first["mse"] and "accuracy" not in last
+    assert last["global_mse"] == last["mse"]

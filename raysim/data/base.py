@@ -93,6 +93,14 @@ def split_index(cid: int, n: int, splits: Splits, seed: int) -> tuple[torch.Tens
     return perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
 
 
+def train_shares(cid: int, sources: np.ndarray, num_sources: int, splits: Splits, seed: int) -> np.ndarray:
+    """Share of each source in the client's train split, given each of its samples' source
+    (what an importance estimate targets)."""
+    tr, _, _ = split_index(cid, len(sources), splits, seed)
+    counts = np.bincount(sources[tr.numpy()], minlength=num_sources).astype(np.float64)
+    return counts / max(counts.sum(), 1.0)
+
+
 def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
                  splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64) -> ClientData:
     """A client's n samples split by ``split_index``. Targets become ``target_dtype`` (int64
@@ -217,5 +225,4 @@ class PooledSource(FederatedSource):
     def true_shares(self, cid: int) -> np.ndarray | None:
         if not self.num_sources:          # groups: all of a client's data is its group's
             return np.eye(self.groups.groups)[self.group_of(cid)] if self.groups.groups > 1 else None
-        from .mixture import train_shares
         return train_shares(cid, self.pool()[2].sources[cid], self.num_sources, self.splits, self.seed)

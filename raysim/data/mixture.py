@@ -27,7 +27,7 @@ import torch
 from raysim.core.data import ClientData
 from raysim.rng import generator
 
-from .base import DataError, FederatedSource, Splits, split_client, split_index
+from .base import DataError, FederatedSource, Splits, split_client, train_shares
 
 SCHEMES = ("10:90", "30:70", "linear", "random")
 
@@ -85,13 +85,6 @@ def plan(params: MixtureParams, clients: int, rng: np.random.Generator) -> np.nd
 def source_labels(counts: np.ndarray) -> np.ndarray:
     """Per-sample source ids of a client with counts n_ks: n_k0 zeros, then n_k1 ones, ..."""
     return np.repeat(np.arange(len(counts)), counts)
-
-
-def train_shares(cid: int, sources: np.ndarray, num_sources: int, splits: Splits, seed: int) -> np.ndarray:
-    """Share of each source in the client's train split (what an importance estimate targets)."""
-    tr, _, _ = split_index(cid, len(sources), splits, seed)
-    counts = np.bincount(sources[tr.numpy()], minlength=num_sources).astype(np.float64)
-    return counts / max(counts.sum(), 1.0)
 
 
 @dataclass
