@@ -322,3 +322,18 @@ resources: {hosts: 2}
         last = d.step()
     assert last["mse"] < 1.3 < 0.2 * first["mse"] and "accuracy" not in last
     assert last["global_mse"] == last["mse"]
+
+
+def test_fedsoft_on_ray_hosts_matches_the_serial_engine(tmp_path):
+    """Statistics replies per client, selection masks and per-center sums through Ray actors:
+    the same report and metrics as in-process hosts."""
+    from tests.test_runs import summary_of
+    sets = ["--set", "rounds=4", "--set", "eval.every=2", "--set", "data.clients=30", "--set", "resources.hosts=3",
+            "--set", "resources.cpus_per_host=0.5",
+            "--set", f"tracking.uri=sqlite:///{tmp_path}/m.db", "--set", f"checkpoint.dir={tmp_path}/ck"]
+    path = str(ROOT / "scenarios" / "fedsoft_synthetic.yaml")
+    serial = summary_of(tmp_path, path, "--engine", "serial", *sets, name="serial.json")
+    on_ray = summary_of(tmp_path, path, *sets, name="ray.json")
+    assert on_ray["final"] == serial["final"] and "center_source" in serial["final"]
+    same = lambda h: {k: v for k, v in h.items() if "seconds" not in k}  # noqa: E731
+    assert [same(h) for h in on_ray["history"]] == [same(h) for h in serial["history"]]
