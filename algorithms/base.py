@@ -43,10 +43,12 @@ import torch
 
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
+from raysim.core.forward import params_of
 from raysim.core.loop import Fitted, Job, Settings, Supervised, Trainer, make_job
+from raysim.core.mixing import flatten, unflatten
 from raysim.core.optim import OPTIMIZERS
 from raysim.core.replies import ByKey, PerClient, Weighted
-from raysim.core.tasks import Task
+from raysim.core.tasks import Task, lower_is_better
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,13 @@ class Algorithm:
         """Outputs of each parameter set on ``x``: (K, n, outputs)."""
         return self.trainer(device).outputs(sets, x)
 
+    @torch.no_grad()
+    def losses(self, sets: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
+               device: torch.device) -> torch.Tensor:
+        """Per-sample task losses of each parameter set on (x, y): (K, n)."""
+        out = self.outputs(sets, x, device)
+        return self.task.per_sample(out, y.expand(out.shape[0], *y.shape))
+
     def warm_up(self, input_shape: tuple[int, ...], device: torch.device) -> None:
         """One forward/backward pass on zeros, so one-time setup (oneDNN primitives, the
         autograd engine, a CUDA context) happens when a host starts, not in round 1's timing."""
@@ -227,5 +236,16 @@ class Algorithm:
         return list(groups[0])
 
 
+def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[torch.Tensor]]:
+    """``models`` with entry s replaced by the mean of the reduced ``ByKey`` reply s wherever
+    it has weight; the others (nobody trained them) kept."""
+    new = list(models)
+    for s, r in (reduced or {}).items():
+        if r.weight > 0:
+            new[s] = r.mean(new[s][0].dtype)
+    return new
+
+
 __all__ = ["Algorithm", "ByKey", "ClientData", "Context", "Fitted", "Job", "LocalTraining", "Message",
-           "PerClient", "Received", "StatsRequest", "Weighted"]
+           "PerClient", "Received", "StatsRequest", "Weighted", "flatten", "lower_is_better", "means_by_key",
+           "params_of", "unflatten"]

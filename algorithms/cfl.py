@@ -32,10 +32,8 @@ import numpy as np
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from .base import Algorithm, ByKey, LocalTraining, Message, PerClient, Weighted
-from raysim.core.forward import params_of
-from raysim.core.mixing import flatten, unflatten
-from raysim.core.tasks import lower_is_better
+from .base import (Algorithm, ByKey, LocalTraining, Message, PerClient, Weighted, flatten, lower_is_better,
+                   params_of, unflatten)
 
 
 @dataclass(frozen=True)
@@ -130,20 +128,21 @@ class CFL(Algorithm):
             cache.append(models[c])                       # the cluster's federated model
             lineage[c] = lineage[c] + [len(cache) - 1]
             lineage.append(list(lineage[c]))
-            for part, idx in ((c, 0), (new, 1)):
-                ks = [k for k, lab in zip(cids, labels) if lab == idx]
-                w = torch.stack([updates[k][1] for k in ks])
-                step = (flat[[cids.index(k) for k in ks]].double() * w[:, None]).sum(0) / w.sum()
+            weights = torch.stack([updates[k][1] for k in cids])
+            for part, side in ((c, 0), (new, 1)):
+                rows = np.flatnonzero(labels == side)
+                w = weights[rows]
+                step = (flat[rows].double() * w[:, None]).sum(0) / w.sum()
                 shifted = [t + d for t, d in zip(theta, unflatten([theta], step.to(theta[0].dtype))[0])]
                 if part == new:
                     models.append(shifted)
                 else:
                     models[c] = shifted
-                for k in ks:
+                for i in rows:
                     if part == 0:
-                        member.pop(k, None)
+                        member.pop(cids[i], None)
                     else:
-                        member[k] = part
+                        member[cids[i]] = part
         return CFLServer(models, member, cache, lineage)
 
     def evaluate(self, state, received, data, ctx):

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Algorithm, LocalTraining, Weighted
-from raysim.core.forward import params_of
+from .base import Algorithm, LocalTraining, Weighted, params_of
 
 
 @dataclass(frozen=True)

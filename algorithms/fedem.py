@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted
-from raysim.core.forward import params_of
+from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted, params_of
 
 
 @dataclass(frozen=True)
@@ -147,12 +146,6 @@ class FedEM(Algorithm):
     def init_client(self, cid, rng) -> FedEMState:
         m = self.hp.components
         return FedEMState(torch.full((m,), 1.0 / m))
-
-    @torch.no_grad()
-    def losses(self, components, x, y, device) -> torch.Tensor:
-        """Per-sample losses of every component, (M, n)."""
-        out = self.outputs(components, x, device)
-        return self.task.per_sample(out, y.expand(out.shape[0], *y.shape))
 
     def train(self, state: FedEMState, received, data, ctx):
         comps = received.shared

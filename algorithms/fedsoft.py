@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, ByKey, LocalTraining, Message, PerClient, StatsRequest, Weighted
-from raysim.core.forward import params_of
+from .base import (Algorithm, ByKey, LocalTraining, Message, PerClient, StatsRequest, Weighted, means_by_key,
+                   params_of)
 
 
 @dataclass(frozen=True)
@@ -139,13 +139,7 @@ class FedSoft(Algorithm):
         return Message(server.centers)
 
     def aggregate(self, server, reduced, round_):
-        if reduced is None:
-            return server
-        centers = list(server.centers)
-        for s, r in reduced.items():
-            if r.weight > 0:
-                centers[s] = r.mean(centers[s][0].dtype)
-        return FedSoftServer(centers, server.ids, server.un, server.estimated)
+        return FedSoftServer(means_by_key(server.centers, reduced), server.ids, server.un, server.estimated)
 
     def centers(self, server):
         return server.centers
@@ -155,11 +149,8 @@ class FedSoft(Algorithm):
         s = self.hp.clusters
         return FedSoftState(params_of(self.model_fn(0)), torch.full((s,), 1.0 / s, dtype=torch.float64))
 
-    @torch.no_grad()
     def estimate(self, centers, data, device) -> torch.Tensor:
-        out = self.outputs(centers, data.train_x, device)
-        return importance_weights(self.task.per_sample(out, data.train_y.expand(out.shape[0], *data.train_y.shape)),
-                                  self.hp.sigma).cpu()
+        return importance_weights(self.losses(centers, data.train_x, data.train_y, device), self.hp.sigma).cpu()
 
     def client_stats(self, state, received, data, ctx):
         u = self.estimate(received.shared, data, ctx.device)

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, ByKey, LocalTraining, Message, StatsRequest, Weighted
-from raysim.core.forward import params_of
+from .base import Algorithm, ByKey, LocalTraining, Message, StatsRequest, Weighted, means_by_key, params_of
 
 
 @dataclass(frozen=True)
@@ -96,20 +95,11 @@ class IFCA(Algorithm):
         return torch.nn.functional.one_hot(state.cluster, self.hp.clusters).double()
 
     def aggregate(self, server, reduced, round_):
-        if reduced is None:
-            return server
-        new = list(server.models)
-        for s, r in reduced.items():
-            if r.weight > 0:
-                new[s] = r.mean(new[s][0].dtype)
-        return IFCAServer(new, server.draws, server.ready)
+        return IFCAServer(means_by_key(server.models, reduced), server.draws, server.ready)
 
     def pick(self, clusters, data, device) -> int:
         """The cluster model of lowest mean loss on the client's train split."""
-        with torch.no_grad():
-            out = self.outputs(clusters, data.train_x, device)
-            loss = self.task.per_sample(out, data.train_y.expand(out.shape[0], *data.train_y.shape))
-        return int(loss.mean(dim=1).argmin())
+        return int(self.losses(clusters, data.train_x, data.train_y, device).mean(dim=1).argmin())
 
     def train(self, state, received, data, ctx):
         s = self.pick(received.shared, data, ctx.device)

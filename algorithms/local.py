@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, LocalTraining
-from raysim.core.forward import params_of
+from .base import Algorithm, LocalTraining, params_of
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ class RoundDriver:
         self.algo = make_algorithm(sc, self.source)
         self.clusters: dict[str, Any] = {}     # the last evaluation's cluster report
         self._source_tests: list | None = None
+        self._shares: dict[int, list[float]] | None = None
         self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
         self.train_ids, self.unseen_ids = split_unseen(sc)
         self.round = 0              # rounds completed
@@ -216,10 +217,12 @@ class RoundDriver:
         return metrics
 
     def _true_shares(self) -> dict[int, list[float]] | None:
-        everyone = sorted(int(c) for c in np.concatenate([self.train_ids, self.unseen_ids]))
-        if self.source.true_shares(everyone[0]) is None:
-            return None
-        return {c: [float(v) for v in self.source.true_shares(c)] for c in everyone}
+        """Every client's true shares (fixed by the data: computed once)."""
+        if self._shares is None:
+            everyone = sorted(int(c) for c in np.concatenate([self.train_ids, self.unseen_ids]))
+            shares = {c: self.source.true_shares(c) for c in everyone}
+            self._shares = {} if shares[everyone[0]] is None else {c: [float(v) for v in u] for c, u in shares.items()}
+        return self._shares or None
 
     def report(self) -> dict[str, Any]:
         """The last evaluation's cluster report (empty for unclustered methods)."""
