@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from sklearn.metrics import adjusted_rand_score
 
 from raysim import rng
 from raysim.config import Scenario, make_source
@@ -210,6 +209,7 @@ class RoundDriver:
             if shares is not None:
                 report["true_shares"] = shares
                 # agreement of the hard assignments (largest estimated weight vs largest true share)
+                from sklearn.metrics import adjusted_rand_score
                 cids = sorted(importance)
                 metrics["assignment_ari"] = float(adjusted_rand_score(
                     [int(np.argmax(shares[c])) for c in cids], [int(np.argmax(importance[c])) for c in cids]))
