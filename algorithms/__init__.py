@@ -2,6 +2,7 @@
 
 REGISTRY is the one place the engine finds algorithms by name.
 """
+from .apfl import APFL
 from .base import Algorithm
 from .cfl import CFL
 from .ditto import Ditto
@@ -12,8 +13,11 @@ from .fedprox import FedProx
 from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
+from .pfedme import PFedMe
+from .superfed import SuPerFedLM, SuPerFedMM
 
-REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL)}
+REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
+                                                           SuPerFedMM, SuPerFedLM, APFL, PFedMe)}
 
 
 def get(name: str) -> type[Algorithm]:

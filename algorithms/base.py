@@ -44,7 +44,7 @@ import torch
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
 from raysim.core.forward import params_of
-from raysim.core.loop import Fitted, Job, Settings, Supervised, Trainer, make_job
+from raysim.core.loop import Batch, Fitted, Job, Objective, Settings, Supervised, Trainer, make_job
 from raysim.core.mixing import flatten, unflatten
 from raysim.core.optim import OPTIMIZERS
 from raysim.core.replies import ByKey, PerClient, Weighted
@@ -215,6 +215,11 @@ class Algorithm:
         """The client's metrics on its test split, e.g. {"accuracy": .., "test_loss": ..}."""
         raise NotImplementedError
 
+    def report(self, results: dict[int, tuple[dict[str, float], int]]) -> dict[str, Any]:
+        """Entries for the run's report (the summary's ``final``) from every evaluated client's
+        (metrics, test size), e.g. SuPerFed's accuracy-vs-λ curve; {} by default."""
+        return {}
+
     def importance(self, state: Any) -> torch.Tensor | None:
         """The client's estimated weight of each of ``centers`` (soft or 0/1), reported beside
         the true shares of its sources; None: none."""
@@ -236,6 +241,19 @@ class Algorithm:
         return list(groups[0])
 
 
+def interpolate(a: list[torch.Tensor], b: list[torch.Tensor], t) -> list[torch.Tensor]:
+    """(1 − t)·a + t·b tensor by tensor: the weight-space mix of two parameter sets (SuPerFed's
+    W(λ), APFL's v̄). ``t``: a number; a (K,) tensor, one per stacked set; or a list with one
+    such per tensor (SuPerFed's layer mixing). t = 0 gives a and t = 1 gives b exactly."""
+    ts = t if isinstance(t, (list, tuple)) else [t] * len(a)
+    out = []
+    for x, y, s in zip(a, b, ts):
+        if isinstance(s, torch.Tensor) and s.dim() == 1:
+            s = s.view(-1, *[1] * (x.dim() - 1))
+        out.append((1 - s) * x + s * y)
+    return out
+
+
 def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[torch.Tensor]]:
     """``models`` with entry s replaced by the mean of the reduced ``ByKey`` reply s wherever
     it has weight; the others (nobody trained them) kept."""
@@ -246,6 +264,6 @@ def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[to
     return new
 
 
-__all__ = ["Algorithm", "ByKey", "ClientData", "Context", "Fitted", "Job", "LocalTraining", "Message",
-           "PerClient", "Received", "StatsRequest", "Weighted", "flatten", "lower_is_better", "means_by_key",
-           "params_of", "unflatten"]
+__all__ = ["Algorithm", "Batch", "ByKey", "ClientData", "Context", "Fitted", "Job", "LocalTraining", "Message",
+           "Objective", "PerClient", "Received", "StatsRequest", "Weighted", "flatten", "interpolate",
+           "lower_is_better", "means_by_key", "params_of", "unflatten"]

@@ -28,14 +28,22 @@ class LinearParams:
 @dataclass(frozen=True)
 class MLPParams:
     hidden: tuple[int, ...] = field(default=(200, 200), metadata={"help": "hidden layer widths"})
+    bias: bool = field(default=True, metadata={"help": "false: bias-free layers"})
     init: str = _init_field()
 
 
+@dataclass(frozen=True)
+class TwoNNParams:
+    bias: bool = field(default=False, metadata={"help": "true: layers with biases (SuPerFed's have none)"})
+    init: str = field(default="xavier_normal", metadata={
+        "choices": INITS, "help": "xavier_normal: SuPerFed's official init; default: PyTorch's"})
+
+
 def _initialized(model: nn.Module, how: str) -> nn.Module:
-    """Linear weights re-drawn by ``how`` (biases keep PyTorch's default)."""
+    """Linear and convolution weights re-drawn by ``how`` (biases keep PyTorch's default)."""
     if how == "xavier_normal":
         for m in model.modules():
-            if isinstance(m, nn.Linear):
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
                 nn.init.xavier_normal_(m.weight)
     return model
 
@@ -57,10 +65,30 @@ def mlp(params: MLPParams, input_shape: tuple[int, ...], classes: int) -> nn.Mod
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for h in params.hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
+        layers += [nn.Linear(width, h, bias=params.bias), nn.ReLU()]
         width = h
-    layers.append(nn.Linear(width, classes))
+    layers.append(nn.Linear(width, classes, bias=params.bias))
     return _initialized(nn.Sequential(*layers), params.init)
+
+
+def twonn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """SuPerFed's TwoNN (official code): in -> 200 -> 200 -> 200 -> classes, ReLU, bias-free,
+    Xavier-normal weights."""
+    return mlp(MLPParams((200, 200, 200), params.bias, params.init), input_shape, classes)
+
+
+def twocnn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """SuPerFed's TwoCNN (official code) for C x 28 x 28 inputs: conv5x5·32 (padding 1) ->
+    ReLU -> maxpool 2 (padding 1) -> conv5x5·64 (padding 1) -> ReLU -> maxpool 2 (padding 1) ->
+    fc 3136 -> 200 -> 200 -> classes, bias-free, Xavier-normal weights."""
+    if tuple(input_shape[1:]) != (28, 28) or len(input_shape) != 3:
+        raise ValueError(f"twocnn needs C x 28 x 28 inputs, the dataset gives {tuple(input_shape)}")
+    b = params.bias
+    return _initialized(nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1),
+        nn.Conv2d(32, 64, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1), nn.Flatten(),
+        nn.Linear(64 * 7 * 7, 200, bias=b), nn.ReLU(), nn.Linear(200, 200, bias=b), nn.ReLU(),
+        nn.Linear(200, classes, bias=b)), params.init)
 
 
 def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -85,6 +113,9 @@ MODELS: dict[str, ModelSpec] = {
     s.name: s for s in (
         ModelSpec("linear", "multinomial logistic regression (flatten -> linear)", LinearParams, linear),
         ModelSpec("mlp", "fully connected ReLU network (hidden widths configurable)", MLPParams, mlp),
+        ModelSpec("twonn", "SuPerFed's TwoNN: 3 hidden layers of 200, bias-free, Xavier init", TwoNNParams, twonn),
+        ModelSpec("twocnn", "SuPerFed's TwoCNN: 2 conv5x5 + pool, fc 200-200, bias-free (Cx28x28 inputs)",
+                  TwoNNParams, twocnn),
         ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
                   CNNParams, femnist_cnn),
     )

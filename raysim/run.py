@@ -137,7 +137,8 @@ def _save(server, path: Path, sc: Scenario) -> None:
 
 FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accuracy",
          "unseen_bottom_decile_accuracy", "test_loss", "mse", "bottom_decile_mse", "train_mse",
-         "train_accuracy", "unseen_mse")
+         "train_accuracy", "unseen_mse", "global_mse", "local_accuracy", "local_mse",
+         "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen")
 
 
 def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, clusters: dict | None = None) -> dict:

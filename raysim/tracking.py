@@ -75,7 +75,8 @@ class Tracker:
     def log_summary(self, summary: dict) -> None:
         """summary.json, and for a clustered method ``clusters/center_source.csv`` (row c:
         center c's score per source, the association below) and ``clusters/importance.csv``
-        (each client's estimated weights beside its true shares)."""
+        (each client's estimated weights beside its true shares); every ``*_curve`` of the
+        report (SuPerFed's ``lambda_curve``) as ``curves/<name>.csv`` and ``.png``."""
         final = summary.get("final", {})
         with tempfile.TemporaryDirectory() as tmp:
             p = os.path.join(tmp, "summary.json")
@@ -103,5 +104,44 @@ class Tracker:
                     w.writerows([[c, *v, *true.get(c, [])] for c, v in imp.items()])
                 self.client.log_artifact(self.run_id, p, "clusters")
 
+            for key, curve in final.items():
+                if key.endswith("_curve") and isinstance(curve, dict) and curve:
+                    for path in write_curve(tmp, key, curve, final.get(f"{key}_std"), summary.get("name", "")):
+                        self.client.log_artifact(self.run_id, path, "curves")
+
     def finish(self, outcome: str) -> None:
         self.client.set_terminated(self.run_id, status=STATUS[outcome])
+
+
+def write_curve(folder: str, key: str, curve: dict, std: dict | None, title: str) -> list[str]:
+    """``<key>.csv`` (x, mean[, std]) and ``<key>.png`` (the mean with a ±std band) in
+    ``folder``; returns their paths."""
+    xs = list(curve)
+    ys = [float(curve[x]) for x in xs]
+    sd = [float(std[x]) for x in xs] if std else None
+    name = key[:-len("_curve")]
+    csv_path = os.path.join(folder, f"{key}.csv")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([name, "mean", *(["std"] if sd else [])])
+        w.writerows([[x, y, *([s] if sd else [])] for x, y, s in zip(xs, ys, sd or ys)])
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+    try:
+        pos = [float(x) for x in xs]
+    except ValueError:
+        pos = list(range(len(xs)))
+    ax.plot(pos, ys, marker="o")
+    if sd:
+        ax.fill_between(pos, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.25)
+    ax.set_xlabel(name)
+    ax.set_ylabel("mean over clients (± std)" if sd else "mean over clients")
+    ax.set_title(title or key)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png_path = os.path.join(folder, f"{key}.png")
+    fig.savefig(png_path)
+    plt.close(fig)
+    return [csv_path, png_path]

@@ -67,6 +67,11 @@ class Objective:
     loop reports. Jobs share no parameter, so the gradient of the summed loss is each job's own.
     ``trainable``: which parameters are trained (None: all). ``draws``: per-step random draws of
     one job, taken from its client's generator when the job is made (None: none).
+
+    A parameter that is not trainable may instead be *set* by the objective each step (an inner
+    solution such as pFedMe's θ, a projected scalar such as APFL's α): ``loss`` then returns a
+    third value ``{parameter index: new values (K, ...)}``, which the loop stores after the
+    optimizer's step; the others stay constant.
     """
 
     trainable: tuple[bool, ...] | None = None
@@ -235,10 +240,15 @@ class Trainer:
                 batch = Batch(X[rows], Y[rows], WT[at][:, :width], VAL[at][:, :width])
                 cs = {key: [v[c0:c1] for v in val] if isinstance(val, list) else val[c0:c1]
                       for key, val in consts.items()}
-                loss, data_sum = obj.loss(self.forward, sub, batch, cs, None if draws is None else draws[c0:c1, t])
+                loss, data_sum, *assign = obj.loss(self.forward, sub, batch, cs,
+                                                   None if draws is None else draws[c0:c1, t])
                 grads = list(torch.autograd.grad(loss.sum(), [p for p, m in zip(sub, train_mask) if m]))
                 loss_sums[c0:c1] += data_sum.detach().to(torch.float64)
                 opt.step([p[c0:c1] for p in trained], grads, c0, c1)
+                for i, value in (assign[0] if assign else {}).items():
+                    if train_mask[i]:
+                        raise ValueError(f"the objective sets parameter {i}, which the optimizer trains")
+                    P[i][c0:c1] = value.detach()
         mean = (loss_sums / seen.clamp_min(1)).tolist()
         own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
         for i, k in enumerate(order):

@@ -12,7 +12,9 @@ per client, drawing only from ``rng`` (so a fixed generator gives a fixed split)
   Decentralized Data") pathological non-IID split: sort by label, cut clients·k shards, k random
   shards per client. Shard sizes differ by at most one, so no sample is dropped; a client holds at
   most k labels whenever each shard falls inside one class (e.g. class sizes divisible by the
-  shard size), otherwise a shard straddling a class boundary adds a label.
+  shard size), otherwise a shard straddling a class boundary adds a label. ``assign: strided``
+  gives client i shards i, i+K, i+2K, ... instead (SuPerFed's code: deterministic; with K
+  clients, 2 shards each and 10 equal classes, client i holds classes ⌊10i/2K⌋ and that + 5).
 - iid: uniform shuffle, equal sizes (differing by at most one).
 """
 from __future__ import annotations
@@ -33,6 +35,10 @@ class DirichletParams:
 @dataclass(frozen=True)
 class ShardsParams:
     classes_per_client: int = field(default=2, metadata={"min": 1, "help": "label-sorted shards (≈ classes) per client"})
+    assign: str = field(default="random", metadata={
+        "choices": ("random", "strided"),
+        "help": "random: shards dealt at random (McMahan et al.); strided: client i gets shards i, i+K, ... "
+                "(SuPerFed's code, no randomness)"})
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ def shards(labels: np.ndarray, num_clients: int, params: ShardsParams,
     _check(len(labels), num_clients, num_clients * k)
     order = np.argsort(labels, kind="stable")
     pieces = np.array_split(order, num_clients * k)
+    if params.assign == "strided":
+        return [np.sort(np.concatenate(pieces[c::num_clients])).astype(np.int64) for c in range(num_clients)]
     ids = rng.permutation(num_clients * k)
     return [np.sort(np.concatenate([pieces[s] for s in ids[c * k:(c + 1) * k]])).astype(np.int64)
             for c in range(num_clients)]

@@ -180,6 +180,7 @@ class RoundDriver:
         if not importance and centers is not None and chosen:     # hard clusters held by the server
             importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items()}
         out.update(self._cluster_report(importance, centers))
+        self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.train_ids}))
         return out
 
     def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
@@ -225,7 +226,8 @@ class RoundDriver:
         return self._shares or None
 
     def report(self) -> dict[str, Any]:
-        """The last evaluation's cluster report (empty for unclustered methods)."""
+        """The last evaluation's report: a clustered method's cluster report and the
+        algorithm's own entries (``Algorithm.report``, e.g. SuPerFed's λ curve)."""
         return self.clusters
 
     # -- checkpoints ---------------------------------------------------------------------------
