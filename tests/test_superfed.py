@@ -339,3 +339,16 @@ def test_superfed_apfl_pfedme_personalize_on_a_pathological_split(tmp_path):
     import matplotlib.image
     h, w = matplotlib.image.imread(png).shape[:2]
     assert (w, h) == (600, 420)
+
+
+@pytest.mark.ray
+def test_superfed_lm_on_ray_hosts_equals_the_serial_run(tmp_path):
+    text = DIGITS.format(rounds=6, algorithm="{name: superfed-lm, start: 0.5, " + SGD + "}").replace(
+        "hosts: 2, cpus_per_host: 0.5", "hosts: 3, cpus_per_host: 0.5")
+    path = write_scenario(tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
+                          f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
+    ray_run = summary_of(tmp_path, path, name="ray.json")
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    assert ray_run["final"] == serial["final"]
+    assert ray_run["history"][-1]["train_loss"] == serial["history"][-1]["train_loss"]
+    assert set(ray_run["final"]["lambda_curve"]) == {f"{t:g}" for t in np.linspace(0, 1, 11)}
