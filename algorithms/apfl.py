@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Objective, Weighted, interpolate
+from .base import Algorithm, Objective, Weighted, interpolate
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -116,6 +116,4 @@ class APFL(FedAvg):
         return {**task.scores(mixed, data.test_y), **task.scores(out_g, data.test_y, "global_"),
                 **task.scores(out_v, data.test_y, "local_"), "alpha": float(st.alpha)}
 
-    def personalize(self, received, data, ctx):
-        state, _, _ = yield from self.train(None, received, data, ctx)
-        return state
+    personalize = Algorithm.personalize_by_training

@@ -231,6 +231,12 @@ class Algorithm:
         seed = int(torch.randint(2**31, (1,), generator=ctx.generator))   # derived, like every draw
         return self.init_client(ctx.cid, np.random.default_rng(seed))
 
+    def personalize_by_training(self, received: Received, data: ClientData, ctx: Context):
+        """A ``personalize`` for methods whose personal state comes from local training: the
+        state one ``train`` step from a fresh client leaves (SuPerFed, APFL, pFedMe use it)."""
+        state, _, _ = yield from self.train(None, received, data, ctx)
+        return state
+
     # -- decentralized ---------------------------------------------------------------------
     def shared(self, server: Any) -> list[list[torch.Tensor]]:
         """The parameters gossip mixes, in groups (the consensus distance is reported per

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, LocalTraining, Objective, Weighted, params_of
+from .base import Algorithm, LocalTraining, Objective, Weighted
+from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
@@ -71,24 +72,20 @@ class PFedMeObjective(Objective):
         return loss, seen, dict(enumerate(theta))
 
 
-class PFedMe(Algorithm):
+class PFedMe(FedAvg):
     name = "pfedme"
     summary = "pFedMe (Dinh et al. 2020): Moreau-envelope personalization, θ solved per batch around w_loc"
     Hyper = PFedMeHyper
     ClientState = PFedMeState
+    decentralized = False
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
         n = sum(1 for _ in model_fn().parameters())
         self.inner = PFedMeObjective(task, n, hyper.lam, hyper.inner_steps, hyper.personal_lr)
 
-    def init_server(self, rng):
-        return params_of(self.model_fn())
-
     def aggregate(self, server, reduced, round_):
-        if reduced is None or reduced.weight == 0:
-            return server
-        mean, b = reduced.mean(server[0].dtype), self.hp.beta
+        mean, b = super().aggregate(server, reduced, round_), self.hp.beta     # FedAvg's average
         if b == 1.0:
             return mean
         return [(1 - b) * w + b * m for w, m in zip(server, mean)]
@@ -105,6 +102,4 @@ class PFedMe(Algorithm):
         personal, out_g = self.outputs([theta, glob], data.test_x, ctx.device)
         return {**self.task.scores(personal, data.test_y), **self.task.scores(out_g, data.test_y, "global_")}
 
-    def personalize(self, received, data, ctx):
-        state, _, _ = yield from self.train(None, received, data, ctx)
-        return state
+    personalize = Algorithm.personalize_by_training

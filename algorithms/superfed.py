@@ -54,11 +54,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, LocalTraining, Objective, Weighted, interpolate, lower_is_better, params_of
+from .base import Algorithm, Objective, Weighted, interpolate, lower_is_better, params_of
+from .fedavg import FedAvg, FedAvgHyper
 
 
 @dataclass(frozen=True)
-class SuPerFedHyper(LocalTraining):
+class SuPerFedHyper(FedAvgHyper):
     lr: float = 0.01
     local_epochs: int = 10
     batch_size: int = 10
@@ -137,11 +138,14 @@ class SuPerFedObjective(Objective):
         return loss, (per.detach() * batch.valid).sum(1)
 
 
-class SuPerFedMM(Algorithm):
+class SuPerFedMM(FedAvg):
+    """Server side: FedAvg's (the global model, the n_k-weighted mean of the w^f sent)."""
+
     name = "superfed-mm"
     summary = "SuPerFed-MM (Hahn et al. 2022): global and local models mixed in weight space, one λ per batch"
     Hyper = SuPerFedHyper
     ClientState = SuPerFedState
+    decentralized = False
     layerwise = False
 
     def __init__(self, hyper, model_fn, rounds, task):
@@ -158,14 +162,6 @@ class SuPerFedMM(Algorithm):
     def mixing(self, round_: int) -> bool:
         """Phase II: round r = round_ + 1 > ⌊L·R⌋."""
         return round_ + 1 > int(self.hp.start * self.rounds)
-
-    def init_server(self, rng):
-        return params_of(self.model_fn())
-
-    def aggregate(self, server, reduced, round_):
-        if reduced is None or reduced.weight == 0:
-            return server
-        return reduced.mean(server[0].dtype)
 
     def _local(self, state, cid: int, glob: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """w^l: the client's, or its initial one (None: copy_global before the first update)."""
@@ -229,9 +225,7 @@ class SuPerFedMM(Algorithm):
             std[f"{t:g}"] = float(np.sqrt((w * (v - mu) ** 2).sum() / w.sum()))
         return {"lambda_curve": mean, "lambda_curve_std": std}
 
-    def personalize(self, received, data, ctx):
-        state, _, _ = yield from self.train(None, received, data, ctx)
-        return state
+    personalize = Algorithm.personalize_by_training
 
 
 class SuPerFedLM(SuPerFedMM):
