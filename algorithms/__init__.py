@@ -14,10 +14,11 @@ from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
 from .pfedme import PFedMe
+from .sosicfl import SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
-                                                           SuPerFedMM, SuPerFedLM, APFL, PFedMe)}
+                                                           SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus)}
 
 
 def get(name: str) -> type[Algorithm]:

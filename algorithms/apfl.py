@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, Objective, Weighted, interpolate
+from .base import Algorithm, Objective, interpolate
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -96,7 +96,7 @@ class APFL(FedAvg):
         n = len(glob)
         lr = torch.tensor(self.hp.lr_at(ctx.round, ctx.rounds))
         (fit,) = yield [self.job(glob + st.v + [st.alpha], data, ctx, objective=self.mixed, consts={"lr": lr})]
-        return (APFLState(fit.params[n:2 * n], fit.params[2 * n]), Weighted(fit.params[:n], float(data.num_train)),
+        return (APFLState(fit.params[n:2 * n], fit.params[2 * n]), self.reply(fit.params[:n], received.shared, data.num_train),
                 fit.loss)
 
     def personalized(self, st: APFLState, glob, x, device) -> torch.Tensor:

@@ -148,6 +148,12 @@ class Algorithm:
         return make_job(params, data, ctx, self.hp.settings(ctx.round, ctx.rounds, epochs),
                         objective or self.objective, **kw)
 
+    def head(self) -> int:
+        """Index of the classifier head's weight among the model's parameters (``head_index``)."""
+        if getattr(self, "_head", None) is None:
+            self._head = head_index(self.model_fn())
+        return self._head
+
     def outputs(self, sets: list[list[torch.Tensor]], x: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Outputs of each parameter set on ``x``: (K, n, outputs)."""
         return self.trainer(device).outputs(sets, x)
@@ -215,9 +221,15 @@ class Algorithm:
         """The client's metrics on its test split, e.g. {"accuracy": .., "test_loss": ..}."""
         raise NotImplementedError
 
-    def report(self, results: dict[int, tuple[dict[str, float], int]]) -> dict[str, Any]:
+    def report(self, results: dict[int, tuple[dict[str, float], int]], server: Any) -> dict[str, Any]:
         """Entries for the run's report (the summary's ``final``) from every evaluated client's
-        (metrics, test size), e.g. SuPerFed's accuracy-vs-λ curve; {} by default."""
+        (metrics, test size) and the server state, e.g. SuPerFed's accuracy-vs-λ curve,
+        SosicFL's simplex; {} by default."""
+        return {}
+
+    def round_metrics(self, reduced: Any) -> dict[str, float]:
+        """Per-round metrics from the round's summed replies (e.g. the total variance of the
+        clients' last-layer updates); {} by default."""
         return {}
 
     def importance(self, state: Any) -> torch.Tensor | None:
@@ -247,6 +259,46 @@ class Algorithm:
         return list(groups[0])
 
 
+@dataclass
+class UpdateStats:
+    """Summable statistics of the clients' updates Δ_k of one tensor: Σ_k Δ_k, Σ_k ‖Δ_k‖² and
+    the count, whose total variance is Σ_k ‖Δ_k − Δ̄‖² = Σ_k ‖Δ_k‖² − ‖Σ_k Δ_k‖²/n (SosicFL's
+    eqs. 10–11, over the round's participants)."""
+
+    total: torch.Tensor
+    squares: float
+    count: float
+
+    @classmethod
+    def of(cls, delta: torch.Tensor) -> "UpdateStats":
+        d = delta.detach().to(torch.float64)
+        return cls(d, float((d * d).sum()), 1.0)
+
+    def variance(self) -> float:
+        if self.count <= 0:
+            return 0.0
+        return max(0.0, self.squares - float((self.total * self.total).sum()) / self.count)
+
+
+@dataclass
+class Tracked:
+    """A model reply with the statistics of the client's last-layer update beside it."""
+
+    model: Any
+    head: UpdateStats
+
+
+def head_index(model) -> int:
+    """Index (in ``params_of`` order) of the weight of the model's last linear layer: the
+    classifier a simplex head replaces and whose updates the total variance measures."""
+    names = [n for n, _ in model.named_parameters()]
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not last:
+        raise ValueError(f"{type(model).__name__} has no linear layer to use as the classifier head")
+    target = last[-1].weight
+    return next(i for i, p in enumerate(model.parameters()) if p is target) if names else 0
+
+
 def interpolate(a: list[torch.Tensor], b: list[torch.Tensor], t) -> list[torch.Tensor]:
     """(1 − t)·a + t·b tensor by tensor: the weight-space mix of two parameter sets (SuPerFed's
     W(λ), APFL's v̄). ``t``: a number; a (K,) tensor, one per stacked set; or a list with one
@@ -271,5 +323,6 @@ def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[to
 
 
 __all__ = ["Algorithm", "Batch", "ByKey", "ClientData", "Context", "Fitted", "Job", "LocalTraining", "Message",
-           "Objective", "PerClient", "Received", "StatsRequest", "Weighted", "flatten", "interpolate",
+           "Objective", "PerClient", "Received", "StatsRequest", "Supervised", "Tracked", "UpdateStats", "Weighted",
+           "flatten", "head_index", "interpolate",
            "lower_is_better", "means_by_key", "params_of", "unflatten"]

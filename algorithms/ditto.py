@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .fedavg import FedAvg, FedAvgHyper
-from .base import Weighted
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class Ditto(FedAvg):
         glob = self.job(received.shared, data, ctx, consts={"anchor": received.shared, "mu": 0.0})
         same = self.hp.personal_epochs in (None, self.hp.local_epochs)
         fitted_w, fitted_v = yield [glob, self._personal_job(v, received, data, ctx, glob.orders if same else None)]
-        return DittoState(fitted_v.params), Weighted(fitted_w.params, float(data.num_train)), fitted_w.loss
+        return DittoState(fitted_v.params), self.reply(fitted_w.params, received.shared, data.num_train), fitted_w.loss
 
     def evaluate(self, state, received, data, ctx):
         v = received.shared if state is None else state.personal

@@ -11,14 +11,15 @@ Outperform Centralized Algorithms?", NeurIPS 2017): local SGD on the client's ow
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .base import Algorithm, LocalTraining, Weighted, params_of
+from .base import Algorithm, LocalTraining, Tracked, UpdateStats, Weighted, params_of
 
 
 @dataclass(frozen=True)
 class FedAvgHyper(LocalTraining):
-    pass
+    track_variance: bool = field(default=False, metadata={
+        "help": "log each round's total variance of the clients' last-layer updates (SosicFL's eq. 10)"})
 
 
 class FedAvg(Algorithm):
@@ -27,13 +28,33 @@ class FedAvg(Algorithm):
     Hyper = FedAvgHyper
     decentralized = True
 
+    @classmethod
+    def check(cls, hp, decentralized):
+        if decentralized and getattr(hp, "track_variance", False):
+            return "track_variance", "measures the updates a server receives; it needs a star topology"
+        return None
+
     def init_server(self, rng):
         return params_of(self.model_fn())
 
+    def reply(self, params, received, n: int):
+        """The client's reply: its model weighted by n_k, with the statistics of its
+        last-layer update (params − received) beside it under ``track_variance``."""
+        w = Weighted(params, float(n))
+        if not getattr(self.hp, "track_variance", False):      # pFedMe's settings lack it
+            return w
+        i = self.head()
+        return Tracked(w, UpdateStats.of(params[i] - received[i]))
+
     def aggregate(self, server, reduced, round_):
+        if isinstance(reduced, Tracked):
+            reduced = reduced.model
         if reduced is None or reduced.weight == 0:
             return server
         return reduced.mean(server[0].dtype)
+
+    def round_metrics(self, reduced):
+        return {"total_variance": reduced.head.variance()} if isinstance(reduced, Tracked) else {}
 
     def consts(self, received) -> dict:
         """Per-job constants of the local objective (FedProx adds its proximal term)."""
@@ -41,7 +62,7 @@ class FedAvg(Algorithm):
 
     def train(self, state, received, data, ctx):
         (fitted,) = yield [self.job(received.shared, data, ctx, consts=self.consts(received))]
-        return state, Weighted(fitted.params, float(data.num_train)), fitted.loss
+        return state, self.reply(fitted.params, received.shared, data.num_train), fitted.loss
 
     def evaluate(self, state, received, data, ctx):
         out = self.outputs([received.shared], data.test_x, ctx.device)[0]

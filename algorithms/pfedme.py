@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, LocalTraining, Objective, Weighted
+from .base import Algorithm, LocalTraining, Objective
 from .fedavg import FedAvg
 
 
@@ -94,7 +94,7 @@ class PFedMe(FedAvg):
         glob = received.shared
         n = len(glob)
         (fit,) = yield [self.job(glob + glob, data, ctx, objective=self.inner)]
-        return PFedMeState(fit.params[:n]), Weighted(fit.params[n:], float(data.num_train)), fit.loss
+        return PFedMeState(fit.params[:n]), self.reply(fit.params[n:], glob, data.num_train), fit.loss
 
     def evaluate(self, state, received, data, ctx):
         glob = received.shared

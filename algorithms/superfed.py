@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, Objective, Weighted, interpolate, lower_is_better, params_of
+from .base import Algorithm, Objective, interpolate, lower_is_better, params_of
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -185,7 +185,7 @@ class SuPerFedMM(FedAvg):
         else:
             (fit,) = yield [self.job(glob, data, ctx, objective=self.phase1, consts=consts)]
             wf = fit.params
-        return state, Weighted(wf, float(data.num_train)), fit.loss
+        return state, self.reply(wf, glob, data.num_train), fit.loss
 
     def evaluate(self, state, received, data, ctx):
         glob = received.shared
@@ -210,7 +210,7 @@ class SuPerFedMM(FedAvg):
         out.update({f"lambda_{t:g}_{metric}": s[metric] for t, s in zip(self.grid, test)})
         return out
 
-    def report(self, results):
+    def report(self, results, server):
         metric = self.task.metric
         mean, std = {}, {}
         for t in self.grid:

@@ -91,6 +91,29 @@ def twocnn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> n
         nn.Linear(200, classes, bias=b)), params.init)
 
 
+@dataclass(frozen=True)
+class SimpleCNNParams:
+    init: str = field(default="xavier_normal", metadata={
+        "choices": INITS, "help": "xavier_normal: the authors' init; default: PyTorch's"})
+
+
+def simplecnn(params: SimpleCNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """SosicFL's / Floco's SimpleCNN (the authors' CifarCNN, after Hahn et al. 2022): conv5x5·16
+    -> conv5x5·32 (padding 1) -> conv3x3·64 (padding 1), each LeakyReLU and maxpool 2, then fc
+    128 (LeakyReLU) and the classifier. For 3x32x32 inputs the flattened features are
+    64·3·3 = 576, as the authors'; for 1x28x28 (Fashion-MNIST, its equivalent) 64·2·2 = 256."""
+    if len(input_shape) != 3 or min(input_shape[1:]) < 16:
+        raise ValueError(f"simplecnn needs C x H x W images of at least 16x16, the dataset gives {tuple(input_shape)}")
+    c, h, w = input_shape
+    for k, pad in ((5, 0), (5, 1), (3, 1)):
+        h, w = (h + 2 * pad - k + 1) // 2, (w + 2 * pad - k + 1) // 2
+    return _initialized(nn.Sequential(
+        nn.Conv2d(c, 16, 5), nn.LeakyReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(64 * h * w, 128), nn.LeakyReLU(), nn.Linear(128, classes)), params.init)
+
+
 def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
     """The FEMNIST CNN of LEAF / FedEM: conv5x5·32 -> pool -> conv5x5·64 -> pool -> fc 2048 -> fc."""
     if tuple(input_shape) != (1, 28, 28):
@@ -116,6 +139,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("twonn", "SuPerFed's TwoNN: 3 hidden layers of 200, bias-free, Xavier init", TwoNNParams, twonn),
         ModelSpec("twocnn", "SuPerFed's TwoCNN: 2 conv5x5 + pool, fc 200-200, bias-free (Cx28x28 inputs)",
                   TwoNNParams, twocnn),
+        ModelSpec("simplecnn", "SosicFL's/Floco's SimpleCNN: 3 conv + pool, fc 128 (CxHxW images, e.g. 32x32 or 28x28)",
+                  SimpleCNNParams, simplecnn),
         ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
                   CNNParams, femnist_cnn),
     )

@@ -138,7 +138,8 @@ def _save(server, path: Path, sc: Scenario) -> None:
 FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accuracy",
          "unseen_bottom_decile_accuracy", "test_loss", "mse", "bottom_decile_mse", "train_mse",
          "train_accuracy", "unseen_mse", "global_mse", "local_accuracy", "local_mse",
-         "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen")
+         "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen", "cluster_ari")
+BEST = ("accuracy", "global_accuracy")     # also reported as their best over evaluations (best_*)
 
 
 def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, clusters: dict | None = None) -> dict:
@@ -149,6 +150,9 @@ def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, cluste
     evaluated = [h for h in history if "eval_seconds" in h]
     last = evaluated[-1] if evaluated else {}
     final: dict = {k: last[k] for k in FINAL if k in last}
+    for k in BEST:                          # the best evaluation, as SosicFL's ACC(T) = max_t
+        if k in last:
+            final[f"best_{k}"] = max(h[k] for h in evaluated if k in h)
     for key, value in (clusters or {}).items():
         final[key] = {str(c): v for c, v in value.items()} if isinstance(value, dict) else value
     return {

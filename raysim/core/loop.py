@@ -86,13 +86,18 @@ class Objective:
 
 class Supervised(Objective):
     """The task's loss, weighted per sample (1 by default), plus (mu/2)·‖w − anchor‖² where a
-    job has the constants ``mu`` and ``anchor`` (FedProx, Ditto's personal model, ...)."""
+    job has the constants ``mu`` and ``anchor`` (FedProx, Ditto's personal model, ...).
+    ``model_params``: the model's parameters the job's parameters stand for this step (by
+    default themselves; SosicFL's: the simplex point Σ α_m θ_m of the step's draw α)."""
 
     def __init__(self, task):
         self.task = task
 
+    def model_params(self, params: list[torch.Tensor], draws: torch.Tensor | None) -> list[torch.Tensor]:
+        return params
+
     def loss(self, forward, params, batch, consts, draws):
-        per = self.task.per_sample(forward(params, batch.x), batch.y)
+        per = self.task.per_sample(forward(self.model_params(params, draws), batch.x), batch.y)
         loss = (per * batch.weight).sum(1)
         if "mu" in consts:
             sq = sum(((p - a) ** 2).flatten(1).sum(1) for p, a in zip(params, consts["anchor"]))
@@ -125,15 +130,17 @@ class Fitted:
 
 def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, settings: Settings,
              objective: Objective, *, weights=None, consts=None, opt_state=None, keep_state=False,
-             orders: torch.Tensor | None = None) -> Job:
+             orders: torch.Tensor | None = None, draws: Callable | None = None) -> Job:
     """A job on the client's train split; its orders (one permutation per epoch) and draws come
-    from the client's generator now, in the order jobs are made."""
+    from the client's generator now, in the order jobs are made. ``draws``: this job's own
+    ``(generator, steps) -> draws`` in place of the objective's (e.g. SosicFL's α from the
+    client's subregion)."""
     n = data.num_train
     g = ctx.generator
     if orders is None:
         orders = draw_orders(g, n, settings.epochs)
     steps = settings.epochs * -(-n // settings.batch_size)
-    draws = objective.draws(g, steps) if steps else None
+    draws = (draws or objective.draws)(g, steps) if steps else None
     return Job(params, data.train_x, data.train_y, orders.to(data.train_x.device), settings, objective,
                weights, consts or {}, opt_state, keep_state, draws, ctx.cid)
 

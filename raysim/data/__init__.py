@@ -59,11 +59,15 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
 )}
 
 PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
-    PartitionerSpec("dirichlet", "label shares per class ~ Dir(alpha) over clients (Hsu et al. 2019)",
+    PartitionerSpec("dirichlet", "per class: its samples' shares over clients ~ Dir(alpha) (Hsu et al. 2019)",
                     _p.DirichletParams, _p.dirichlet),
     PartitionerSpec("shards", "pathological non-IID: k label-sorted shards per client (McMahan et al. 2017)",
                     _p.ShardsParams, _p.shards),
     PartitionerSpec("iid", "uniform random split, equal sizes", _p.IIDParams, _p.iid),
+    PartitionerSpec("nfold", "n groups of clients, x % of each client's data from its group's primary classes "
+                    "(Huang et al. 2021; SosicFL's n-Fold)", _p.NFoldParams, _p.nfold),
+    PartitionerSpec("client_dirichlet", "each client's label distribution ~ Dir(beta), equal sizes "
+                    "(SosicFL's and Floco's Dirichlet)", _p.ClientDirichletParams, _p.client_dirichlet),
     PartitionerSpec("mixture", "clients mix S sources (FedSoft's 10:90, 30:70, linear, random schemes); "
                     "source s = the pool rotated s·90° or label-permuted", MixtureParams, mixture),
 )}

@@ -223,6 +223,9 @@ class PooledSource(FederatedSource):
         return torch.from_numpy(np.ascontiguousarray(xs)), torch.from_numpy(np.asarray(ys, dtype=np.int64))
 
     def true_shares(self, cid: int) -> np.ndarray | None:
+        parts = self.pool()[2]
+        if getattr(parts, "groups", None) is not None:      # a partition into known groups (nfold)
+            return np.eye(int(parts.groups.max()) + 1)[parts.groups[cid]]
         if not self.num_sources:          # groups: all of a client's data is its group's
             return np.eye(self.groups.groups)[self.group_of(cid)] if self.groups.groups > 1 else None
         return train_shares(cid, self.pool()[2].sources[cid], self.num_sources, self.splits, self.seed)

@@ -16,6 +16,18 @@ per client, drawing only from ``rng`` (so a fixed generator gives a fixed split)
   gives client i shards i, i+K, i+2K, ... instead (SuPerFed's code: deterministic; with K
   clients, 2 shards each and 10 equal classes, client i holds classes ⌊10i/2K⌋ and that + 5).
 - iid: uniform shuffle, equal sizes (differing by at most one).
+- nfold: Huang et al. 2021 (FedAMP, "Personalized Cross-Silo Federated Learning on Non-IID
+  Data", AAAI) n-fold split as SosicFL defines it: clients in ``folds`` equal groups (contiguous
+  blocks of ids), group g's primary classes the g-th of ``folds`` near-equal blocks of the
+  classes; every client holds ``size`` samples, a fraction ``primary`` (x = 80 %) spread evenly
+  over its group's primary classes and the rest evenly over the other classes (``spread:
+  others``, the paper's definition) or over all classes (``spread: all``, the authors' later
+  code, whose 70/30 split reads as 76 % primary for 5 folds). The client's group is its true
+  cluster (``Grouped.groups``).
+- client_dirichlet: each client's label distribution φ_k ~ Dir_L(β), equal client sizes
+  (Yurochkin et al. 2019; the split SosicFL and Floco call Dirichlet). Samples are dealt as the
+  authors' code does: a client with room left draws a class from its φ_k, renormalized over
+  the classes not yet exhausted, until every client is full.
 """
 from __future__ import annotations
 
@@ -44,6 +56,34 @@ class ShardsParams:
 @dataclass(frozen=True)
 class IIDParams:
     pass
+
+
+@dataclass(frozen=True)
+class NFoldParams:
+    folds: int = field(default=5, metadata={"min": 1, "help": "groups n of clients (each with its primary classes)"})
+    primary: float = field(default=0.8, metadata={"min": 0.0, "max": 1.0,
+                                                    "help": "x: share of a client's samples from its group's primary classes"})
+    spread: str = field(default="others", metadata={
+        "choices": ("others", "all"),
+        "help": "where the rest goes: others (the non-primary classes, the paper) or all classes (authors' code)"})
+    size: int | None = field(default=None, metadata={
+        "min": 1, "help": "samples per client (default: the most the pool allows for every client)"})
+
+
+@dataclass(frozen=True)
+class ClientDirichletParams:
+    beta: float = field(default=0.5, metadata={"gt": 0.0, "help": "β of each client's Dir_L(β) label distribution"})
+    size: int | None = field(default=None, metadata={
+        "min": 1, "help": "samples per client (default: ⌊pool / clients⌋)"})
+
+
+class Grouped(list):
+    """A partition (one index array per client) whose clients belong to known groups: the
+    truth a clustered method's assignment is scored against."""
+
+    def __init__(self, parts, groups):
+        super().__init__(parts)
+        self.groups = np.asarray(groups, dtype=np.int64)
 
 
 def _check(n: int, num_clients: int, need: int) -> None:
@@ -103,3 +143,108 @@ def iid(labels: np.ndarray, num_clients: int, params: IIDParams,
         rng: np.random.Generator) -> list[np.ndarray]:
     _check(len(labels), num_clients, num_clients)
     return [np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
+
+
+def _deal(pools: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
+    """Client k takes counts[k, c] samples of class c, clients in id order, each class's
+    shuffled pool consumed front to back."""
+    taken = np.zeros(len(pools), dtype=np.int64)
+    out = []
+    for row in counts:
+        got = []
+        for c, m in enumerate(row):
+            got.append(pools[c][taken[c]:taken[c] + m])
+            taken[c] += m
+        out.append(np.sort(np.concatenate(got)).astype(np.int64))
+    return out
+
+
+def _even(total: int, k: int) -> np.ndarray:
+    """``total`` split into k near-equal integers (the first ones get the remainder)."""
+    base = np.full(k, total // k, dtype=np.int64)
+    base[: total % k] += 1
+    return base
+
+
+def nfold(labels: np.ndarray, num_clients: int, params: NFoldParams,
+          rng: np.random.Generator) -> Grouped:
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    n_cls, folds = len(classes), params.folds
+    if folds > num_clients or folds > n_cls:
+        raise ValueError(f"{folds} folds need at least {folds} clients and {folds} classes "
+                         f"(have {num_clients} clients, {n_cls} classes)")
+    group = np.concatenate([np.full(len(b), g) for g, b in enumerate(np.array_split(np.arange(num_clients), folds))])
+    prim = [set(b.tolist()) for b in np.array_split(np.arange(n_cls), folds)]
+
+    def shares(g: int) -> np.ndarray:
+        """Fraction of a group-g client's samples per class."""
+        p = np.zeros(n_cls)
+        own = sorted(prim[g])
+        rest = [c for c in range(n_cls) if c not in prim[g]] if params.spread == "others" else list(range(n_cls))
+        if not rest:
+            p[own] = 1.0 / len(own)
+            return p
+        p[own] += params.primary / len(own)
+        p[rest] += (1.0 - params.primary) / len(rest)
+        return p
+
+    avail = np.array([(labels == c).sum() for c in classes])
+    demand = sum(shares(g) for g in group)                  # per class, per unit of client size
+
+    def counts_for(size: int) -> np.ndarray:
+        """Each client's count per class: size·shares rounded by largest remainder, ties
+        going to the classes after the client's id (rotating), so class totals stay even."""
+        counts = np.zeros((num_clients, n_cls), dtype=np.int64)
+        for k, g in enumerate(group):
+            want = size * shares(g)
+            base = np.floor(want + 1e-9).astype(np.int64)
+            rank = np.lexsort(((np.arange(n_cls) - k) % n_cls, -np.round(want - base, 9)))
+            base[rank[: size - base.sum()]] += 1
+            counts[k] = base
+        return counts
+
+    if params.size:
+        counts = counts_for(params.size)
+        short = counts.sum(0) - avail
+        if (short > 0).any():
+            c = int(np.argmax(short))
+            raise ValueError(f"size {params.size} per client needs {counts.sum(0)[c]} samples of class "
+                             f"{classes[c]}, the pool has {avail[c]}; lower data.partition.size")
+    else:                       # the largest size every class can serve
+        size = int(np.floor((avail / np.maximum(demand, 1e-12)).min() + 1e-9))
+        while size > 1 and ((counts := counts_for(size)).sum(0) > avail).any():
+            size -= 1
+        counts = counts_for(size)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    return Grouped(_deal(pools, counts), group)
+
+
+def client_dirichlet(labels: np.ndarray, num_clients: int, params: ClientDirichletParams,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    n_cls = len(classes)
+    size = params.size or len(labels) // num_clients
+    _check(len(labels), num_clients, size * num_clients)
+    phi = rng.dirichlet(np.full(n_cls, params.beta), size=num_clients)
+    left = np.array([(labels == c).sum() for c in classes], dtype=np.int64)
+    counts = np.zeros((num_clients, n_cls), dtype=np.int64)
+    room = np.full(num_clients, size, dtype=np.int64)
+    # the authors' dealing (one sample at a time: a random client with room draws a class from
+    # its prior over the classes left), in passes: every client with room draws one sample, in
+    # a random order; where a class runs out, the clients later in the order draw again
+    while room.sum() > 0:
+        ks = rng.permutation(np.flatnonzero(room > 0))
+        p = phi[ks] * (left > 0)
+        empty = p.sum(1) <= 0                  # its classes are gone: any class left, uniformly
+        p[empty] = (left > 0)
+        cum = np.cumsum(p / p.sum(1, keepdims=True), axis=1)
+        pick = np.minimum((rng.random(len(ks))[:, None] >= cum).sum(1), n_cls - 1)
+        for c in np.unique(pick):
+            who = ks[pick == c][: left[c]]
+            counts[who, c] += 1
+            room[who] -= 1
+            left[c] -= len(who)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    return _deal(pools, counts)

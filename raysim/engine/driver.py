@@ -138,7 +138,8 @@ class RoundDriver:
             total.merge(acc)
             losses.update(loss)
             compute += secs
-        self.server_state = self.algo.aggregate(self.server_state, total.result(), r)
+        reduced = total.result()
+        self.server_state = self.algo.aggregate(self.server_state, reduced, r)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
@@ -146,6 +147,7 @@ class RoundDriver:
             "train_loss": mean_train_loss(losses),
             "bytes_down": float(self.transport.message_nbytes(message, by_host)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
+            **self.algo.round_metrics(reduced),
         }
         return self._finish(record, t0, compute)
 
@@ -180,7 +182,7 @@ class RoundDriver:
         if not importance and centers is not None and chosen:     # hard clusters held by the server
             importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items()}
         out.update(self._cluster_report(importance, centers))
-        self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.train_ids}))
+        self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.train_ids}, self.server_state))
         return out
 
     def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
@@ -212,7 +214,7 @@ class RoundDriver:
                 # agreement of the hard assignments (largest estimated weight vs largest true share)
                 from sklearn.metrics import adjusted_rand_score
                 cids = sorted(importance)
-                metrics["assignment_ari"] = float(adjusted_rand_score(
+                metrics["cluster_ari"] = float(adjusted_rand_score(
                     [int(np.argmax(shares[c])) for c in cids], [int(np.argmax(importance[c])) for c in cids]))
         self.clusters = report
         return metrics
