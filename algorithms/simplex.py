@@ -15,7 +15,11 @@ coordinates (one per endpoint), α ≥ 0, Σα = 1.
   and r ~ U(0, ρ): neither uniform nor on the simplex (kept to reproduce Floco's numbers).
 - ``lda_alphas``: SosicFL's projection of the clients' label counts onto Δ^M, scikit-learn's
   online-variational-Bayes LDA with M + 1 topics (documents = clients, words = labels), the
-  best of ``restarts`` seeded fits by ``score``.
+  best of ``restarts`` seeded fits by ``score``. Mini-batches of a tenth of the clients (10
+  online updates a pass, as Hoffman et al.'s online VB): scikit-learn's default batch of 128
+  holds all of ≤ 128 clients, which makes each pass one damped batch step, and single fits
+  then merge two 5-fold groups into one topic 5 times in 6 (measured: 5/32 fits found the 5
+  groups, against 24/32 with mini-batches of 10).
 - ``cluster``: "Hilbert simplex clustering with the L1 distance" (Nielsen & Sun 2019), as raysim
   reads it (the paper gives no more): k-means++ seeding and Lloyd iterations under the chosen
   distance (``l1``, or the Hilbert metric ρ(p, q) = max_i log(p_i/q_i) − min_i log(p_i/q_i)),
@@ -87,7 +91,7 @@ def lda_alphas(counts: np.ndarray, topics: int, restarts: int, seed: int, input:
     best, best_score = None, -np.inf
     for r in range(restarts):
         lda = LatentDirichletAllocation(n_components=topics, learning_method="online", max_iter=max_iter,
-                                        random_state=seed + r)
+                                        batch_size=max(1, -(-len(x) // 10)), random_state=seed + r)
         lda.fit(x)
         score = lda.score(x)
         if score > best_score:

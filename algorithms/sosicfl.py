@@ -32,7 +32,9 @@ size over the round's participants (FedAvg's and all public code's normalization
 read literally divides by all clients' N: ``server_weights: all``).
 
 **Inference.** The global model is w at the centroid (1/(M+1))·1; client k's personalized model
-is w at its cluster's centre μ_{z_k} (before t̃: the centroid). ``accuracy`` is the local
+is w at its cluster's centre μ_{z_k} (before t̃: the centroid). Where LDA puts a cluster at a
+vertex (n-fold splits do), the centre is a corner of its subregion, not its middle;
+``local_at: subregion_mean`` evaluates at the subregion's mean instead (an option, not the paper). ``accuracy`` is the local
 (personalized) score, ``global_accuracy`` the centroid's.
 
 **Metrics.** Per round, ``total_variance`` — eq. (11): Σ_{k∈S^t} ‖Δθ̄_k − mean‖² of the
@@ -87,6 +89,10 @@ class SosicFLHyper(FedAvgHyper):
     lda_restarts: int = field(default=5, metadata={"min": 1, "help": "LDA fits (seeded); the best by score is kept"})
     lda_input: str = field(default="counts", metadata={"choices": ("counts", "proportions")})
     cluster_inits: int = field(default=10, metadata={"min": 1, "help": "k-means++ seedings; the best is kept"})
+    local_at: str = field(default="centre", metadata={
+        "choices": ("centre", "subregion_mean"),
+        "help": "where a client's personalized model sits: its cluster centre μ (the paper) or the mean of its "
+                "subregion (differs where the subregion is cut by the simplex's boundary)"})
     server_weights: str = field(default="participants", metadata={
         "choices": ("participants", "all"),
         "help": "participants: n_k / Σ_{S^t} n_j (FedAvg); all: n_k / N over every client (eq. 9 literally)"})
@@ -109,6 +115,7 @@ class SimplexServer:
     centres: torch.Tensor            # (C, M + 1) float64
     eta: float = 0.0
     prepared: bool = False
+    means: torch.Tensor | None = None    # (C, M + 1) float64 each subregion's mean (local_at: subregion_mean)
 
 
 @dataclass
@@ -206,7 +213,8 @@ class SosicFL(FedAvg):
         return server
 
     def _prepared(self, server, round_: int):
-        """The server state with clusters and subregions, made before round t̃."""
+        """The server state with clusters and subregions, made when round t̃'s clients are
+        selected (evaluations before it score the centroid)."""
         t = self.prepare_at()
         if server.prepared or t is None or round_ < t or len(server.ids) == 0:
             return server
@@ -220,6 +228,9 @@ class SosicFL(FedAvg):
         server.z = torch.from_numpy(z)
         server.centres = torch.from_numpy(centres)
         server.eta, server.prepared = eta, True
+        if hp.local_at == "subregion_mean":      # Monte Carlo, 20 000 exact draws from a fixed stream
+            g = torch.Generator().manual_seed(server.seed)
+            server.means = torch.stack([simplex.sample_ball(g, mu, eta, 20000).mean(0) for mu in server.centres])
         return server
 
     def cluster_of(self, server) -> dict[int, int]:
@@ -231,11 +242,11 @@ class SosicFL(FedAvg):
         return {int(c): z.get(int(c), 0) for c in sampled}
 
     def message(self, server, round_):
-        self._prepared(server, round_)
         if not server.prepared:
             return Message(server.params)
-        return Message(server.params, {c: torch.cat([mu, torch.tensor([server.eta], dtype=torch.float64)])
-                                       for c, mu in enumerate(server.centres)})
+        at = server.centres if server.means is None else server.means
+        return Message(server.params, {c: torch.cat([mu, torch.tensor([server.eta], dtype=torch.float64), a])
+                                       for c, (mu, a) in enumerate(zip(server.centres, at))})
 
     def eval_groups(self, server, cids):
         z = self.cluster_of(server)
@@ -304,8 +315,10 @@ class SosicFL(FedAvg):
         return state, self.reply(fit.params, glob, data.num_train), fit.loss
 
     def alpha_of(self, part) -> torch.Tensor:
-        """Where the client's personalized model sits: its cluster's centre (or the centroid)."""
-        return self.centroid() if part is None else part[: self.ends]
+        """Where the client's personalized model sits: its cluster's centre or subregion mean
+        (``local_at``), or before the preparation the centroid. A group's part holds the
+        centre, η and that point."""
+        return self.centroid() if part is None else part[self.ends + 1:]
 
     def evaluate(self, state, received, data, ctx):
         glob = received.shared
