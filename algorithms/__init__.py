@@ -14,11 +14,12 @@ from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
 from .pfedme import PFedMe
-from .sosicfl import SosicFL, SosicFLPlus
+from .sosicfl import Floco, FlocoPlus, SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
-                                                           SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus)}
+                                                           SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
+                                                           Floco, FlocoPlus)}
 
 
 def get(name: str) -> type[Algorithm]:

@@ -68,23 +68,30 @@ from .fedavg import FedAvg, FedAvgHyper
 
 
 @dataclass(frozen=True)
-class SosicFLHyper(FedAvgHyper):
+class SimplexHyper(FedAvgHyper):
+    """What SosicFL and Floco share: the authors' CIFAR-10 SimpleCNN optimizer settings, which
+    layers are a simplex, how α is drawn."""
+
     lr: float = 0.02
     local_epochs: int = 5
     batch_size: int = 50
     momentum: float = 0.5
     weight_decay: float = 5e-4
-    dim: int = field(default=4, metadata={"min": 1, "help": "M, the simplex dimension (M + 1 endpoints)"})
-    clusters: int = field(default=5, metadata={"min": 1, "help": "C, clusters of the clients' α"})
-    rho: float = field(default=0.4, metadata={"gt": 0.0, "help": "ρ: subregion radius η = ρ·δ̄"})
     layers: str = field(default="head", metadata={
         "choices": ("head", "all"), "help": "head: the classifier's weight is the simplex; all: every parameter (SosicFL-All)"})
-    start_round: int | None = field(default=1, metadata={
-        "min": 1, "help": "t̃: clustering before this round (1-based); before it α ~ U(Δ); null: never"})
     alpha_pool: int = field(default=0, metadata={
         "min": 0, "help": "0: a fresh α every mini-batch; Ω > 0: Ω draws a round, used in turn"})
     sampler: str = field(default="exact", metadata={
         "choices": ("exact", "floco_code"), "help": "exact: uniform on the subregion; floco_code: Floco's formula"})
+
+
+@dataclass(frozen=True)
+class SosicFLHyper(SimplexHyper):
+    dim: int = field(default=4, metadata={"min": 1, "help": "M, the simplex dimension (M + 1 endpoints)"})
+    clusters: int = field(default=5, metadata={"min": 1, "help": "C, clusters of the clients' α"})
+    rho: float = field(default=0.4, metadata={"gt": 0.0, "help": "ρ: subregion radius η = ρ·δ̄"})
+    start_round: int | None = field(default=1, metadata={
+        "min": 1, "help": "t̃: clustering before this round (1-based); before it α ~ U(Δ); null: never"})
     distance: str = field(default="l1", metadata={"choices": ("l1", "hilbert"), "help": "the clustering's distance"})
     lda_restarts: int = field(default=5, metadata={"min": 1, "help": "LDA fits (seeded); the best by score is kept"})
     lda_input: str = field(default="counts", metadata={"choices": ("counts", "proportions")})
@@ -98,10 +105,30 @@ class SosicFLHyper(FedAvgHyper):
         "help": "participants: n_k / Σ_{S^t} n_j (FedAvg); all: n_k / N over every client (eq. 9 literally)"})
 
 
+def _lam_field():
+    return field(default=1.0, metadata={"min": 0.0, "help": "λ, pull of the personal copy to the global one"})
+
+
 @dataclass(frozen=True)
 class SosicFLPlusHyper(SosicFLHyper):
-    lam: float = field(default=1.0, metadata={"min": 0.0, "help": "λ, pull of the personal copy to the global one"})
-    personal_pool: int = field(default=10, metadata={"min": 1, "help": "Ω_tr: α draws a round for the personal copy"})
+    lam: float = _lam_field()
+    personal_pool: int = field(default=10, metadata={
+        "min": 0, "help": "Ω_tr: α draws a round for the personal copy (0: a fresh one every mini-batch)"})
+
+
+@dataclass(frozen=True)
+class FlocoHyper(SimplexHyper):
+    endpoints: int = field(default=10, metadata={"min": 2, "help": "simplex vertices (M + 1)"})
+    tau: int = field(default=250, metadata={
+        "min": 1, "help": "τ: before this round (1-based) every client is placed on the simplex; α ~ U(Δ) until then"})
+    rho: float = field(default=0.1, metadata={"gt": 0.0, "help": "ρ: L1 radius of each client's subregion"})
+
+
+@dataclass(frozen=True)
+class FlocoPlusHyper(FlocoHyper):
+    lam: float = _lam_field()
+    personal_pool: int = field(default=0, metadata={
+        "min": 0, "help": "α draws a round for the personal copy (0: a fresh one every mini-batch, as Floco+)"})
 
 
 @dataclass
@@ -155,9 +182,13 @@ class SosicFL(FedAvg):
         n = len(list(model.parameters()))
         self.simplex = list(range(n)) if hyper.layers == "all" else [self.head()]
         self.plain = [i for i in range(n) if i not in self.simplex]
-        self.ends = hyper.dim + 1
+        self.ends = self.endpoint_count(hyper)
         self.classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
         self.objective = SimplexObjective(task, self.compose)
+
+    @staticmethod
+    def endpoint_count(hp) -> int:
+        return hp.dim + 1
 
     # -- the simplex -----------------------------------------------------------------------
     def compose(self, flat: list[torch.Tensor], alpha: torch.Tensor) -> list[torch.Tensor]:
@@ -261,7 +292,7 @@ class SosicFL(FedAvg):
         if reduced is None or reduced.model.weight == 0:
             return server
         mean = reduced.model.mean(server.params[0].dtype)
-        if self.hp.server_weights == "all":
+        if getattr(self.hp, "server_weights", "participants") == "all":
             total = float(server.counts.sum())
             share = reduced.model.weight / total if total > 0 else 1.0
             mean = [p + share * (m - p) for p, m in zip(server.params, mean)]
@@ -295,7 +326,7 @@ class SosicFL(FedAvg):
             elif hp.sampler == "exact":
                 a = simplex.sample_ball(generator, part[:d], float(part[d]), n)
             else:
-                a = simplex.sample_ball_floco(generator, part[:d], hp.rho, n)
+                a = simplex.sample_ball_floco(generator, part[:d], float(part[d]), n)
             if pool > 0:
                 a = a[torch.arange(steps) % pool]
             return a.to(torch.float32)
@@ -331,10 +362,12 @@ class SosicFL(FedAvg):
         return None
 
 
-class SosicFLPlus(SosicFL):
-    name = "sosicfl+"
-    summary = "SosicFL+ (Grinwald et al. 2024): SosicFL with Ditto on the simplex (a personal copy per client)"
-    Hyper = SosicFLPlusHyper
+class Personal:
+    """Ditto on the simplex (SosicFL+, Floco+): every client keeps a personal copy of all the
+    parameters, trained each round it is selected, interleaved with the global update on the
+    same batches, on the task loss at α from its subregion + (λ/2)‖θ − θ̂‖² (θ̂ the received
+    global parameters); its personalized model is that copy at its subregion's point."""
+
     ClientState = PersonalState
 
     def train(self, state, received, data, ctx):
@@ -350,3 +383,101 @@ class SosicFLPlus(SosicFL):
         (pers,) = yield [self.job(received.shared, data, ctx, draws=self._draws(received.part, self.hp.personal_pool),
                                   consts={"anchor": received.shared, "mu": self.hp.lam})]
         return PersonalState(pers.params)
+
+
+class SosicFLPlus(Personal, SosicFL):
+    name = "sosicfl+"
+    summary = "SosicFL+ (Grinwald et al. 2024): SosicFL with Ditto on the simplex (a personal copy per client)"
+    Hyper = SosicFLPlusHyper
+
+
+class Floco(SosicFL):
+    """Floco ("Federated Learning over Connected Modes", NeurIPS 2024; the authors' code, as
+    the fact sheet reads it: the paper's body was not available).
+
+    The same simplex head (``endpoints`` = M + 1 vertices) and simplex learning with α ~ U(Δ)
+    per mini-batch until round τ. Before round τ every training client trains once from the
+    current global model (E epochs, α ~ U(Δ)); the server takes their trained classifier
+    endpoints (concatenated), reduces them with PCA to ``endpoints`` dimensions, projects each
+    onto the scaled simplex {β ≥ 0, Σβ = z} and renormalizes, for z in linspace(1e-4, 1, 1000),
+    and keeps the z whose points have the lowest log Riesz 2-energy (the most evenly spread):
+    β_k is client k's own centre. From round τ on, client k draws α uniformly from
+    {α ∈ Δ : ‖α − β_k‖₁ ≤ ρ} (``sampler: exact``) or by the official formula (``floco_code``),
+    and its personalized model is w at β_k; the global model is w at the centroid. No labels,
+    no clusters. Defaults: the official configs (10 endpoints, ρ 0.1, τ 250 of 500 rounds,
+    SGD lr 0.02, momentum 0.5, weight decay 5e-4, batch 50, 5 epochs)."""
+
+    name = "floco"
+    summary = "Floco (NeurIPS 2024): a simplex head, each client placed on it from its trained classifier (PCA, Riesz energy)"
+    Hyper = FlocoHyper
+
+    @staticmethod
+    def endpoint_count(hp) -> int:
+        return hp.endpoints
+
+    def stats_request(self, server, round_):
+        if not server.prepared and round_ >= self.hp.tau - 1:
+            return StatsRequest("all", server.params)
+        return None
+
+    def client_stats(self, state, received, data, ctx):
+        (fit,) = yield [self.job(received.shared, data, ctx, draws=self._draws(None, 0))]
+        s = self.simplex.index(self.head())
+        return state, PerClient({ctx.cid: torch.cat([t.flatten() for t in self.endpoints_of(fit.params, s)])})
+
+    def absorb_stats(self, server, reduced, round_):
+        ids = sorted(reduced)
+        server.ids = torch.tensor(ids, dtype=torch.long)
+        server.alpha = torch.from_numpy(place_on_simplex(torch.stack([reduced[c] for c in ids]).double().numpy(),
+                                                         self.ends))
+        server.z = server.ids.clone()
+        server.eta, server.prepared = float(self.hp.rho), True
+        return server
+
+    def _prepared(self, server, round_):
+        return server
+
+    def cluster_of(self, server):
+        return {int(c): int(c) for c in server.ids} if server.prepared else {}
+
+    def message(self, server, round_):
+        if not server.prepared:
+            return Message(server.params)
+        rho = torch.tensor([server.eta], dtype=torch.float64)
+        return Message(server.params, {int(c): torch.cat([b, rho, b]) for c, b in zip(server.ids, server.alpha)})
+
+    def centers(self, server):
+        return None
+
+    def report(self, results, server):
+        if not server.prepared:
+            return {}
+        return {"simplex": {"alpha": {int(c): [float(v) for v in b] for c, b in zip(server.ids, server.alpha)},
+                            "eta": server.eta}}
+
+
+class FlocoPlus(Personal, Floco):
+    name = "floco+"
+    summary = "Floco+ (NeurIPS 2024): Floco with Ditto on top (a personal copy per client)"
+    Hyper = FlocoPlusHyper
+
+
+def place_on_simplex(weights: np.ndarray, endpoints: int, steps: int = 1000) -> np.ndarray:
+    """Floco's placement: PCA of the clients' classifier weights (K, D) to ``endpoints``
+    dimensions, projected onto the scaled simplex Σβ = z and renormalized, z from 1e-4 to 1 in
+    ``steps``, keeping the z with the lowest log Riesz 2-energy: (K, endpoints) on the simplex.
+    As in the official code the PCA coordinates are not rescaled, so the scan spreads clients
+    whose coordinates are of magnitude ≲ 1 (classifier weights are); far larger ones all
+    project onto vertices."""
+    from sklearn.decomposition import PCA
+    k = min(endpoints, *weights.shape)
+    kappa = PCA(n_components=k, svd_solver="full").fit_transform(weights)
+    if k < endpoints:
+        kappa = np.concatenate([kappa, np.zeros((len(kappa), endpoints - k))], 1)
+    best, best_e = None, np.inf
+    for z in np.linspace(1e-4, 1.0, steps):
+        beta = simplex.project_simplex(kappa, z) / z
+        e = simplex.riesz_energy(beta)
+        if e < best_e:
+            best, best_e = beta, e
+    return best

@@ -30,7 +30,7 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("override, key, words", [
-    ("algorithm.name=fedavgg", "algorithm.name", "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl, superfed-mm, superfed-lm, apfl, pfedme"),
+    ("algorithm.name=fedavgg", "algorithm.name", "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl, superfed-mm, superfed-lm, apfl, pfedme, sosicfl, sosicfl+, floco, floco+"),
     ("algorithm.lrr=0.1", "algorithm.lrr", "unknown key"),
     ("algorithm.lr=fast", "algorithm.lr", "not a number"),
     ("algorithm.lr=-1", "algorithm.lr", "must be > 0"),
@@ -42,7 +42,7 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
     ("rounds=true", "rounds", "not an integer"),
     ("resources.hosts=-2", "resources.hosts", "must be >= 1"),
     ("data.dataset=cifar", "data.dataset", "choose one of"),
-    ("model.name=resnet", "model.name", "choose one of linear, mlp, twonn, twocnn, femnist_cnn"),
+    ("model.name=resnet", "model.name", "choose one of linear, mlp, twonn, twocnn, simplecnn, femnist_cnn"),
     ("colour=blue", "colour", "unknown section"),
     ("data.splits.test=0.5", "data.splits", "must sum to 1"),
     ("sampling={count: 100}", "sampling.count", "more than the 12 training clients"),
@@ -106,7 +106,7 @@ def test_cli_exit_code_2_one_line_no_traceback(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert lines[0] == (f"raysim: {path}: algorithm.name: 'fedavgg' is not one of the choices; "
-                        "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl, superfed-mm, superfed-lm, apfl, pfedme")
+                        "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl, superfed-mm, superfed-lm, apfl, pfedme, sosicfl, sosicfl+, floco, floco+")
 
 
 def test_cli_validate_and_list(tmp_path, capsys):

@@ -312,3 +312,41 @@ def test_sosicfl_plus_on_three_ray_hosts_equals_the_serial_run(tmp_path):
     serial = summary_of(tmp_path, str(path), "--engine", "serial", name="serial.json")
     assert ray_run["final"] == serial["final"] and "simplex" in serial["final"]
     assert [h["total_variance"] for h in ray_run["history"]] == [h["total_variance"] for h in serial["history"]]
+
+
+# -- Floco -----------------------------------------------------------------------------------------
+def test_simplex_projection_and_riesz_energy_by_hand():
+    p = simplex.project_simplex(np.array([[0.5, 0.5, 0.5], [2.0, 0.0, 0.0], [0.6, 0.5, -1.0]]))
+    assert np.allclose(p, [[1 / 3] * 3, [1, 0, 0], [0.55, 0.45, 0.0]])
+    assert np.allclose(simplex.project_simplex(np.array([[1.0, 1.0]]), 0.5), [[0.25, 0.25]])
+    # two points at distance 1: mean 1/1² -> log 1 = 0; three vertices of Δ², pairwise √2: log(1/2)
+    assert simplex.riesz_energy(np.array([[0.0, 0.0], [1.0, 0.0]])) == pytest.approx(0.0)
+    assert simplex.riesz_energy(np.eye(3)) == pytest.approx(math.log(0.5))
+
+
+def test_floco_places_clients_with_alike_classifiers_together():
+    from algorithms.sosicfl import place_on_simplex
+    rng = np.random.default_rng(0)
+    # 4 groups of 10 clients; weights of a classifier's scale (the z scan, as the official
+    # code's, spreads PCA coordinates of magnitude up to about 1)
+    centres = rng.normal(size=(4, 60)) * 0.05
+    weights = np.concatenate([c + rng.normal(size=(10, 60)) * 0.005 for c in centres])
+    beta = place_on_simplex(weights, 4)
+    assert beta.shape == (40, 4) and np.allclose(beta.sum(1), 1) and (beta >= 0).all()
+    d = np.abs(beta[:, None] - beta[None]).sum(-1)
+    same = np.kron(np.eye(4), np.ones((10, 10))).astype(bool)
+    assert d[same].max() < d[~same].min()
+
+
+def test_floco_end_to_end_switches_at_tau_to_each_clients_own_point(tmp_path):
+    algo = "{name: floco, " + SGD + ", endpoints: 5, tau: 6, rho: 0.2}"
+    d = run_serial(write(tmp_path, algo, rounds=10, every=5))
+    srv = d.server_state
+    assert srv.prepared and srv.alpha.shape == (20, 5) and srv.eta == 0.2
+    assert torch.allclose(srv.alpha.sum(1), torch.ones(20, dtype=torch.float64))
+    # before τ every client is scored at the centroid; after it at its own β
+    assert d.history[4]["accuracy"] == d.history[4]["global_accuracy"]
+    assert d.history[9]["accuracy"] != d.history[9]["global_accuracy"]
+    assert d.history[9]["accuracy"] > 0.3                                         # chance: 0.1
+    draws = d.algo._draws(d.algo.message(srv, 10).groups[3], 0)(torch.Generator().manual_seed(0), 500)
+    assert ((draws.double() - srv.alpha[3]).abs().sum(1) <= 0.2 + 1e-6).all()
