@@ -199,7 +199,8 @@ class Algorithm:
         return None
 
     def eval_groups(self, server: Any, cids: np.ndarray) -> dict[int, int]:
-        """{client id: group} whose part each client is evaluated with (absent: group 0)."""
+        """{client id: group} whose part each client is evaluated with (absent: group 0; a
+        group without a part, e.g. -1: none, and no cluster in the report)."""
         return {}
 
     def aggregate(self, server: Any, reduced: Any, round_: int) -> Any:

@@ -280,8 +280,10 @@ class SosicFL(FedAvg):
                                        for c, (mu, a) in enumerate(zip(server.centres, at))})
 
     def eval_groups(self, server, cids):
+        """Each client's cluster (Floco: its own point); a client the preparation did not see
+        (``eval.unseen_fraction``) gets none (-1) and is scored at the centroid."""
         z = self.cluster_of(server)
-        return {int(c): z[int(c)] for c in cids if int(c) in z}
+        return {int(c): z.get(int(c), -1) for c in cids} if z else {}
 
     def centers(self, server):
         if not server.prepared:

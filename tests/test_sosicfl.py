@@ -350,3 +350,15 @@ def test_floco_end_to_end_switches_at_tau_to_each_clients_own_point(tmp_path):
     assert d.history[9]["accuracy"] > 0.3                                         # chance: 0.1
     draws = d.algo._draws(d.algo.message(srv, 10).groups[3], 0)(torch.Generator().manual_seed(0), 500)
     assert ((draws.double() - srv.alpha[3]).abs().sum(1) <= 0.2 + 1e-6).all()
+
+
+def test_unseen_clients_are_scored_at_the_centroid_and_left_out_of_the_clusters(tmp_path):
+    path = write(tmp_path, f"{{name: sosicfl, {SGD}, dim: 4, clusters: 5}}", rounds=4, every=4)
+    path.write_text(path.read_text().replace("eval: {every: 4}", "eval: {every: 4, unseen_fraction: 0.25}"))
+    d = run_serial(path)
+    unseen = [int(c) for c in d.unseen_ids]
+    assert len(unseen) == 5 and all(c not in d.server_state.ids.tolist() for c in unseen)
+    assert d.algo.eval_groups(d.server_state, np.array(unseen)) == {c: -1 for c in unseen}
+    last = d.history[-1]
+    assert last["unseen_accuracy"] == last["unseen_global_accuracy"]        # the centroid
+    assert set(d.report()["importance"]) == set(int(c) for c in d.train_ids)

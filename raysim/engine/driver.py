@@ -180,7 +180,7 @@ class RoundDriver:
         importance = {c: r[2] for c, r in results.items() if r[2] is not None}
         centers = self.algo.centers(self.server_state)
         if not importance and centers is not None and chosen:     # hard clusters held by the server
-            importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items()}
+            importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items() if g >= 0}
         out.update(self._cluster_report(importance, centers))
         self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.train_ids}, self.server_state))
         return out
