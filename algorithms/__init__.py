@@ -14,7 +14,8 @@ from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
 from .pfedme import PFedMe
-from .sosicfl import Floco, FlocoPlus, SosicFL, SosicFLPlus
+from .floco import Floco, FlocoPlus
+from .sosicfl import SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,

@@ -12,12 +12,7 @@ raysim's whole process and the ratios.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from superfed import compare  # noqa: E402  (the shared bare-vs-raysim runner)
+
 CLIENTS, TRAIN, SHAPE, CLASSES, BATCH, LR, ENDPOINTS, ROUNDS = 5, 1000, (1, 28, 28), 10, 50, 0.02, 5, 3
 
 
@@ -89,29 +87,8 @@ def bare() -> float:
     return time.perf_counter() - t0
 
 
-def raysim(engine: str) -> tuple[float, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = Path(tmp) / "summary.json"
-        cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / "sosicfl.yaml"), "-q", "--engine", engine,
-               "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-               "--set", f"checkpoint.dir={tmp}/ck"]
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent),
-                                                      "OMP_NUM_THREADS": "1"})
-        whole = time.perf_counter() - t0
-        s = json.loads(summary.read_text())
-    train = sum(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"])
-    return train, whole
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--engine", default="serial", choices=("serial", "ray"))
-    args = ap.parse_args()
-    b = bare()
-    train, whole = raysim(args.engine)
-    print(f"{'workload':<10} {'bare train s':>12} {'raysim train s':>15} {'ratio':>6} {'raysim process s':>17} {'ratio':>6}")
-    print(f"{'sosicfl':<10} {b:12.2f} {train:15.2f} {train / b:6.2f} {whole:17.2f} {whole / b:6.2f}")
+    compare("sosicfl", bare, "sosicfl.yaml")
 
 
 if __name__ == "__main__":

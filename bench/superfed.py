@@ -97,10 +97,12 @@ def bare() -> float:
     return time.perf_counter() - t0
 
 
-def raysim(engine: str) -> tuple[float, float]:
+def raysim(engine: str, scenario: str = "superfed.yaml") -> tuple[float, float]:
+    """raysim on bench/``scenario`` in a fresh process, one thread: (training seconds of its
+    rounds without the final evaluation, the whole process's seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
-        cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / "superfed.yaml"), "-q", "--engine", engine,
+        cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / scenario), "-q", "--engine", engine,
                "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
                "--set", f"checkpoint.dir={tmp}/ck"]
         t0 = time.perf_counter()
@@ -112,14 +114,19 @@ def raysim(engine: str) -> tuple[float, float]:
     return train, whole
 
 
-def main() -> None:
+def compare(name: str, bare_loop, scenario: str) -> None:
+    """Time the bare loop, then raysim on the same workload; print both and the ratios."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", default="serial", choices=("serial", "ray"))
     args = ap.parse_args()
-    b = bare()
-    train, whole = raysim(args.engine)
+    b = bare_loop()
+    train, whole = raysim(args.engine, scenario)
     print(f"{'workload':<10} {'bare train s':>12} {'raysim train s':>15} {'ratio':>6} {'raysim process s':>17} {'ratio':>6}")
-    print(f"{'superfed':<10} {b:12.2f} {train:15.2f} {train / b:6.2f} {whole:17.2f} {whole / b:6.2f}")
+    print(f"{name:<10} {b:12.2f} {train:15.2f} {train / b:6.2f} {whole:17.2f} {whole / b:6.2f}")
+
+
+def main() -> None:
+    compare("superfed", bare, "superfed.yaml")
 
 
 if __name__ == "__main__":

@@ -325,7 +325,7 @@ def test_simplex_projection_and_riesz_energy_by_hand():
 
 
 def test_floco_places_clients_with_alike_classifiers_together():
-    from algorithms.sosicfl import place_on_simplex
+    from algorithms.floco import place_on_simplex
     rng = np.random.default_rng(0)
     # 4 groups of 10 clients; weights of a classifier's scale (the z scan, as the official
     # code's, spreads PCA coordinates of magnitude up to about 1)
