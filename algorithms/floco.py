@@ -12,7 +12,7 @@ import torch
 
 from . import simplex
 from .base import Message, PerClient, StatsRequest
-from .sosicfl import Personal, SimplexHyper, SosicFL, _lam_field
+from .sosicfl import Personal, SimplexHyper, SosicFL, _lam_field, _personal_field
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class FlocoHyper(SimplexHyper):
 @dataclass(frozen=True)
 class FlocoPlusHyper(FlocoHyper):
     lam: float = _lam_field()
+    personal: str = _personal_field("all")
     personal_pool: int = field(default=0, metadata={
         "min": 0, "help": "α draws a round for the personal copy (0: a fresh one every mini-batch, as Floco+)"})
 

@@ -160,6 +160,33 @@ def test_one_sgd_step_through_w_alpha_moves_each_endpoint_by_alpha_m_times_the_g
         assert torch.allclose(fit.params[3 + m], flat[3 + m] - 0.1 * alpha[m] * grads[2], atol=1e-6)
 
 
+def test_endpoints_only_personal_step_keeps_the_feature_extractor_and_pulls_each_endpoint_to_the_global_one():
+    from algorithms.sosicfl import SosicFLPlus, SosicFLPlusHyper
+    _, model_fn = _tiny_sosicfl(dim=2)
+    hp = SosicFLPlusHyper(lr=0.1, local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0, dim=2, lam=0.5,
+                          personal_pool=0, personal="endpoints")
+    algo = SosicFLPlus(hp, model_fn, 10, TASKS["classification"])
+    glob = algo.init_server(np.random.default_rng(0)).params
+    mine = list(glob[:3]) + [t + 0.1 for t in glob[3:]]        # a personal copy: endpoints off by 0.1
+    x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
+    data = ClientData(0, x, y, x[:0], y[:0], x[:0], y[:0])
+    alpha = torch.tensor([0.5, 0.3, 0.2])
+    ctx = Context(0, 10, 0, torch.Generator().manual_seed(0))
+    job = algo.job(mine, data, ctx, objective=algo.personal_objective(), consts={"anchor": glob, "mu": 0.5},
+                   draws=lambda g, steps: alpha.expand(steps, 3).clone())
+    (fit,) = algo.trainer(torch.device("cpu")).fit([job])
+    for i in range(3):                                          # the feature extractor and bias: untouched
+        assert torch.equal(fit.params[i], glob[i])
+    w = [t.clone().requires_grad_(True) for t in algo.compose(mine, alpha.double())]
+    model = model_fn()
+    out = torch.func.functional_call(model, {n: t for (n, _), t in zip(model.named_parameters(), w)}, (x,))
+    grads = torch.autograd.grad(nn.functional.cross_entropy(out, y), w)
+    for m in range(3):          # θ_m − γ (α_m ∇_w F + λ (θ_m − θ̂_m)), with θ_m − θ̂_m = 0.1
+        assert torch.allclose(fit.params[3 + m], mine[3 + m] - 0.1 * (alpha[m] * grads[2] + 0.5 * 0.1), atol=1e-6)
+    assert len(algo.kept(fit.params).params) == 3               # the state holds the endpoints only
+    assert algo.personal_params(algo.kept(fit.params), glob)[:3] == list(glob[:3])
+
+
 def test_sosicfl_all_mixes_every_parameter_with_one_alpha():
     algo, _ = _tiny_sosicfl(dim=1, layers="all")
     flat = algo.init_server(np.random.default_rng(0)).params
@@ -296,6 +323,7 @@ def test_sosicfl_plus_personal_copies_and_subregion_mean(tmp_path):
                          rounds=20))
     states = d.transport.get_states()
     assert len(states) == 20 and all(s is not None for s in states.values())       # all sampled by round 20
+    assert all(len(s["state"]["params"]) == 5 for s in states.values())            # personal: endpoints (M + 1)
     assert d.history[-1]["accuracy"] > 0.6
     means = d.server_state.means
     assert torch.allclose(means.sum(1), torch.ones(5, dtype=torch.float64))
