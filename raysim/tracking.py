@@ -5,7 +5,9 @@ Tracking URI: scenario ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else MLfl
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import json
 import logging
 import math
@@ -32,6 +34,25 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """An exclusive lock beside a SQLite tracking database while it may be created: MLflow
+    builds a new database's tables on first use, and two runs starting at once on the same
+    new file would both do it and one fail ("table ... already exists")."""
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    if not path or path == ":memory:":
+        yield
+        return
+    lock = os.path.abspath(path) + ".lock"
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class Tracker:
     def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False):
         if not verbose:      # MLflow's INFO lines (database migrations) would break the progress bar
@@ -42,15 +63,17 @@ class Tracker:
         if uri:
             mlflow.set_tracking_uri(uri)
         self.uri = mlflow.get_tracking_uri()
-        self.client = MlflowClient(self.uri)
+        with store_lock(self.uri):
+            self.client = MlflowClient(self.uri)
+            exp = self.client.get_experiment_by_name(sc.tracking.experiment)     # creates a new store
+            if not resume_run_id and exp is None:
+                exp = self.client.get_experiment(self.client.create_experiment(sc.tracking.experiment))
         if resume_run_id:
             run = self.client.get_run(resume_run_id)       # raises if unknown
             self.run_id = run.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        exp = self.client.get_experiment_by_name(sc.tracking.experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(sc.tracking.experiment)
-        run = self.client.create_run(exp_id, run_name=sc.name, tags={
+        run = self.client.create_run(exp.experiment_id, run_name=sc.name, tags={
             "algorithm": sc.algorithm.name, "dataset": sc.data.dataset.name, "model": sc.model.name,
             "scenario": os.path.basename(sc.path)})
         self.run_id = run.info.run_id

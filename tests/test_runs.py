@@ -146,3 +146,21 @@ def test_ray_run_crash_and_resume_match_the_serial_engine(tmp_path):
     on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", "--resume", run_id, name="ray.json")
     assert on_ray["final"] == serial["final"]
     assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]
+
+
+def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
+    """MLflow creates a new SQLite store's tables on first use; three runs starting at the same
+    instant on one new file (parallel variants) must each get their run, none "table ... exists"."""
+    path = tracked(tmp_path, TINY)
+    start = time.time() + 8        # after every process has imported MLflow
+    code = ("import sys, time; from raysim import config; from raysim.tracking import Tracker; "
+            "sc = config.load(sys.argv[1]); time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
+            "print(Tracker(sc).run_id)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start)], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-300:] for _, err in outs]
+    ids = {out.strip() for out, _ in outs}
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+    assert len(ids) == 3 and {r.info.run_id for r in runs} == ids
