@@ -44,12 +44,15 @@ update is scaled by α_m, so eq. 11 is not on eq. 10's scale: FedAvg logs eq. 10
 ``track_variance``). ``cluster_ari`` (the engine) scores the clusters against the split's
 groups where it has them; the report holds α_k, z_k, μ_c and η.
 
-**SosicFL+** (``sosicfl+``): Ditto on the endpoints. Every client also keeps a personal copy of
-all parameters (endpoints and feature extractor), trained each round it is selected,
-interleaved with the global update on the same batches, on E_α[F_k(w_α)] +
-(λ/2)·‖θ − θ̂‖² with θ̂ the received global parameters, α ~ U(R_{z_k}) from a pool of
-``personal_pool`` = Ω_tr = 10 draws a round; evaluated at μ_{z_k}. λ = 1 (not reported; Floco+'s).
-
+**SosicFL+** (``sosicfl+``): Ditto on the endpoints. Every client also keeps a personal copy,
+trained each round it is selected, interleaved with the global update on the same batches, on
+E_α[F_k(w_α)] + (λ/2)·‖θ − θ̂‖² with θ̂ the received global parameters, α ~ U(R_{z_k}) from a
+pool of ``personal_pool`` = Ω_tr = 10 draws a round; evaluated at μ_{z_k}. ``personal``:
+``endpoints`` (default) — the copy is the M + 1 endpoints only, trained on the received global
+feature extractor, which stays frozen: the paper's objective read literally (the argmin is over
+the θ_m and the regularizer sums over the endpoints; no SosicFL code exists to say otherwise);
+``all`` — every parameter, as the authors' Floco+ code (Floco+'s default). λ = 1 (not
+reported; Floco+'s).
 Defaults: the paper's CIFAR-10 SimpleCNN row (SGD lr 0.02, momentum 0.5, weight decay 5e-4 —
 the table's "0.5" read as the authors' config value —, batch 50, 5 epochs), C = 5, ρ = 0.4,
 M = 4 (5-fold needs M + 1 ≥ 5 topics; the paper does not report M).
