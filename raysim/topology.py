@@ -11,7 +11,13 @@ off the graph, self-weights kept):
   projected subgradient method. The FedEM official code masks the diagonal of its FMMC solution
   (every self-weight 0); ours keeps the self-weights the optimization finds.
 
-The spectral gap 1 − SLEM(W) measures how fast gossip averages (larger is faster).
+W is a ``scipy.sparse.csr_array`` built in O(clients + edges): a 100 000-client ring or
+sparse graph costs kilobytes, not the 80 GB of a dense N × N matrix. FMMC needs a full
+eigen-decomposition per iteration (O(N³)); beyond ``FMMC_MAX`` clients it stops with a message
+naming Metropolis. The spectral gap 1 − SLEM(W) measures how fast gossip averages (larger is
+faster); it is computed (a dense decomposition) up to ``GAP_MAX`` clients; beyond, the gossip
+scheduler does not log it (on a 100 000-client ring the gap is ~1e-9, where Lanczos iterations
+do not converge in useful time).
 """
 from __future__ import annotations
 
@@ -20,6 +26,10 @@ from pathlib import Path
 
 import networkx as nx
 import numpy as np
+import scipy.sparse as sp
+
+FMMC_MAX = 3000          # clients: FMMC's dense eigen-decompositions beyond are hours
+GAP_MAX = 2000           # clients: the spectral gap by a dense decomposition up to here
 
 
 class TopologyError(ValueError):
@@ -27,8 +37,11 @@ class TopologyError(ValueError):
 
 
 def erdos_renyi(n: int, p: float, rng: np.random.Generator, tries: int = 1000) -> nx.Graph:
+    """G(n, p) redrawn until connected: networkx's ``gnp_random_graph`` (O(n²)), or beyond
+    ``GAP_MAX`` clients its ``fast_gnp_random_graph`` (O(n + edges), the same distribution)."""
+    draw = nx.gnp_random_graph if n <= GAP_MAX else nx.fast_gnp_random_graph
     for _ in range(tries):
-        g = nx.gnp_random_graph(n, p, seed=int(rng.integers(2**31)))
+        g = draw(n, p, seed=int(rng.integers(2**31)))
         if nx.is_connected(g):
             return g
     raise TopologyError(f"erdos_renyi: no connected G({n}, {p}) in {tries} draws; raise p")
@@ -86,53 +99,75 @@ def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: st
     return g
 
 
-def metropolis(g: nx.Graph) -> np.ndarray:
+def edge_array(g: nx.Graph) -> np.ndarray:
+    """(edges, 2) int64, each undirected edge once."""
+    return np.array(list(g.edges()), dtype=np.int64).reshape(-1, 2)
+
+
+def from_edge_weights(n: int, edges: np.ndarray, we: np.ndarray) -> sp.csr_array:
+    """The symmetric W with weight we on each edge (both directions) and 1 − (row sum) on the
+    diagonal."""
+    i, j = edges[:, 0], edges[:, 1]
+    load = np.bincount(i, we, n) + np.bincount(j, we, n)
+    rows = np.concatenate([i, j, np.arange(n)])
+    cols = np.concatenate([j, i, np.arange(n)])
+    vals = np.concatenate([we, we, 1.0 - load])
+    return sp.csr_array((vals, (rows, cols)), shape=(n, n))
+
+
+def metropolis_weights(n: int, edges: np.ndarray) -> np.ndarray:
+    deg = np.bincount(edges.ravel(), minlength=n)
+    return 1.0 / (1 + np.maximum(deg[edges[:, 0]], deg[edges[:, 1]]))
+
+
+def metropolis(g: nx.Graph) -> sp.csr_array:
     n = g.number_of_nodes()
-    w = np.zeros((n, n))
-    deg = dict(g.degree())
-    for i, j in g.edges():
-        w[i, j] = w[j, i] = 1.0 / (1 + max(deg[i], deg[j]))
-    w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
-    return w
+    edges = edge_array(g)
+    return from_edge_weights(n, edges, metropolis_weights(n, edges))
 
 
-def slem(w: np.ndarray, counts: np.ndarray | None = None) -> float:
+def _dense(w) -> np.ndarray:
+    return w.toarray() if sp.issparse(w) else np.asarray(w)
+
+
+def slem(w, counts: np.ndarray | None = None) -> float:
     """Second-largest eigenvalue modulus of a symmetric stochastic matrix, or of one in
-    detailed balance with pi ∝ counts (through the similar symmetric D^½ W D^-½, D = diag pi)."""
+    detailed balance with pi ∝ counts (through the similar symmetric D^½ W D^-½, D = diag pi).
+    A dense decomposition: callers keep it to ``GAP_MAX`` clients."""
+    n = w.shape[0]
     if counts is not None:
         pi = np.asarray(counts, dtype=np.float64)
         if not (pi > 0).all():                      # general eigenvalues (real for a reversible chain)
-            mods = np.sort(np.abs(np.linalg.eigvals(w)))
+            mods = np.sort(np.abs(np.linalg.eigvals(_dense(w))))
             return float(mods[-2]) if len(mods) > 1 else 0.0
         d = np.sqrt(pi / pi.sum())
-        w = d[:, None] * w / d[None, :]
+        w = sp.diags_array(d) @ sp.csr_array(w) @ sp.diags_array(1 / d)
         w = (w + w.T) / 2                           # symmetric up to rounding
-    ev = np.sort(np.linalg.eigvalsh(w))
-    if len(ev) < 2:
+    if n < 2:
         return 0.0
+    ev = np.sort(np.linalg.eigvalsh(_dense(w)))
     return float(max(abs(ev[0]), abs(ev[-2])))
 
 
-def spectral_gap(w: np.ndarray, counts: np.ndarray | None = None) -> float:
+def spectral_gap(w, counts: np.ndarray | None = None) -> float:
     return 1.0 - slem(w, counts)
 
 
-def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> np.ndarray:
+def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> sp.csr_array:
     """Fastest-mixing Markov chain by projected subgradient descent on the edge weights
     (Boyd, Diaconis & Xiao 2004, §5): start from Metropolis, step along −g/‖g‖ by step/√k,
     project onto {w >= 0, Σ_{edges at i} w <= 1}; keep the best iterate."""
     n = g.number_of_nodes()
-    edges = np.array(list(g.edges()), dtype=np.int64).reshape(-1, 2)
+    if n > FMMC_MAX:
+        raise TopologyError(f"fmmc: {n} clients is beyond {FMMC_MAX} (each iteration is a dense "
+                            f"{n} x {n} eigen-decomposition); use mixing: metropolis")
+    edges = edge_array(g)
     if n <= 1 or len(edges) == 0:
-        return np.eye(n)
-    w_edge = metropolis(g)[edges[:, 0], edges[:, 1]]
+        return sp.csr_array(sp.eye_array(n))
+    w_edge = metropolis_weights(n, edges)
 
     def matrix(we):
-        m = np.zeros((n, n))
-        m[edges[:, 0], edges[:, 1]] = we
-        m[edges[:, 1], edges[:, 0]] = we
-        m[np.diag_indices(n)] = 1.0 - m.sum(axis=1)
-        return m
+        return from_edge_weights(n, edges, we).toarray()
 
     best, best_val = w_edge.copy(), math.inf
     for k in range(iters + 1):
@@ -152,7 +187,7 @@ def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> np.ndarray:
         if norm == 0:
             break
         w_edge = _project(w_edge - step * grad / norm / math.sqrt(k + 1), edges, n)
-    return matrix(best)
+    return from_edge_weights(n, edges, best)
 
 
 def _project(we: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
@@ -169,7 +204,7 @@ def _project(we: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
     return we
 
 
-def mixing_matrix(g: nx.Graph, kind: str, fmmc_iters: int = 1000) -> np.ndarray:
+def mixing_matrix(g: nx.Graph, kind: str, fmmc_iters: int = 1000) -> sp.csr_array:
     if kind == "metropolis":
         w = metropolis(g)
     elif kind == "fmmc":
@@ -180,44 +215,56 @@ def mixing_matrix(g: nx.Graph, kind: str, fmmc_iters: int = 1000) -> np.ndarray:
     return w
 
 
-def sample_weighted(w: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def sample_weighted(w, counts: np.ndarray) -> sp.csr_array:
     """Metropolis-Hastings correction of a symmetric stochastic W towards the stationary
     distribution pi ∝ counts: W'_ij = W_ij·min(1, pi_j/pi_i) off the diagonal, the rest on it.
     Then pi_i W'_ij = pi_j W'_ji (detailed balance), so pi^T W' = pi^T: gossip θ <- W'θ keeps
     Σ_i pi_i θ_i, the sample-weighted average FedEM's server computes, where a doubly
     stochastic W keeps the plain average. W' stays row-stochastic, nonnegative, zero off the
     graph and keeps every self-weight; it is not symmetric unless the counts are equal."""
+    w = sp.coo_array(w)
+    n = w.shape[0]
     pi = np.asarray(counts, dtype=np.float64)
-    if pi.shape != (w.shape[0],) or (pi < 0).any():
-        raise TopologyError(f"sample counts must be {w.shape[0]} nonnegative numbers")
+    if pi.shape != (n,) or (pi < 0).any():
+        raise TopologyError(f"sample counts must be {n} nonnegative numbers")
     if pi.sum() == 0:
-        return w.copy()
+        return sp.csr_array(w)
+    i, j, v = w.row, w.col, w.data
+    off = i != j
+    i, j, v = i[off], j[off], v[off]
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(pi[:, None] > 0, pi[None, :] / pi[:, None], 1.0)
-    out = w * np.minimum(1.0, ratio)
-    out[np.diag_indices_from(out)] = 0.0
-    out[np.diag_indices_from(out)] = 1.0 - out.sum(axis=1)
-    return out
+        ratio = np.where(pi[i] > 0, pi[j] / pi[i], 1.0)
+    v = v * np.minimum(1.0, ratio)
+    diag = 1.0 - np.bincount(i, v, n)
+    return sp.csr_array((np.concatenate([v, diag]), (np.concatenate([i, np.arange(n)]),
+                                                      np.concatenate([j, np.arange(n)]))), shape=(n, n))
 
 
-def check_mixing(w: np.ndarray, g: nx.Graph, tol: float = 1e-9, counts: np.ndarray | None = None) -> None:
+def check_mixing(w, g: nx.Graph, tol: float = 1e-9, counts: np.ndarray | None = None) -> None:
     """Symmetric, doubly stochastic, nonnegative, zero off the graph (self-weights allowed); with
-    ``counts``, in detailed balance with pi ∝ counts instead of symmetric."""
+    ``counts``, in detailed balance with pi ∝ counts instead of symmetric. O(edges)."""
     n = g.number_of_nodes()
     if w.shape != (n, n):
         raise TopologyError(f"mixing matrix has shape {w.shape}, expected {(n, n)}")
-    if counts is None and not np.allclose(w, w.T, atol=tol):
+    w = sp.csr_array(w)
+
+    def biggest(m) -> float:
+        m = sp.csr_array(m)
+        return float(np.abs(m.data).max()) if m.nnz else 0.0
+    if counts is None and biggest(w - w.T) > tol:
         raise TopologyError("mixing matrix is not symmetric")
-    if (w < -tol).any():
+    if w.nnz and w.data.min() < -tol:
         raise TopologyError("mixing matrix has negative entries")
     if not np.allclose(w.sum(axis=1), 1.0, atol=1e-8):
         raise TopologyError("mixing matrix rows do not sum to 1")
-    allowed = nx.to_numpy_array(g, nodelist=range(n)) > 0
-    allowed[np.diag_indices(n)] = True
-    if (np.abs(w[~allowed]) > tol).any():
+    e = edge_array(g)
+    allowed = from_edge_weights(n, e, np.ones(len(e)))         # edges both ways and the diagonal
+    allowed.data[:] = 1.0
+    outside = w - w.multiply(allowed)
+    if biggest(outside) > tol:
         raise TopologyError("mixing matrix has weight between clients that are not neighbours")
     if counts is not None:
         pi = np.asarray(counts, dtype=np.float64)
-        flow = pi[:, None] * w
-        if not np.allclose(flow, flow.T, atol=tol * max(1.0, pi.max())):
+        flow = sp.diags_array(pi) @ w
+        if biggest(flow - flow.T) > tol * max(1.0, pi.max()):
             raise TopologyError("mixing matrix is not in detailed balance with the sample counts")

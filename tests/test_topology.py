@@ -12,7 +12,7 @@ def test_metropolis_on_a_path_by_hand():
     g = nx.path_graph(3)            # degrees 1, 2, 1 -> every edge weight 1/3
     w = T.metropolis(g)
     expected = np.array([[2 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 3], [0, 1 / 3, 2 / 3]])
-    assert np.allclose(w, expected)
+    assert np.allclose(w.toarray(), expected)
     T.check_mixing(w, g)
 
 
@@ -20,7 +20,7 @@ def test_metropolis_on_a_path_by_hand():
 @pytest.mark.parametrize("mixing", ["metropolis", "fmmc"])
 def test_mixing_matrices_are_doubly_stochastic_and_sparse(kind, mixing):
     g = T.build(kind, 16, np.random.default_rng(0), p=0.3)
-    w = T.mixing_matrix(g, mixing)
+    w = T.mixing_matrix(g, mixing).toarray()
     assert np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1) and np.allclose(w, w.T)
     assert (w >= -1e-12).all()
     assert 0 < T.spectral_gap(w) <= 1 + 1e-9
@@ -46,7 +46,7 @@ def test_fmmc_mixes_at_least_as_fast_and_keeps_self_weights():
     c = 1 - math.cos(2 * math.pi / 10)
     w_opt = 2 / (4 + 2 * c)
     ring = T.mixing_matrix(nx.cycle_graph(10), "fmmc")
-    assert (np.diag(ring) > 0.05).all()           # the optimum keeps self-weights
+    assert (ring.diagonal() > 0.05).all()           # the optimum keeps self-weights
     assert T.spectral_gap(ring) == pytest.approx(1 - (1 - 2 * w_opt * c), abs=2e-3)
     # star K_1,4: the optimum is w = 1/4 on each edge (SLEM 3/4), centre self-weight 0
     star = T.mixing_matrix(nx.star_graph(4), "fmmc")
@@ -82,7 +82,7 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     # W'_ij = W_ij min(1, n_j/n_i): W'_01 = 1/3, W'_10 = 1/6, W'_12 = 1/3, W'_21 = 1/6
     g = nx.path_graph(3)
     counts = np.array([1.0, 2.0, 4.0])
-    w = T.sample_weighted(T.metropolis(g), counts)
+    w = T.sample_weighted(T.metropolis(g), counts).toarray()
     expect = np.array([[2 / 3, 1 / 3, 0], [1 / 6, 1 / 2, 1 / 3], [0, 1 / 6, 5 / 6]])
     assert np.allclose(w, expect)
     T.check_mixing(w, g, counts=counts)
@@ -96,7 +96,7 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     assert gap == pytest.approx(1 - sorted(abs(np.linalg.eigvals(w)))[-2])
     with pytest.raises(T.TopologyError, match="detailed balance"):
         T.check_mixing(T.metropolis(g), g, counts=counts)   # symmetric W, unequal counts
-    assert np.allclose(T.sample_weighted(T.metropolis(g), np.ones(3)), T.metropolis(g))
+    assert np.allclose(T.sample_weighted(T.metropolis(g), np.ones(3)).toarray(), T.metropolis(g).toarray())
 
 
 def test_fmmc_iterations_are_a_budget_and_never_worse_than_metropolis():
@@ -104,3 +104,25 @@ def test_fmmc_iterations_are_a_budget_and_never_worse_than_metropolis():
     base = T.slem(T.metropolis(g))
     few, many = T.mixing_matrix(g, "fmmc", fmmc_iters=3), T.mixing_matrix(g, "fmmc", fmmc_iters=300)
     assert T.slem(many) <= T.slem(few) <= base
+
+
+def test_large_ring_mixing_is_sparse_and_each_row_is_its_two_neighbours():
+    from raysim.engine.gossip import GossipDriver
+    n = 49_998                      # a multiple of the 3 hosts: client c on host c % 3
+    g = T.build("ring", n, np.random.default_rng(0))
+    w = T.mixing_matrix(g, "metropolis")
+    assert w.format == "csr" and w.nnz == 3 * n                 # a dense W would be 20 GB
+    groups = [list(range(h, n, 3)) for h in range(3)]
+    rows, outboxes = GossipDriver._plan(None, w, groups)
+    assert [j for j, _ in rows[0][0]] == [0, 1, n - 1] and [j for j, _ in rows[1][1]] == [0, 1, 2]
+    assert [v for _, v in rows[0][0] + rows[1][1]] == pytest.approx([1 / 3] * 6)
+    # a client's two neighbours are on the two other hosts: each message goes to both of them;
+    # host 0 (clients 0, 3, ...) gets 1, 4, ... from host 1 and 2, 5, ... from host 2
+    assert sum(len(v) for out in outboxes for v in out.values()) == 2 * n
+    assert outboxes[1][0] == list(range(1, n, 3)) and outboxes[2][0] == list(range(2, n, 3))
+
+
+def test_fmmc_beyond_its_limit_names_metropolis(monkeypatch):
+    monkeypatch.setattr(T, "FMMC_MAX", 10)
+    with pytest.raises(T.TopologyError, match="12 clients is beyond 10 .*use mixing: metropolis"):
+        T.mixing_matrix(nx.cycle_graph(12), "fmmc")

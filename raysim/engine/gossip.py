@@ -34,10 +34,10 @@ class GossipDriver(RoundDriver):
         counts = self.transport.gossip_init(self.server_state)
         self.counts = np.array([counts.get(c, 0) for c in range(sc.data.clients)], dtype=np.float64)
         self.graph_round: int | None = None
-        self.W: np.ndarray | None = None
+        self.W = None                   # scipy.sparse CSR
         self._plan_cache = None         # (rows per host, outboxes) for the W in force
 
-    def _mixing(self, r: int) -> tuple[np.ndarray, bool]:
+    def _mixing(self, r: int):
         """W for round r (redrawn each round with ``resample``); True when it changed."""
         t = self.sc.topology
         key = r if (t.resample and t.kind == "erdos_renyi") else 0
@@ -66,17 +66,21 @@ class GossipDriver(RoundDriver):
         # no global model exists: each client's copy is its own model
         return {k: v for k, v in super().evaluate().items() if "global_" not in k}
 
-    def _plan(self, W: np.ndarray, groups: list[list[int]]):
+    def _plan(self, W, groups: list[list[int]]):
         """Each host's rows {i: [(j, W_ij)]} and, per source host, which of its clients'
         messages each other host needs (its clients' neighbours held elsewhere)."""
         hosts = len(groups)
         rows_by_host: list[dict[int, list[tuple[int, float]]]] = []
         outboxes: list[dict[int, list[int]]] = [{} for _ in range(hosts)]
+        W = W.tocsr()                   # O(edges): each row's neighbours from the sparse structure
+        ptr, idx, val = W.indptr, W.indices, W.data
         for h, cids in enumerate(groups):
             rows = {}
             for i in cids:
-                nbrs = np.flatnonzero(W[i])
-                rows[i] = list(zip(nbrs.tolist(), W[i, nbrs].tolist()))
+                a, b = ptr[i], ptr[i + 1]
+                keep = val[a:b] != 0
+                order = np.argsort(idx[a:b][keep], kind="stable")
+                rows[i] = list(zip(idx[a:b][keep][order].tolist(), val[a:b][keep][order].tolist()))
             rows_by_host.append(rows)
             for j in sorted({j for row in rows.values() for j, _ in row}):
                 src = host_of(j, hosts)
@@ -112,7 +116,7 @@ class GossipDriver(RoundDriver):
             "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
         record.update(self.consensus(sums))
-        if changed:
+        if changed and self.sc.data.clients <= topology.GAP_MAX:
             record["spectral_gap"] = topology.spectral_gap(
                 W, self.counts if self.sc.topology.weighting == "samples" else None)
         return self._finish(record, t0, compute)
