@@ -6,6 +6,7 @@ run; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import shlex
 import json
 import sys
 import traceback
@@ -81,7 +82,7 @@ def _dispatch(args) -> int:
     for variant, sc in variants:
         summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
                       summary_path=None if len(variants) > 1 else args.summary,
-                      verbose=args.verbose, progress=not args.quiet)
+                      verbose=args.verbose, progress=not args.quiet, resume_command=_resume_command(args, variant))
         summaries[variant] = summary
         shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
         print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
@@ -93,6 +94,20 @@ def _dispatch(args) -> int:
         if args.summary:
             Path(args.summary).write_text(json.dumps({"sweep": args.file, "variants": summaries}, indent=2))
     return EXIT_OK
+
+
+def _resume_command(args, variant: str | None) -> str:
+    """The command that continues this run, with ``{run_id}`` to fill in."""
+    parts = ["raysim", "run", args.file]
+    if variant is not None:
+        parts += ["--variant", variant]
+    for item in args.overrides:
+        parts += ["--set", item]
+    if args.engine != "ray":
+        parts += ["--engine", args.engine]
+    if args.address:
+        parts += ["--address", args.address]
+    return shlex.join(parts) + " --resume {run_id}"
 
 
 def _print_sweep(summaries: dict) -> None:

@@ -37,6 +37,10 @@ class ResourcesCfg:
     hosts: int = field(default=2, metadata={"min": 1, "help": "host actors; each hosts many clients"})
     cpus_per_host: float = field(default=1.0, metadata={"gt": 0.0})
     gpus_per_host: float = field(default=0.0, metadata={"min": 0.0})
+    host_timeout_s: float | None = field(default=None, metadata={
+        "gt": 0.0, "help": "a host call not answered within this many seconds counts as a lost host (null: wait)"})
+    max_host_losses: int = field(default=3, metadata={
+        "min": 0, "help": "lost hosts a run survives (each rolls back to the last checkpoint); then it fails"})
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from raysim.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
+from raysim.engine.driver import HostLost
 
 # Test hook: raise after this round completes (after its checkpoint), to prove crash handling.
 FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
@@ -65,8 +66,10 @@ def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
 
 
 def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
-        summary_path: str | None = None, verbose: bool = False, progress: bool = True) -> dict:
-    """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error."""
+        summary_path: str | None = None, verbose: bool = False, progress: bool = True,
+        resume_command: str | None = None) -> dict:
+    """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error
+    and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in)."""
     from raysim.tracking import Tracker
 
     ckpt_path = None
@@ -94,14 +97,37 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
         history = list(server.history) if start else []
         shown: dict[str, str] = {}
-        for _ in range(start, sc.rounds):
-            record = server.step()
+        losses = 0
+        while len(history) < sc.rounds:
+            try:
+                record = server.step()
+                r = int(record["round"])
+                every = sc.checkpoint.every
+                if (every and r % every == 0) or r == sc.rounds or stop.requested:
+                    _save(server, path, sc)
+            except HostLost as err:
+                done = len(history)
+                while True:                 # start over on fresh hosts (they may be lost too)
+                    losses += 1
+                    why = str(getattr(err, "cause", err))
+                    if losses > sc.resources.max_host_losses:
+                        raise HostLost(f"{why} (host loss {losses}, beyond resources.max_host_losses "
+                                       f"= {sc.resources.max_host_losses})") from None
+                    try:
+                        back = server.recover(str(path) if path.exists() else None)
+                        break
+                    except HostLost as again:
+                        err = again
+                history = list(server.history) if back else []
+                tqdm.write(f"raysim: {why}; new hosts started; going on from the "
+                           f"{'checkpoint of round ' + str(back) if back else 'start'} "
+                           f"(rounds {back + 1}..{done + 1} are redone)", file=sys.stderr)
+                if progress:
+                    bar.n = back
+                    bar.refresh()
+                continue
             history.append(record)
             tracker.log_round(record)
-            r = int(record["round"])
-            every = sc.checkpoint.every
-            if (every and r % every == 0) or r == sc.rounds or stop.requested:
-                _save(server, path, sc)
             shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
             bar.set_postfix(shown, refresh=False)
             bar.update(1)
@@ -128,6 +154,24 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             close()
         finally:
             tracker.finish(outcome)
+            if outcome != "ok":
+                _tell_resume(tracker.run_id, outcome, sc, resume_command)
+
+
+def _tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:
+    path = checkpoint.path_for(sc.checkpoint.dir, run_id)
+    where = "no checkpoint yet: it starts again from round 1"
+    if path.exists():
+        try:
+            where = f"its last checkpoint, round {int(checkpoint.load(path)['round'])}, is {path}"
+        except Exception:          # noqa: BLE001 - a report, never a second failure
+            where = f"its last checkpoint is {path}"
+    print(f"raysim: MLflow run {run_id} marked {STATUS_WORD[outcome]}; {where}", file=sys.stderr)
+    if command:
+        print(f"raysim: continue it with: {command.format(run_id=run_id)}", file=sys.stderr)
+
+
+STATUS_WORD = {"failed": "FAILED", "killed": "KILLED"}
 
 
 def _save(server, path: Path, sc: Scenario) -> None:

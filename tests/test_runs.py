@@ -91,6 +91,8 @@ def test_crash_marks_failed_keeps_checkpoint_and_resume_is_identical(tmp_path):
     assert len(runs) == 1
     failed_id = runs[0].info.run_id
     assert (tmp_path / "ck" / failed_id / "checkpoint.pt").exists()
+    assert f"MLflow run {failed_id} marked FAILED; its last checkpoint, round 2," in proc.stderr
+    assert f"continue it with: raysim run {path} --engine serial --resume {failed_id}" in proc.stderr
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed_id, name="resumed.json")
     assert resumed["mlflow_run_id"] == failed_id
     assert resumed["final"] == full["final"]

@@ -90,6 +90,13 @@ def groups_by_host(assignment: dict[int, int], hosts: int) -> list[dict[int, int
     return out
 
 
+
+class HostLost(RuntimeError):
+    """A host actor died (its process killed, out of memory, its node gone) or did not answer
+    in time. The run rolls back to its last checkpoint on a fresh set of hosts and goes on:
+    client work is a pure function of state, message, round and client id, so the redone
+    rounds give the same results."""
+
 class RoundDriver:
     def __init__(self, sc: Scenario, transport: Transport):
         self.sc = sc

@@ -5,11 +5,18 @@
 - The server actor: a RoundDriver over a RayTransport, pinned (num_cpus=0) to the driver's node
   so it writes checkpoints where the user runs ``raysim``.
 - Each round the message is put into the object store once; every host gets the same ref.
+- A host that dies (SIGKILL, the OOM killer, its node leaving) or does not answer within
+  ``resources.host_timeout_s`` raises ``HostLost``; the server actor then starts a fresh set of
+  hosts and rolls back to the last checkpoint (``recover``), and ``raysim.run`` goes on.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -18,13 +25,18 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from raysim.config import Scenario, ScenarioError
-from raysim.engine.driver import host_of
+from raysim.engine.driver import HostLost, host_of
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
 
 PLACEMENT_TIMEOUT_S = 120
+# Test hook: "ACTION:PHASE:ROUND:HOST:MARKER" makes host HOST, when it starts PHASE (train,
+# evaluate, gossip_train, gossip_mix) of 0-based round ROUND, once (MARKER is a file it creates
+# first), SIGKILL its own process as the kernel's OOM killer would (ACTION kill) or never
+# answer (hang).
+KILL_ENV = "RAYSIM_KILL_HOST"
 
 
 def init(address: str | None, verbose: bool = False) -> None:
@@ -60,17 +72,48 @@ def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
     return dict(zip(keys, (from_numpy(v) for v in ray.get([parts[k] for k in keys]))))
 
 
+def _cause(err: BaseException) -> str:
+    """Ray's several-hundred-character reason, as a few words: out of memory (Ray's memory
+    monitor, with its figures), the node gone, or the process dead (a SIGKILL — the kernel's
+    OOM killer or a kill — or a crash; Ray cannot tell these apart)."""
+    text = str(err)
+    low = text.lower()
+    pid, ip = re.search(r"pid: (\d+)", text), re.search(r"ip: ([\w.:-]+)", text)
+    where = f" (pid {pid.group(1)} on {ip.group(1)})" if pid and ip else ""
+    if isinstance(err, ray.exceptions.OutOfMemoryError) or "low on memory" in low or "memory pressure" in low:
+        figures = next((ln.strip() for ln in text.splitlines() if "memory" in ln.lower() and any(
+            c.isdigit() for c in ln)), "")
+        return f"out of memory{where}: {figures[:240]}" if figures else f"out of memory{where}"
+    if getattr(err, "preempted", False) or re.search(r"node (has )?died|node .* (is dead|was removed)", low):
+        return f"its node left the cluster{where}"
+    return f"its process died{where}: killed (SIGKILL: the kernel's OOM killer or a kill) or crashed"
+
+
 class RayHost(Host):
     """A Host as a Ray actor: tensors cross the process boundary as numpy arrays."""
+
+    def _fault(self, phase: str, round_: int) -> None:
+        spec = os.environ.get(KILL_ENV)
+        if not spec or not self.cids:
+            return
+        action, want_phase, want_round, want_host, marker = spec.split(":", 4)
+        me = host_of(self.cids[0], self.sc.resources.hosts)
+        if (want_phase, int(want_round), int(want_host)) == (phase, round_, me) and not Path(marker).exists():
+            Path(marker).touch()
+            if action == "hang":
+                time.sleep(10**6)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def stats(self, round_: int, message: Any, cids: list[int]):
         return super().stats(round_, from_numpy(message), cids)
 
     def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int]):
+        self._fault("train", round_)
         return super().train(round_, from_numpy(shared), _fetch(parts), groups)
 
     def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
                  unseen: list[int] = ()):
+        self._fault("evaluate", round_)
         return super().evaluate(round_, from_numpy(shared), _fetch(parts), groups, unseen)
 
     def gossip_init(self, server: Any) -> dict[int, int]:
@@ -82,11 +125,14 @@ class RayHost(Host):
     def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]):
         """One object per host that needs some of these clients' messages, holding exactly
         those; it goes into this node's object store and only its ref leaves."""
+        self._fault("gossip_train", round_)
+        self._mix_round = round_
         bundles, losses, secs = super().gossip_train(round_, cids, outbox)
         return {h: ray.put(to_numpy(b)) for h, b in bundles.items()}, losses, secs
 
     def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]] | None):
         """Fetch the bundles other hosts made for this one (peer to peer), then mix."""
+        self._fault("gossip_mix", getattr(self, "_mix_round", -1))
         return super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
 
     def get_states(self) -> dict[int, Any]:
@@ -124,8 +170,33 @@ class RayTransport:
         """Over host actors ``started`` by ``start_hosts`` (the driver starts them, so they boot
         while the server actor does), or started here."""
         self.num_hosts = sc.resources.hosts
+        self.timeout = sc.resources.host_timeout_s
         self.pg, self.hosts = started if started is not None else start_hosts(sc)
-        ray.get([h.prefetch.remote() for h in self.hosts])     # started, shards loaded
+        # started, shards loaded (booting is not hanging: no timeout)
+        self._gather([h.prefetch.remote() for h in self.hosts], timeout=None)
+
+    def _gather(self, refs: list, timeout: float | None | str = "host") -> list:
+        """ray.get of one call per host (refs[h] from host h); a host that died or did not
+        answer within ``host_timeout_s`` raises HostLost naming it and the cause."""
+        timeout = self.timeout if timeout == "host" else timeout
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        lost = []
+        if late:
+            for ref in late:
+                h = refs.index(ref)
+                ray.kill(self.hosts[h])
+                lost.append(f"host {h} did not answer within {timeout:g}s (resources.host_timeout_s)")
+        out = []
+        for h, ref in enumerate(refs):
+            if ref in late:
+                continue
+            try:
+                out.append(ray.get(ref))
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
+                lost.append(f"host {h} lost: {_cause(err)}")
+        if lost:
+            raise HostLost("; ".join(lost))
+        return out
 
     def _put(self, message: Any, by_host: list[dict[int, int]]):
         """The shared part and each needed group part into the object store once; per host,
@@ -139,53 +210,53 @@ class RayTransport:
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]):
         ref = ray.put(to_numpy(message))
-        return ray.get([h.stats.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
+        return self._gather([h.stats.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]]):
         shared, parts = self._put(message, by_host)
-        return ray.get([h.train.remote(round_, shared, p, g) for h, p, g in zip(self.hosts, parts, by_host)])
+        return self._gather([h.train.remote(round_, shared, p, g) for h, p, g in zip(self.hosts, parts, by_host)])
 
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
         shared, parts = self._put(message, by_host)
         unseen = set(unseen)
-        return ray.get([h.evaluate.remote(round_, shared, p, g, [c for c in g if c in unseen])
+        return self._gather([h.evaluate.remote(round_, shared, p, g, [c for c in g if c in unseen])
                         for h, p, g in zip(self.hosts, parts, by_host)])
 
     def gossip_init(self, server: Any) -> dict[int, int]:
         ref = ray.put(to_numpy(server))
         counts: dict[int, int] = {}
-        for part in ray.get([h.gossip_init.remote(ref) for h in self.hosts]):
+        for part in self._gather([h.gossip_init.remote(ref) for h in self.hosts]):
             counts.update(part)
         return counts
 
     def gossip_train(self, round_: int, by_host: list[list[int]], outboxes: list[dict[int, list[int]]]):
-        return ray.get([h.gossip_train.remote(round_, cids, out)
+        return self._gather([h.gossip_train.remote(round_, cids, out)
                         for h, cids, out in zip(self.hosts, by_host, outboxes)])
 
     def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]] | None]]):
         # the refs travel inside a list, so Ray does not resolve them here: each host fetches its own
-        return ray.get([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
+        return self._gather([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
 
     def consensus(self, mean):
         ref = ray.put(to_numpy(mean))
-        return ray.get([h.consensus.remote(ref) for h in self.hosts])
+        return self._gather([h.consensus.remote(ref) for h in self.hosts])
 
     def get_states(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
-        for part in ray.get([h.get_states.remote() for h in self.hosts]):
+        for part in self._gather([h.get_states.remote() for h in self.hosts]):
             out.update(from_numpy(part))
         return out
 
     def set_states(self, trees: dict[int, Any]) -> None:
         ref = ray.put(to_numpy(trees))
-        ray.get([h.set_states.remote(ref) for h in self.hosts])
+        self._gather([h.set_states.remote(ref) for h in self.hosts])
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
         return message_nbytes(message, by_host)
 
     def shutdown(self) -> None:
         for h in self.hosts:
-            ray.kill(h)
+            ray.kill(h)              # a dead one too: no error
         self.hosts = []
         remove_placement_group(self.pg)
 
@@ -207,10 +278,18 @@ class _Server:
     """Runs inside the server actor: the RoundDriver over Ray host actors."""
 
     def __init__(self, sc: Scenario, started=None):
+        self.sc = sc
         self.driver = make_driver(sc, RayTransport(sc, started))
 
     def step(self) -> dict:
         return self.driver.step()
+
+    def recover(self, path: str | None) -> int:
+        """After a HostLost: a fresh set of hosts (placed anew: another node if one left), the
+        driver rebuilt, and the last checkpoint restored (none yet: round 0)."""
+        self.driver.transport.shutdown()
+        self.driver = make_driver(self.sc, RayTransport(self.sc))
+        return self.driver.restore(path) if path else 0
 
     def save(self, path: str, extra: dict | None = None) -> None:
         self.driver.save(path, extra)
@@ -254,6 +333,9 @@ class RayServer:
 
     def restore(self, path: str) -> int:
         return ray.get(self.actor.restore.remote(path))
+
+    def recover(self, path: str | None) -> int:
+        return ray.get(self.actor.recover.remote(path))
 
     @property
     def history(self) -> list[dict]:

@@ -1,0 +1,79 @@
+"""Faults injected into Ray runs (a host SIGKILLed mid-training, mid-evaluation, mid-gossip; a
+hung host): the run goes on and ends with the metrics of an undisturbed run."""
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import TINY
+from tests.test_gossip import DFEDEM
+from tests.test_runs import raysim, summary_of, tracked
+
+pytestmark = pytest.mark.ray
+
+LOCAL = TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local")     # stateful clients
+
+
+def kill(tmp_path, spec):
+    return {"RAYSIM_KILL_HOST": f"{spec}:{tmp_path}/killed"}
+
+
+def same_run(a, b):
+    assert a["final"] == b["final"]
+    keys = ("train_loss", "accuracy", "consensus_distance")
+    assert [{k: h.get(k) for k in keys} for h in a["history"]] == [{k: h.get(k) for k in keys} for h in b["history"]]
+
+
+def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_path):
+    path = tracked(tmp_path, LOCAL, every=2)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    out = tmp_path / "ray.json"
+    proc = raysim("run", path, "-q", "--set", "resources.hosts=3", "--summary", str(out),
+                  env=kill(tmp_path, "kill:train:3:1"))
+    assert (tmp_path / "killed").exists()                       # the fault happened
+    assert "raysim: host 1 lost: its process died (pid " in proc.stderr
+    assert ("or crashed; new hosts started; going on from the checkpoint of round 2 (rounds 3..4 are redone)"
+            in proc.stderr)
+    import json
+    ray_run = json.loads(out.read_text())
+    same_run(ray_run, serial)
+    assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(ray_run["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_host_killed_mid_evaluation_before_any_checkpoint_restarts_from_round_one(tmp_path):
+    path = tracked(tmp_path, LOCAL, every=0)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    ray_run = summary_of(tmp_path, path, env=kill(tmp_path, "kill:evaluate:2:0"), name="ray.json")
+    assert (tmp_path / "killed").exists()
+    same_run(ray_run, serial)
+
+
+def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run(tmp_path):
+    path = tracked(tmp_path, DFEDEM, every=1)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    ray_run = summary_of(tmp_path, path, env=kill(tmp_path, "kill:gossip_mix:2:1"), name="ray.json")
+    assert (tmp_path / "killed").exists()
+    same_run(ray_run, serial)
+
+
+def test_a_hung_host_times_out_and_is_replaced(tmp_path):
+    path = tracked(tmp_path, LOCAL, every=1)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    ray_run = summary_of(tmp_path, path, "--set", "resources.host_timeout_s=10",
+                         env=kill(tmp_path, "hang:train:1:1"), name="ray.json")
+    assert (tmp_path / "killed").exists()
+    same_run(ray_run, serial)
+
+
+def test_beyond_max_host_losses_the_run_fails_with_the_cause_and_the_resume_command(tmp_path):
+    path = tracked(tmp_path, LOCAL, every=1)
+    proc = raysim("run", path, "-q", "--set", "resources.max_host_losses=0", env=kill(tmp_path, "kill:train:2:1"),
+                  check=False)
+    assert proc.returncode == 1
+    assert "raysim: run failed: HostLost: host 1 lost: its process died (pid " in proc.stderr
+    assert "or crashed (host loss 1, beyond resources.max_host_losses = 0)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+    rid = run.info.run_id
+    assert run.info.status == "FAILED"
+    assert f"its last checkpoint, round 2," in proc.stderr
+    assert f"continue it with: raysim run {path} --set resources.max_host_losses=0 --resume {rid}" in proc.stderr
