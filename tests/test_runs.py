@@ -1,5 +1,6 @@
 """End to end through the CLI: learning, MLflow records, failures, interruption and --resume."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,6 +25,20 @@ algorithm: {name: fedavg, lr: 0.1, batch_size: 16}
 sampling: {fraction: 1.0}
 eval: {every: 10}
 resources: {hosts: 2}
+"""
+
+DIVERGING = """
+name: diverge
+seed: 0
+rounds: 20
+data:
+  dataset: regression_mixture
+  clients: 8
+  partition: {kind: mixture, scheme: "10:90", sources: 2, min_size: 30, max_size: 40, holdout: 100}
+model: {name: linear, bias: false}
+algorithm: {name: fedavg, lr: 5.0, batch_size: 10}
+eval: {every: 1}
+resources: {hosts: 2, cpus_per_host: 0.5}
 """
 
 
@@ -166,3 +181,23 @@ def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
     assert len(ids) == 3 and {r.info.run_id for r in runs} == ids
+
+
+def test_divergence_stops_the_run_naming_the_round_and_clients_and_keeps_the_last_good_checkpoint(tmp_path):
+    # FedAvg with lr 5 on least squares (FedSoft's synthetic regression): |1 - lr·λ_max| > 1,
+    # so the weights grow geometrically and the loss overflows within a few rounds
+    path = tracked(tmp_path, DIVERGING)
+    proc = raysim("run", path, "-q", "--engine", "serial", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    line = next(ln for ln in proc.stderr.splitlines() if "Diverged" in ln)
+    import re
+    m = re.search(r"Diverged: training diverged in round (\d+): non-finite loss on clients? ([\d, ]+);", line)
+    assert m, line
+    bad_round = int(m.group(1))
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+    assert run.info.status == "FAILED"
+    import torch
+    ck = torch.load(tmp_path / "ck" / run.info.run_id / "checkpoint.pt", weights_only=True)
+    assert ck["round"] == bad_round - 1                          # the last good round, checkpointed every round
+    assert all(math.isfinite(h["train_loss"]) for h in ck["history"])

@@ -6,6 +6,7 @@ engine, Ray actors for the Ray engine), so both engines share every line of roun
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import is_dataclass
 from typing import Any, Protocol
@@ -54,6 +55,21 @@ def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int) -> np.ndarr
         return train_ids
     chosen = rng.generator(sc.seed, "sample", round_).choice(len(train_ids), size=k, replace=False)
     return np.sort(train_ids[chosen])
+
+
+class Diverged(RuntimeError):
+    """Training produced a NaN or infinite loss: the run stops before checkpointing the round."""
+
+
+def check_finite(losses: dict[int, tuple[float, int]], round_: int) -> None:
+    """A non-finite client loss in round ``round_`` (1-based) raises Diverged naming the
+    clients (before the server takes their updates)."""
+    bad = [c for c in sorted(losses) if not math.isfinite(losses[c][0]) and losses[c][1] > 0]
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise Diverged(f"training diverged in round {round_}: non-finite loss on client"
+                       f"{'s' if len(bad) > 1 else ''} {shown}; lower the learning rate "
+                       "(algorithm.lr) or check the data")
 
 
 def mean_train_loss(losses: dict[int, tuple[float, int]]) -> float:
@@ -145,6 +161,7 @@ class RoundDriver:
             total.merge(acc)
             losses.update(loss)
             compute += secs
+        check_finite(losses, r + 1)
         reduced = total.result()
         self.server_state = self.algo.aggregate(self.server_state, reduced, r)
         self.round = r + 1

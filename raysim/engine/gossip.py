@@ -25,7 +25,7 @@ import torch
 from raysim import rng, topology
 from raysim.config import Scenario
 from raysim.core.replies import Accumulator
-from raysim.engine.driver import RoundDriver, host_of, mean_train_loss
+from raysim.engine.driver import RoundDriver, check_finite, host_of, mean_train_loss
 
 
 class GossipDriver(RoundDriver):
@@ -105,6 +105,7 @@ class GossipDriver(RoundDriver):
         for _, loss, secs in parts:
             losses.update(loss)
             compute += secs
+        check_finite(losses, r + 1)
         plans = [([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h] if send_rows else None)
                  for h in range(hosts)]
         sums = self.transport.gossip_mix(plans)
