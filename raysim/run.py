@@ -17,6 +17,8 @@ from raysim.engine.driver import HostLost
 
 # Test hook: raise after this round completes (after its checkpoint), to prove crash handling.
 FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
+# Test hook: stop (sleep) after this round's checkpoint, for a test to SIGKILL the driver.
+PAUSE_ENV = "RAYSIM_PAUSE_AFTER_ROUND"
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
 
@@ -78,10 +80,12 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         if not ckpt_path.exists():
             raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {resume} at {ckpt_path}")
         stored = checkpoint.load(ckpt_path).get("scenario")
-        if stored is not None and stored != json.loads(json.dumps(sc.raw, default=str)):
-            raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with; "
-                                "resume with the same file and --set options")
+        if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
+            raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with "
+                                f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options")
     tracker = Tracker(sc, resume, verbose)
+    if resume_command:
+        tracker.note_resume(resume_command.format(run_id=tracker.run_id))
     t0 = time.perf_counter()
     outcome = "failed"
     bar = None
@@ -95,6 +99,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
         fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
+        pause_after = int(os.environ.get(PAUSE_ENV, "0") or 0)
         history = list(server.history) if start else []
         shown: dict[str, str] = {}
         losses = 0
@@ -133,6 +138,8 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             bar.update(1)
             if stop.requested:
                 raise KeyboardInterrupt
+            if pause_after and r == pause_after:
+                time.sleep(10**6)
             if fail_after and r == fail_after:
                 raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")
         bar.close()
@@ -156,6 +163,14 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             tracker.finish(outcome)
             if outcome != "ok":
                 _tell_resume(tracker.run_id, outcome, sc, resume_command)
+
+
+# keys that do not change results: a run may resume on other hosts, another cluster, elsewhere
+FREE_ON_RESUME = ("resources", "tracking", "checkpoint")
+
+
+def _results_part(raw: dict) -> dict:
+    return {k: v for k, v in raw.items() if k not in FREE_ON_RESUME}
 
 
 def _tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:

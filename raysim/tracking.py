@@ -2,6 +2,12 @@
 
 Tracking URI: scenario ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's default
 (``sqlite:///mlflow.db`` in the working directory).
+
+A run's driver stamps it (tags ``raysim.driver`` = host:pid, ``raysim.heartbeat`` = unix time,
+refreshed every ``HEARTBEAT_S`` by a thread). A driver killed outright (SIGKILL, a lost login
+node) cannot mark its run, so every later ``raysim run`` on the same experiment marks the
+RUNNING runs whose driver is gone FAILED: its process is no longer alive (same host) or its
+heartbeat is older than ``STALE_S`` (any host), and says how to resume them.
 """
 from __future__ import annotations
 
@@ -12,7 +18,10 @@ import json
 import logging
 import math
 import os
+import socket
+import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -22,6 +31,24 @@ from mlflow.tracking import MlflowClient
 from raysim.config import Scenario
 
 STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+HEARTBEAT_S = 60.0
+STALE_S = 600.0
+DRIVER_TAG, BEAT_TAG, RESUME_TAG = "raysim.driver", "raysim.heartbeat", "raysim.resume"
+
+
+def _alive(pid: int) -> bool:
+    """A raysim process with this id runs on this machine (the id not reused by another)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"raysim" in f.read()
+    except OSError:
+        return True                 # no /proc: trust the signal check
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -72,11 +99,16 @@ class Tracker:
             run = self.client.get_run(resume_run_id)       # raises if unknown
             self.run_id = run.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            self._start_heartbeat()
+            if exp is not None:
+                self.reap(exp.experiment_id)
             return
+        self.reap(exp.experiment_id)
         run = self.client.create_run(exp.experiment_id, run_name=sc.name, tags={
             "algorithm": sc.algorithm.name, "dataset": sc.data.dataset.name, "model": sc.model.name,
             "scenario": os.path.basename(sc.path)})
         self.run_id = run.info.run_id
+        self._start_heartbeat()
         params = flatten({k: v for k, v in sc.raw.items()})
         items = [mlflow.entities.Param(k, v[:6000]) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):            # MLflow takes at most 100 params a batch
@@ -132,7 +164,58 @@ class Tracker:
                     for path in write_curve(tmp, key, curve, final.get(f"{key}_std"), summary.get("name", "")):
                         self.client.log_artifact(self.run_id, path, "curves")
 
+    # -- liveness --------------------------------------------------------------------------------
+    def _beat(self) -> None:
+        self.client.set_tag(self.run_id, BEAT_TAG, f"{time.time():.0f}")
+
+    def _start_heartbeat(self) -> None:
+        self.client.set_tag(self.run_id, DRIVER_TAG, f"{socket.gethostname()}:{os.getpid()}")
+        self._beat()
+        self._stop = threading.Event()
+
+        def loop():
+            while not self._stop.wait(HEARTBEAT_S):
+                try:
+                    self._beat()
+                except Exception:          # noqa: BLE001 - a missed beat is not a failure
+                    pass
+        self._thread = threading.Thread(target=loop, name="raysim-heartbeat", daemon=True)
+        self._thread.start()
+
+    def reap(self, experiment_id: str) -> list[str]:
+        """Mark FAILED the experiment's RUNNING runs (not this one) whose driver is gone; print
+        one line each with the way to resume it. Returns their ids."""
+        gone = []
+        now = time.time()
+        for run in self.client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                           max_results=1000):
+            rid, tags = run.info.run_id, run.data.tags
+            if rid == getattr(self, "run_id", None) or DRIVER_TAG not in tags:
+                continue
+            host, _, pid = tags[DRIVER_TAG].rpartition(":")
+            beat = float(tags.get(BEAT_TAG, 0) or 0)
+            if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+                why = f"its driver (pid {pid} on {host}) is gone"
+            elif now - beat > STALE_S:
+                why = f"its driver on {host} last signalled {now - beat:.0f}s ago"
+            else:
+                continue
+            self.client.set_tag(rid, "raysim.failure", why)
+            self.client.set_terminated(rid, status="FAILED")
+            command = tags.get(RESUME_TAG) or (f"raysim run {tags.get('scenario', 'SCENARIO.yaml')} --resume {rid} "
+                                               "(the same file and --set options)")
+            print(f"raysim: MLflow run {rid} ({run.info.run_name}) was left RUNNING: {why}; marked FAILED. "
+                  f"Continue it with: {command}", file=sys.stderr)
+            gone.append(rid)
+        return gone
+
+    def note_resume(self, command: str) -> None:
+        """The exact command that continues this run (shown if its driver dies unannounced)."""
+        self.client.set_tag(self.run_id, RESUME_TAG, command)
+
     def finish(self, outcome: str) -> None:
+        if getattr(self, "_stop", None) is not None:
+            self._stop.set()
         self.client.set_terminated(self.run_id, status=STATUS[outcome])
 
 

@@ -77,3 +77,43 @@ def test_beyond_max_host_losses_the_run_fails_with_the_cause_and_the_resume_comm
     assert run.info.status == "FAILED"
     assert f"its last checkpoint, round 2," in proc.stderr
     assert f"continue it with: raysim run {path} --set resources.max_host_losses=0 --resume {rid}" in proc.stderr
+
+
+def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on_other_hosts(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+    path = tracked(tmp_path, LOCAL, every=1)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(path), "-q"], cwd=ROOT, text=True,
+                            env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("raysim").experiment_id
+    deadline = time.time() + 120
+    while time.time() < deadline:                # wait for round 2's checkpoint of the Ray run
+        running = client.search_runs([exp], filter_string="attributes.status = 'RUNNING'")
+        if running and (tmp_path / "ck" / running[0].info.run_id / "checkpoint.pt").exists():
+            ck = __import__("torch").load(tmp_path / "ck" / running[0].info.run_id / "checkpoint.pt",
+                                          weights_only=True)
+            if ck["round"] == 2:
+                break
+        time.sleep(0.5)
+    (run,) = running
+    rid = run.info.run_id
+    os.kill(proc.pid, signal.SIGKILL)            # the driver: no chance to mark its run
+    proc.communicate(timeout=60)
+    assert client.get_run(rid).info.status == "RUNNING"
+    # any later run on the store notices the driver is gone
+    later = raysim("run", path, "-q", "--engine", "serial")
+    assert f"MLflow run {rid} (tiny) was left RUNNING: its driver (pid {proc.pid} on " in later.stderr
+    assert f"Continue it with: raysim run {path} --resume {rid}" in later.stderr
+    assert client.get_run(rid).info.status == "FAILED"
+    # resumed on 3 hosts instead of 2: only what changes results must match
+    out = summary_of(tmp_path, path, "--set", "resources.hosts=3", "--resume", rid, name="resumed.json")
+    same_run(out, serial)
+    assert client.get_run(rid).info.status == "FINISHED"
