@@ -30,6 +30,9 @@ class EvalCfg:
     every: int = field(default=1, metadata={"min": 1, "help": "evaluate every N rounds (and after the last)"})
     unseen_fraction: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0,
                                    "help": "share of clients that never train and are evaluated as unseen"})
+    clients: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "training clients evaluated: all (null), a fraction (≤ 1) or a count (> 1), one seeded sample "
+        "kept for the whole run so the curves compare")})
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,8 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     resources = load_dataclass(ctx, "resources", ResourcesCfg, raw.get("resources"))
     tracking = load_dataclass(ctx, "tracking", TrackingCfg, raw.get("tracking"))
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
+    if ev.clients is not None and ev.clients > 1 and ev.clients != int(ev.clients):
+        ctx.fail("eval.clients", f"{ev.clients:g}: a count (above 1) must be a whole number; a fraction is at most 1")
     topology = None
     if raw.get("topology") is not None:
         topology = load_dataclass(ctx, "topology", TopologyCfg, raw["topology"])

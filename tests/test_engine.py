@@ -114,3 +114,32 @@ def test_gpu_fraction_selects_cuda_when_present(monkeypatch):
     assert host.pick_device(0.0).type == "cpu"
     monkeypatch.setattr(host.torch.cuda, "is_available", lambda: False)
     assert host.pick_device(0.5).type == "cpu"        # asked for a GPU, none visible: CPU
+
+
+def test_eval_clients_scores_one_seeded_sample_for_the_whole_run(tmp_path):
+    from raysim.config import load
+    from raysim.engine.driver import eval_sample, split_unseen
+    from raysim.engine.serial import serial_driver
+    from tests.conftest import TINY, write_scenario
+    path = write_scenario(tmp_path, TINY.replace("eval: {every: 1}", "eval: {every: 1, clients: 0.25}"))
+    sc = load(path)
+    train, _ = split_unseen(sc)
+    chosen = eval_sample(sc, train)
+    assert len(chosen) == 3 and set(chosen) <= set(train)                     # 25 % of 12
+    assert list(chosen) == list(eval_sample(load(path), train))               # seeded
+    assert len(eval_sample(load(path, ["eval.clients=5"]), train)) == 5       # a count
+    assert list(eval_sample(load(path, ["eval.clients=1.0"]), train)) == list(train)
+    d = serial_driver(sc)
+    d.step()
+    got = d.evaluate()
+    # the mean over the sample equals the sample's own per-client scores, test-size weighted
+    full = serial_driver(load(path, ["eval.clients=null"]))
+    full.step()
+    per = {}
+    for part in full.transport.evaluate(full.round, full.eval_message(), [{int(c): 0 for c in g} for g in
+                                        full._by_host(chosen)], []):
+        per.update(part)
+    acc = sum(per[c][0]["accuracy"] * per[c][1] for c in chosen) / sum(per[c][1] for c in chosen)
+    assert got["accuracy"] == pytest.approx(acc)
+    with pytest.raises(config.ScenarioError, match="eval.clients: 2.5: a count"):
+        load(path, ["eval.clients=2.5"])

@@ -48,6 +48,18 @@ def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(perm[: n - k]), np.sort(perm[n - k:])
 
 
+def eval_sample(sc: Scenario, train_ids: np.ndarray) -> np.ndarray:
+    """The training clients every evaluation scores (``eval.clients``): all, or one sample
+    drawn from (seed, "eval_clients") for the whole run."""
+    want = sc.eval.clients
+    if want is None:
+        return train_ids
+    k = max(1, int(round(want * len(train_ids)))) if want <= 1 else int(want)
+    if k >= len(train_ids):
+        return train_ids
+    return np.sort(rng.generator(sc.seed, "eval_clients").choice(train_ids, size=k, replace=False))
+
+
 def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int) -> np.ndarray:
     s = sc.sampling
     k = s.count if s.count is not None else max(1, int(round(s.fraction * len(train_ids))))
@@ -124,6 +136,7 @@ class RoundDriver:
         self._shares: dict[int, list[float]] | None = None
         self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
         self.train_ids, self.unseen_ids = split_unseen(sc)
+        self.eval_ids = eval_sample(sc, self.train_ids)
         self.round = 0              # rounds completed
         self.history: list[dict] = []
 
@@ -189,7 +202,7 @@ class RoundDriver:
         return self.algo.message(self.server_state, self.round)
 
     def evaluate(self) -> dict[str, float]:
-        everyone = np.concatenate([self.train_ids, self.unseen_ids])
+        everyone = np.concatenate([self.eval_ids, self.unseen_ids])
         chosen = self.algo.eval_groups(self.server_state, everyone)
         groups = {int(c): 0 for c in everyone}
         groups.update(chosen)
@@ -198,7 +211,7 @@ class RoundDriver:
         for part in self.transport.evaluate(self.round, self.eval_message(),
                                             groups_by_host(groups, self.transport.num_hosts), unseen):
             results.update(part)
-        out = summarize({int(c): results[int(c)] for c in self.train_ids})
+        out = summarize({int(c): results[int(c)] for c in self.eval_ids})
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
         importance = {c: r[2] for c, r in results.items() if r[2] is not None}
@@ -206,7 +219,7 @@ class RoundDriver:
         if not importance and centers is not None and chosen:     # hard clusters held by the server
             importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items() if g >= 0}
         out.update(self._cluster_report(importance, centers))
-        self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.train_ids}, self.server_state))
+        self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.eval_ids}, self.server_state))
         return out
 
     def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
