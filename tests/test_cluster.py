@@ -40,3 +40,22 @@ def test_asking_more_than_the_cluster_has_is_an_input_error(tmp_path, cluster):
     assert proc.stderr.strip().splitlines()[-1].endswith(
         "resources.cpus_per_host: 4 hosts x 1 CPU = 4 CPU, but the Ray cluster has 3; "
         "lower resources.hosts or resources.cpus_per_host")
+
+
+@pytest.mark.parametrize("name", ["aws-gpu.yaml", "gcp-gpu.yaml", "onprem.yaml"])
+def test_cluster_configs_validate_against_rays_schema_and_turn_token_auth_on(name):
+    import json
+    import os
+
+    import jsonschema
+    import ray
+    import yaml
+
+    from tests.conftest import ROOT
+    schema = json.loads(open(os.path.join(os.path.dirname(ray.__file__), "autoscaler", "ray-schema.json")).read())
+    cfg = yaml.safe_load(open(os.path.join(ROOT, "cluster", name)))
+    jsonschema.validate(cfg, schema)
+    starts = cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]
+    assert all("RAY_AUTH_MODE=token" in c for c in starts if "ray start" in c)
+    assert all("--dashboard-host=127.0.0.1" in c for c in cfg["head_start_ray_commands"] if "ray start" in c)
+    assert any("pip install" in c and "-e ." in c for c in cfg["setup_commands"])       # installs raysim
