@@ -8,6 +8,7 @@ its defaults come from one place. Every problem is reported as ONE line
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,11 +305,29 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if problem is not None:
         ctx.fail(f"algorithm.{problem[0]}", problem[1])
 
+    dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
                   algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc
+
+
+def _absolute_paths(dataset, checkpoint, tracking, topology):
+    """Relative paths made absolute here, at the driver: host and server actors may run on
+    other nodes, in other working directories (``raw``, the user's text, is unchanged)."""
+    import dataclasses
+    params = dataset.params
+    if dataclasses.is_dataclass(params) and isinstance(getattr(params, "root", None), str):
+        params = dataclasses.replace(params, root=os.path.abspath(params.root))
+        dataset = dataclasses.replace(dataset, params=params)
+    checkpoint = dataclasses.replace(checkpoint, dir=os.path.abspath(checkpoint.dir))
+    uri = tracking.uri
+    if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
+        tracking = dataclasses.replace(tracking, uri="sqlite:///" + os.path.abspath(uri[len("sqlite:///"):]))
+    if topology is not None and topology.edges:
+        topology = dataclasses.replace(topology, edges=os.path.abspath(topology.edges))
+    return dataset, checkpoint, tracking, topology
 
 
 def make_source(sc: Scenario):

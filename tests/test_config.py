@@ -155,3 +155,19 @@ def test_sweep_errors_name_the_variant(tmp_path):
     path = write_scenario(tmp_path, TINY + "sweep: [1, 2]\n")
     with pytest.raises(ScenarioError, match="sweep: expected a mapping of variant names"):
         config.load_variants(path)
+
+
+def test_relative_paths_are_made_absolute_at_the_driver(tmp_path, monkeypatch):
+    # host and server actors may run on other nodes, in other working directories
+    from raysim.config import load
+    from tests.conftest import TINY, write_scenario
+    path = write_scenario(tmp_path, TINY + "tracking: {uri: 'sqlite:///runs/m.db'}\ncheckpoint: {dir: ck}\n")
+    monkeypatch.chdir(tmp_path)
+    sc = load(path)
+    assert sc.checkpoint.dir == str(tmp_path / "ck")
+    assert sc.tracking.uri == f"sqlite:///{tmp_path}/runs/m.db"
+    assert sc.raw["checkpoint"]["dir"] == "ck"                     # the user's text is kept
+    fm_path = write_scenario(tmp_path, TINY.replace("dataset: synthetic", "dataset: fashion_mnist\n  root: data/fm")
+                             .replace("  dim: 10\n", "").replace("  max_samples: 80\n", ""), "fm.yaml")
+    fm = load(fm_path, check_data=False)
+    assert str(fm.data.dataset.params.root) == str(tmp_path / "data" / "fm")
