@@ -17,7 +17,8 @@ from raysim.engine.driver import HostLost
 
 # Test hook: raise after this round completes (after its checkpoint), to prove crash handling.
 FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
-# Test hook: stop (sleep) after this round's checkpoint, for a test to SIGKILL the driver.
+# Test hook: "ROUND[:SECONDS]" sleeps after this round's checkpoint (for ever without SECONDS),
+# for a test to SIGKILL the driver or take a node away.
 PAUSE_ENV = "RAYSIM_PAUSE_AFTER_ROUND"
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
@@ -99,7 +100,8 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
         fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
-        pause_after = int(os.environ.get(PAUSE_ENV, "0") or 0)
+        pause_after, _, pause_s = (os.environ.get(PAUSE_ENV, "") or "0").partition(":")
+        pause_after, pause_s = int(pause_after), float(pause_s or 10**6)
         history = list(server.history) if start else []
         shown: dict[str, str] = {}
         losses = 0
@@ -124,9 +126,10 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                     except HostLost as again:
                         err = again
                 history = list(server.history) if back else []
+                redo = f"round {done + 1} is" if back == done else f"rounds {back + 1}..{done + 1} are"
                 tqdm.write(f"raysim: {why}; new hosts started; going on from the "
-                           f"{'checkpoint of round ' + str(back) if back else 'start'} "
-                           f"(rounds {back + 1}..{done + 1} are redone)", file=sys.stderr)
+                           f"{'checkpoint of round ' + str(back) if back else 'start'} ({redo} redone)",
+                           file=sys.stderr)
                 if progress:
                     bar.n = back
                     bar.refresh()
@@ -139,7 +142,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             if stop.requested:
                 raise KeyboardInterrupt
             if pause_after and r == pause_after:
-                time.sleep(10**6)
+                time.sleep(pause_s)
             if fail_after and r == fail_after:
                 raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")
         bar.close()
