@@ -12,6 +12,13 @@ pytestmark = pytest.mark.ray
 LOCAL = TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local")     # stateful clients
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The undisturbed serial run of LOCAL (checkpoint frequency does not change results)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    return summary_of(tmp, tracked(tmp, LOCAL, every=0), "--engine", "serial")
+
+
 def kill(tmp_path, spec):
     return {"RAYSIM_KILL_HOST": f"{spec}:{tmp_path}/killed"}
 
@@ -22,9 +29,9 @@ def same_run(a, b):
     assert [{k: h.get(k) for k in keys} for h in a["history"]] == [{k: h.get(k) for k in keys} for h in b["history"]]
 
 
-def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_path):
+def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_path, reference):
     path = tracked(tmp_path, LOCAL, every=2)
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    serial = reference
     out = tmp_path / "ray.json"
     proc = raysim("run", path, "-q", "--set", "resources.hosts=3", "--summary", str(out),
                   env=kill(tmp_path, "kill:train:3:1"))
@@ -38,9 +45,9 @@ def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_pat
     assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(ray_run["mlflow_run_id"]).info.status == "FINISHED"
 
 
-def test_host_killed_mid_evaluation_before_any_checkpoint_restarts_from_round_one(tmp_path):
+def test_host_killed_mid_evaluation_before_any_checkpoint_restarts_from_round_one(tmp_path, reference):
     path = tracked(tmp_path, LOCAL, every=0)
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    serial = reference
     ray_run = summary_of(tmp_path, path, env=kill(tmp_path, "kill:evaluate:2:0"), name="ray.json")
     assert (tmp_path / "killed").exists()
     same_run(ray_run, serial)
@@ -54,9 +61,9 @@ def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run
     same_run(ray_run, serial)
 
 
-def test_a_hung_host_times_out_and_is_replaced(tmp_path):
+def test_a_hung_host_times_out_and_is_replaced(tmp_path, reference):
     path = tracked(tmp_path, LOCAL, every=1)
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    serial = reference
     ray_run = summary_of(tmp_path, path, "--set", "resources.host_timeout_s=10",
                          env=kill(tmp_path, "hang:train:1:1"), name="ray.json")
     assert (tmp_path / "killed").exists()
@@ -79,7 +86,7 @@ def test_beyond_max_host_losses_the_run_fails_with_the_cause_and_the_resume_comm
     assert f"continue it with: raysim run {path} --set resources.max_host_losses=0 --resume {rid}" in proc.stderr
 
 
-def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on_other_hosts(tmp_path):
+def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on_other_hosts(tmp_path, reference):
     import os
     import signal
     import subprocess
@@ -88,7 +95,7 @@ def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on
 
     from tests.conftest import ROOT
     path = tracked(tmp_path, LOCAL, every=1)
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    serial = reference
     proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(path), "-q"], cwd=ROOT, text=True,
                             env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
