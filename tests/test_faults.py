@@ -99,19 +99,15 @@ def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on
     proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(path), "-q"], cwd=ROOT, text=True,
                             env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    exp = client.get_experiment_by_name("raysim").experiment_id
-    deadline = time.time() + 120
-    while time.time() < deadline:                # wait for round 2's checkpoint of the Ray run
-        running = client.search_runs([exp], filter_string="attributes.status = 'RUNNING'")
-        if running and (tmp_path / "ck" / running[0].info.run_id / "checkpoint.pt").exists():
-            ck = __import__("torch").load(tmp_path / "ck" / running[0].info.run_id / "checkpoint.pt",
-                                          weights_only=True)
-            if ck["round"] == 2:
-                break
+    deadline = time.time() + 300
+    rid = None
+    while time.time() < deadline and proc.poll() is None and rid is None:   # round 2 checkpointed
         time.sleep(0.5)
-    (run,) = running
-    rid = run.info.run_id
+        for f in (tmp_path / "ck").glob("*/checkpoint.pt") if (tmp_path / "ck").exists() else []:
+            if __import__("torch").load(f, weights_only=True)["round"] == 2:
+                rid = f.parent.name                  # checkpoints/<MLflow run id>/
+    assert rid is not None, "the Ray run never checkpointed round 2"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     os.kill(proc.pid, signal.SIGKILL)            # the driver: no chance to mark its run
     proc.communicate(timeout=60)
     assert client.get_run(rid).info.status == "RUNNING"
