@@ -4,11 +4,14 @@
     python bench/compare.py tiny            # one of them
     python bench/compare.py --hosts 2       # override resources.hosts
 
-For each workload it prints the bare loop's wall time (one process, one thread, training only),
-raysim's training time (the rounds without the final evaluation, which the bare loop does not
-do), the rounds with it, raysim's whole `raysim run` (Python start, Ray start, host actors
-loading their shards, MLflow) and the ratios to the bare loop.
+First, what the user waits for: the whole process, from exec to exit, of the bare loop
+(`python bench/bare_fedavg.py`: Python, torch, data, rounds) and of `raysim run` (Python, Ray's
+start, host actors loading their shards, MLflow, rounds, final evaluation, shutdown), and their
+ratio (goal on tiny: <= 1.0). Then the training alone: the bare loop's timed rounds against
+raysim's rounds without the final evaluation (which the bare loop does not do), and with it.
 Targets on 2 cores: tiny <= 1.2, cnn <= 0.6 (training ratio).
+
+    python bench/compare.py tiny --address auto   # raysim joins a running Ray (`ray start --head`)
 """
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ HERE = Path(__file__).resolve().parent
 WORKLOADS = {"tiny": (1000, 10, 1.2), "cnn": (50, 5, 0.6)}     # clients, rounds, target ratio
 
 
-def bare(kind: str, clients: int, rounds: int) -> float:
+def bare(kind: str, clients: int, rounds: int) -> tuple[float, float]:
+    """(timed rounds, whole process) of the bare loop."""
+    t0 = time.perf_counter()
     out = subprocess.run([sys.executable, str(HERE / "bare_fedavg.py"), kind, str(clients), str(rounds)],
                          capture_output=True, text=True, check=True).stdout
-    return float(re.search(r"wall=([\d.]+)s", out).group(1))
+    return float(re.search(r"wall=([\d.]+)s", out).group(1)), time.perf_counter() - t0
 
 
-def raysim(kind: str, hosts: int | None, engine: str) -> tuple[float, float, float, float]:
+def raysim(kind: str, hosts: int | None, engine: str, address: str | None) -> tuple[float, float, float, float]:
     """(training seconds, rounds seconds, run seconds as the summary reports, whole process)."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
@@ -41,6 +46,8 @@ def raysim(kind: str, hosts: int | None, engine: str) -> tuple[float, float, flo
                "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck"]
         if hosts:
             cmd += ["--set", f"resources.hosts={hosts}"]
+        if address:
+            cmd += ["--address", address]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
         whole = time.perf_counter() - t0
@@ -55,15 +62,16 @@ def main() -> None:
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--hosts", type=int, default=None)
     ap.add_argument("--engine", default="ray", choices=("ray", "serial"))
+    ap.add_argument("--address", default=None, help="raysim joins this Ray (e.g. auto) instead of starting one")
     args = ap.parse_args()
-    print(f"{'workload':<8} {'bare s':>7} {'raysim train s':>15} {'ratio':>6} {'target':>6} "
-          f"{'+final eval s':>14} {'ratio':>6} {'raysim run s':>13} {'ratio':>6} {'process s':>10}")
+    print(f"{'workload':<8} {'bare process s':>14} {'raysim process s':>16} {'ratio':>6} | "
+          f"{'bare rounds s':>13} {'raysim train s':>14} {'ratio':>6} {'target':>6} {'+final eval s':>13} {'ratio':>6}")
     for kind in args.workloads:
         clients, rounds, target = WORKLOADS[kind]
-        b = bare(kind, clients, rounds)
-        train, r_rounds, r_run, r_whole = raysim(kind, args.hosts, args.engine)
-        print(f"{kind:<8} {b:7.2f} {train:15.2f} {train / b:6.2f} {target:6.2f} {r_rounds:14.2f} "
-              f"{r_rounds / b:6.2f} {r_run:13.2f} {r_run / b:6.2f} {r_whole:10.2f}", flush=True)
+        b, b_whole = bare(kind, clients, rounds)
+        train, r_rounds, _, r_whole = raysim(kind, args.hosts, args.engine, args.address)
+        print(f"{kind:<8} {b_whole:14.2f} {r_whole:16.2f} {r_whole / b_whole:6.2f} | {b:13.2f} {train:14.2f} "
+              f"{train / b:6.2f} {target:6.2f} {r_rounds:13.2f} {r_rounds / b:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ run; 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import shlex
 import json
+import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -150,5 +151,19 @@ def _root_cause(e: BaseException) -> BaseException:
     return e
 
 
+def entry() -> None:
+    """The console command: ``main``, then a quick exit. Ray's own exit hook pauses half a
+    second before stopping a local Ray, and unloading torch, Ray and MLflow takes seconds more;
+    every result is written by then (MLflow calls are synchronous), so raysim stops Ray itself
+    and leaves without the interpreter's teardown."""
+    rc = main()
+    if "ray" in sys.modules:
+        from raysim.engine import ray_engine
+        ray_engine.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

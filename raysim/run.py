@@ -1,6 +1,7 @@
 """One experiment end to end: tracking, engine, rounds, checkpoints, progress, summary."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -52,10 +53,9 @@ class DeferredInterrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
-    if engine == "serial":
-        from raysim.engine.serial import serial_driver
-        return serial_driver(sc), lambda: None
+def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
+    """Start (or join) Ray and start the hosts and the server actor without waiting for them
+    to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine
     what = f"{sc.resources.hosts} host actors"
     if not ray_engine.running():
@@ -64,8 +64,7 @@ def _make_server(sc: Scenario, engine: str, address: str | None, verbose: bool):
         what = f"starting {what}"
     print(f"raysim: {what} ...", file=sys.stderr, flush=True)
     ray_engine.init(address, verbose)
-    server = ray_engine.RayServer(sc)
-    return server, server.close
+    return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
@@ -73,8 +72,6 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         resume_command: str | None = None) -> dict:
     """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error
     and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in)."""
-    from raysim.tracking import Tracker
-
     ckpt_path = None
     if resume:
         ckpt_path = checkpoint.path_for(sc.checkpoint.dir, resume)
@@ -84,17 +81,33 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
             raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with "
                                 f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options")
-    tracker = Tracker(sc, resume, verbose)
-    if resume_command:
-        tracker.note_resume(resume_command.format(run_id=tracker.run_id))
     t0 = time.perf_counter()
+    pending = None
+    if engine == "ray":
+        # MLflow is imported while Ray starts, and set up while the hosts boot
+        threading.Thread(target=importlib.import_module, args=("raysim.tracking",), daemon=True).start()
+        pending = _start_ray_server(sc, address, verbose)
+    try:
+        from raysim.tracking import Tracker
+        tracker = Tracker(sc, resume, verbose)
+        if resume_command:
+            tracker.note_resume(resume_command.format(run_id=tracker.run_id))
+    except BaseException:
+        if pending is not None:
+            pending.close()
+        raise
     outcome = "failed"
     bar = None
-    close = lambda: None  # noqa: E731
+    close = pending.close if pending is not None else (lambda: None)
     stop = DeferredInterrupt()
     try:
         stop.install()
-        server, close = _make_server(sc, engine, address, verbose)
+        if pending is not None:
+            pending.wait()
+            server = pending
+        else:
+            from raysim.engine.serial import serial_driver
+            server = serial_driver(sc)
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
         path = checkpoint.path_for(sc.checkpoint.dir, tracker.run_id)
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,

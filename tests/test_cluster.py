@@ -2,7 +2,7 @@
 
 raysim joins it with --address like a real cluster; hosts must spread over both nodes (the head
 has 1 CPU, the worker 2, and 3 hosts of 1 CPU are asked for), results must equal the serial
-engine's, and asking for more than the cluster has is an input error (exit 2).
+engine's, and asking for more than the cluster places waits, then stops with what is missing (exit 2).
 """
 
 import pytest
@@ -32,14 +32,19 @@ def test_run_on_a_two_node_cluster_matches_serial(tmp_path, cluster):
     assert [h["train_loss"] for h in multi["history"]] == [h["train_loss"] for h in serial["history"]]
 
 
-def test_asking_more_than_the_cluster_has_is_an_input_error(tmp_path, cluster):
+def test_asking_more_than_the_cluster_places_waits_then_says_what_is_missing(tmp_path, cluster):
+    # a cluster may grow (an autoscaler adds nodes): raysim waits for placement, says what it
+    # waits for, and after resources.placement_timeout_s stops with what is missing (exit 2)
     path = tracked(tmp_path, TINY)
     proc = raysim("run", path, "--address", cluster.address, "--set", "resources.hosts=4",
-                  "--set", "resources.cpus_per_host=1", check=False)
+                  "--set", "resources.cpus_per_host=1", "--set", "resources.placement_timeout_s=6", check=False)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        "resources.cpus_per_host: 4 hosts x 1 CPU = 4 CPU, but the Ray cluster has 3; "
-        "lower resources.hosts or resources.cpus_per_host")
+    lines = proc.stderr.strip().splitlines()
+    assert any(line.startswith("raysim: waiting for the cluster to place 4 hosts of 1 CPU (free now: 3 CPU)")
+               for line in lines), proc.stderr
+    assert lines[-1].endswith("resources: the Ray cluster could not place 4 hosts of 1 CPU (free now: 3 CPU) "
+                              "within 6 s; lower resources.hosts, resources.cpus_per_host or "
+                              "resources.gpus_per_host, or add nodes"), proc.stderr
 
 
 @pytest.mark.parametrize("name", ["aws-gpu.yaml", "gcp-gpu.yaml", "onprem.yaml"])
@@ -60,3 +65,17 @@ def test_cluster_configs_validate_against_rays_schema_and_turn_token_auth_on(nam
     assert all("--dashboard-host=127.0.0.1" in c for c in cfg["head_start_ray_commands"] if "ray start" in c)
     assert any("pip install" in c and "-e ." in c for c in cfg["setup_commands"])       # installs raysim
 
+
+
+def test_asking_a_local_ray_for_more_than_it_has_is_an_input_error(tmp_path):
+    # a Ray raysim starts itself cannot grow: refused at once, before any MLflow run
+    import os
+    path = tracked(tmp_path, TINY)
+    cpus = os.cpu_count()
+    proc = raysim("run", path, "--set", f"resources.hosts={cpus + 1}", "--set", "resources.cpus_per_host=1",
+                  check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        f"resources.cpus_per_host: {cpus + 1} hosts x 1 CPU = {cpus + 1} CPU, but the local Ray has {cpus}; "
+        "lower resources.hosts or resources.cpus_per_host")
+    assert not (tmp_path / "mlflow.db").exists()

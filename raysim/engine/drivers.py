@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from raysim.config import Scenario
 from raysim.engine.driver import RoundDriver, Transport
-from raysim.engine.gossip import GossipDriver
 
 
 def make_driver(sc: Scenario, transport: Transport) -> RoundDriver:
-    return GossipDriver(sc, transport) if sc.topology is not None else RoundDriver(sc, transport)
+    if sc.topology is None:
+        return RoundDriver(sc, transport)
+    # imported here: the graph libraries (networkx, scipy.sparse) cost every process that
+    # loads the engine (each host actor) a third of a second, and only gossip needs them
+    from raysim.engine.gossip import GossipDriver
+    return GossipDriver(sc, transport)

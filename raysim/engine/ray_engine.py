@@ -31,7 +31,7 @@ from raysim.engine.host import Host
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
 
-PLACEMENT_TIMEOUT_S = 120
+PLACEMENT_TIMEOUT_S = 120      # a local Ray (checked to fit beforehand)
 # Test hook: "ACTION:PHASE:ROUND:HOST:MARKER" makes host HOST, when it starts PHASE (train,
 # evaluate, gossip_train, gossip_mix) of 0-based round ROUND, once (MARKER is a file it creates
 # first), SIGKILL its own process as the kernel's OOM killer would (ACTION kill) or never
@@ -39,8 +39,12 @@ PLACEMENT_TIMEOUT_S = 120
 KILL_ENV = "RAYSIM_KILL_HOST"
 
 
+_EMBEDDED = False      # this process started the Ray it uses (a local one: it cannot grow)
+
+
 def init(address: str | None, verbose: bool = False) -> None:
     """Start an embedded Ray (address None) or join a cluster ("auto" or HOST:PORT)."""
+    global _EMBEDDED
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
@@ -53,6 +57,7 @@ def init(address: str | None, verbose: bool = False) -> None:
     if address is None:
         kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1")
     ray.init(address=address, **kwargs)
+    _EMBEDDED = address is None
 
 
 def running() -> bool:
@@ -61,6 +66,8 @@ def running() -> bool:
 
 
 def shutdown() -> None:
+    """Leave Ray (and stop it, if this process started it) now, without the half-second
+    pause Ray's exit hook takes."""
     if ray.is_initialized():
         ray.shutdown()
 
@@ -142,17 +149,40 @@ class RayHost(Host):
         super().set_states(from_numpy(trees))
 
 
-def start_hosts(sc: Scenario):
+def _resources_text(sc: Scenario) -> str:
+    res = sc.resources
+    per = f"{res.cpus_per_host:g} CPU" + (f" + {res.gpus_per_host:g} GPU" if res.gpus_per_host else "")
+    free = ray.available_resources()
+    have = f"{free.get('CPU', 0.0):g} CPU" + (f", {free.get('GPU', 0.0):g} GPU" if res.gpus_per_host else "")
+    return f"{res.hosts} hosts of {per} (free now: {have})"
+
+
+def _wait_placed(sc: Scenario, pg, say=None) -> None:
+    """Wait until the placement group is placed. A local Ray was checked beforehand (it
+    cannot grow); on a cluster, raysim waits up to ``resources.placement_timeout_s`` while an
+    autoscaler adds nodes, saying once what it waits for."""
+    limit = PLACEMENT_TIMEOUT_S if _EMBEDDED else sc.resources.placement_timeout_s
+    ready, _ = ray.wait([pg.ready()], timeout=min(5.0, limit))
+    if not ready and say is not None:
+        say(f"raysim: waiting for the cluster to place {_resources_text(sc)}; an autoscaling cluster "
+            f"adds nodes meanwhile (giving up after resources.placement_timeout_s = {limit:g} s)")
+    if not ready:
+        ready, _ = ray.wait([pg.ready()], timeout=max(0.0, limit - 5.0))
+    if not ready:
+        what = _resources_text(sc)
+        remove_placement_group(pg)
+        raise ScenarioError(f"{sc.path}: resources: the Ray cluster could not place {what} within "
+                            f"{limit:g} s; lower resources.hosts, resources.cpus_per_host or "
+                            "resources.gpus_per_host, or add nodes")
+
+
+def start_hosts(sc: Scenario, say=None):
     """Place and start the host actors (SPREAD placement group, one bundle each) without
     waiting for them to boot; returns (placement group, actor handles)."""
     res = sc.resources
     bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
     pg = placement_group([dict(bundle) for _ in range(res.hosts)], strategy="SPREAD")
-    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
-        remove_placement_group(pg)
-        raise RuntimeError(f"the cluster could not place {res.hosts} hosts of {bundle} "
-                           f"within {PLACEMENT_TIMEOUT_S}s")
+    _wait_placed(sc, pg, say)
     actor = ray.remote(RayHost)
     n = sc.data.clients
     threads = max(1, int(res.cpus_per_host))
@@ -262,15 +292,27 @@ class RayTransport:
 
 
 def _check_fits(sc: Scenario) -> None:
+    """A local Ray started here cannot grow: asking more than it has is an input error; so is
+    asking a cluster for more than its autoscaler may grow it to. Otherwise (the autoscaler's
+    limits not known, or within them) raysim waits for placement (``_wait_placed``)."""
     res = sc.resources
     total = ray.cluster_resources()
+    limits = None
+    if not _EMBEDDED:         # the most an autoscaler may grow the cluster to (None: not known)
+        try:
+            limits = ray._private.state.state.get_max_resources_from_cluster_config()
+        except Exception:     # noqa: BLE001 - a private API; without it, wait for placement
+            limits = None
+        if limits is None:
+            return
     for key, per in (("CPU", res.cpus_per_host), ("GPU", res.gpus_per_host)):
         need = per * res.hosts
-        have = total.get(key, 0.0)
+        have = max(total.get(key, 0.0), float((limits or {}).get(key, 0)))
         if need > have + 1e-9:
             name = "cpus_per_host" if key == "CPU" else "gpus_per_host"
+            where = "the local Ray has" if _EMBEDDED else "the cluster can grow to"
             raise ScenarioError(f"{sc.path}: resources.{name}: {res.hosts} hosts x {per:g} {key} = "
-                                f"{need:g} {key}, but the Ray cluster has {have:g}; lower resources.hosts "
+                                f"{need:g} {key}, but {where} {have:g}; lower resources.hosts "
                                 f"or resources.{name}")
 
 
@@ -308,22 +350,42 @@ class _Server:
 
 
 class RayServer:
-    """Driver-side handle with the same methods as a RoundDriver (blocking calls)."""
+    """Driver-side handle with the same methods as a RoundDriver (blocking calls). Built
+    without waiting: the hosts and the server actor boot while the driver goes on (MLflow
+    set-up); ``wait`` blocks until they are up."""
 
-    def __init__(self, sc: Scenario):
+    def __init__(self, sc: Scenario, say=None):
         _check_fits(sc)
         here = ray.get_runtime_context().get_node_id()
-        pg, hosts = start_hosts(sc)               # they boot while the server actor does
+        pg, hosts = start_hosts(sc, say)          # they boot while the server actor does
+        self._started = (pg, hosts)
         try:
             self.actor = ray.remote(_Server).options(
                 num_cpus=0, max_concurrency=1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, (pg, hosts))
-            ray.get(self.actor.history.remote())  # surface construction errors now
+            self._up = self.actor.history.remote()
         except BaseException:
-            for h in hosts:
-                ray.kill(h)
-            remove_placement_group(pg)
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        pg, hosts = self._started
+        for h in hosts:
+            ray.kill(h)
+        remove_placement_group(pg)
+        if hasattr(self, "actor"):
+            ray.kill(self.actor)
+
+    def wait(self) -> None:
+        """Block until the server actor (and so every host) is up; surface their errors."""
+        if self._up is None:
+            return
+        try:
+            ray.get(self._up)                 # construction errors surface here
+        except BaseException:
+            self._abandon()
+            raise
+        self._up = None
 
     def step(self) -> dict:
         return ray.get(self.actor.step.remote())
@@ -345,6 +407,9 @@ class RayServer:
         return ray.get(self.actor.report.remote())
 
     def close(self) -> None:
+        if self._up is not None:              # never came up: nothing to shut down cleanly
+            self._abandon()
+            return
         try:
             ray.get(self.actor.shutdown.remote())
         finally:
