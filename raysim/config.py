@@ -45,6 +45,9 @@ class ResourcesCfg:
         "gt": 0.0, "help": "a host call not answered within this many seconds counts as a lost host (null: wait)"})
     max_host_losses: int = field(default=3, metadata={
         "min": 0, "help": "lost hosts a run survives (each rolls back to the last checkpoint); then it fails"})
+    placement: str = field(default="samples", metadata={
+        "choices": ("samples", "round_robin"),
+        "help": "clients over hosts: samples (balance the hosts' samples, deterministic) or round_robin (c mod hosts)"})
     placement_timeout_s: float = field(default=900.0, metadata={
         "gt": 0.0, "help": "on a cluster (--address), how long to wait for the hosts to be placed "
                            "(an autoscaling cluster adds nodes meanwhile)"})

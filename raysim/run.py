@@ -74,10 +74,10 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in)."""
     ckpt_path = None
     if resume:
-        ckpt_path = checkpoint.path_for(sc.checkpoint.dir, resume)
-        if not ckpt_path.exists():
+        ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
+        if not checkpoint.exists(ckpt_path):
             raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {resume} at {ckpt_path}")
-        stored = checkpoint.load(ckpt_path).get("scenario")
+        stored = checkpoint.server_part(ckpt_path).get("scenario")
         if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
             raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with "
                                 f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options")
@@ -109,7 +109,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             from raysim.engine.serial import serial_driver
             server = serial_driver(sc)
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
-        path = checkpoint.path_for(sc.checkpoint.dir, tracker.run_id)
+        path = checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
         fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
@@ -134,7 +134,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                         raise HostLost(f"{why} (host loss {losses}, beyond resources.max_host_losses "
                                        f"= {sc.resources.max_host_losses})") from None
                     try:
-                        back = server.recover(str(path) if path.exists() else None)
+                        back = server.recover(str(path) if checkpoint.exists(path) else None)
                         break
                     except HostLost as again:
                         err = again
@@ -190,11 +190,11 @@ def _results_part(raw: dict) -> dict:
 
 
 def _tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:
-    path = checkpoint.path_for(sc.checkpoint.dir, run_id)
+    path = checkpoint.run_dir(sc.checkpoint.dir, run_id)
     where = "no checkpoint yet: it starts again from round 1"
-    if path.exists():
+    if checkpoint.exists(path):
         try:
-            where = f"its last checkpoint, round {int(checkpoint.load(path)['round'])}, is {path}"
+            where = f"its last checkpoint, round {int(checkpoint.manifest(path)['round'])}, is {path}"
         except Exception:          # noqa: BLE001 - a report, never a second failure
             where = f"its last checkpoint is {path}"
     print(f"raysim: MLflow run {run_id} marked {STATUS_WORD[outcome]}; {where}", file=sys.stderr)

@@ -88,12 +88,68 @@ def test_checkpoint_roundtrip_continues_identically(tmp_path):
     full = run_serial(sc, 2)
     part = serial_driver(sc, 2)
     part.step(), part.step()
-    path = tmp_path / "ck.pt"
+    path = tmp_path / "ck"
     part.save(str(path))
     resumed = serial_driver(sc, 3)             # another host count, fresh process state
     assert resumed.restore(str(path)) == 2
     resumed.step(), resumed.step()
     assert strip_times(resumed.history) == strip_times(full.history)
+
+
+def test_checkpoint_is_one_file_per_host_and_an_atomic_manifest(tmp_path, monkeypatch):
+    import json
+    sc = scenario(tmp_path, "rounds=4", "algorithm.name=local", "sampling.fraction=1.0")
+    full = run_serial(sc, 2)
+    d = serial_driver(sc, 3)
+    d.step(), d.step()
+    folder = tmp_path / "ck"
+    d.save(str(folder))
+    doc = json.loads((folder / "manifest.json").read_text())
+    assert doc["round"] == 2 and doc["folder"] == "round-00000002"
+    assert [h["file"] for h in doc["hosts"]] == ["host-0.pt", "host-1.pt", "host-2.pt"]
+    for h, entry in enumerate(doc["hosts"]):           # each host wrote exactly its own clients
+        assert entry["clients"] == d.transport.placement.clients(h)
+        assert sorted(checkpoint.load(folder / doc["folder"] / entry["file"])) == entry["clients"]
+    assert sorted(c for e in doc["hosts"] for c in e["clients"]) == list(range(12))
+    assert "clients" not in checkpoint.load(folder / doc["folder"] / "server.pt")   # no gathered models
+    d.step()
+    monkeypatch.setattr(checkpoint, "commit", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):     # a crash before the manifest is replaced
+        d.save(str(folder))
+    monkeypatch.undo()
+    assert checkpoint.manifest(folder)["round"] == 2    # the last complete round still stands
+    resumed = serial_driver(sc, 2)
+    assert resumed.restore(str(folder)) == 2
+    resumed.step(), resumed.step()
+    assert strip_times(resumed.history) == strip_times(full.history)
+    resumed.save(str(folder))
+    assert sorted(p.name for p in folder.glob("round-*")) == ["round-00000004"]      # older rounds removed
+
+
+def test_hosts_that_do_not_see_the_checkpoint_folder_hand_their_states_over(tmp_path, monkeypatch):
+    from raysim.engine import host as host_module
+    sc = scenario(tmp_path, "rounds=4", "algorithm.name=local", "sampling.fraction=1.0")
+    full = run_serial(sc, 2)
+    d = serial_driver(sc, 2)
+    d.step(), d.step()
+    monkeypatch.setattr(host_module.checkpoint, "visible", lambda folder, token: False)   # another node
+    d.save(str(tmp_path / "ck"))
+    resumed = serial_driver(sc, 3)
+    assert resumed.restore(str(tmp_path / "ck")) == 2
+    resumed.step(), resumed.step()
+    assert strip_times(resumed.history) == strip_times(full.history)
+
+
+def test_placement_balances_samples_largest_first_deterministically():
+    from raysim.engine.driver import Placement
+    # sizes 10, 1, 1, 8, 2 on 2 hosts: 10 -> h0, 8 -> h1, 2 -> h1 (8 < 10), then the two 1s:
+    # loads tie at 10/10, so client 1 -> h0 (lower index), client 2 -> h1: 11 and 11 samples
+    p = Placement.balanced([10, 1, 1, 8, 2], 2)
+    assert p.owner.tolist() == [0, 0, 1, 1, 1]
+    assert p.clients(0) == [0, 1] and p.clients(1) == [2, 3, 4]
+    # round robin would give 13 and 9; equal sizes give round robin
+    assert Placement.round_robin(5, 2).owner.tolist() == [0, 1, 0, 1, 0]
+    assert Placement.balanced([3] * 5, 2).owner.tolist() == [0, 1, 0, 1, 0]
 
 
 def test_checkpoint_is_loaded_weights_only(tmp_path):

@@ -88,10 +88,11 @@ def test_mixing_step_by_hand_on_a_path(tmp_path):
 def test_sample_weighted_mixing_step_and_exchange_on_a_path(tmp_path):
     # the same path with clients of unequal sizes and weighting: samples: one round gives
     # W' @ theta with W'_ij = W_ij min(1, n_j/n_i) (n = the clients' training samples).
-    # Hosts: 0 and 2 on host 0, 1 on host 1 -> host 0 fetches {1}, host 1 fetches {0, 2}.
+    # Hosts (round robin): 0 and 2 on host 0, 1 on host 1 -> host 0 fetches {1}, host 1 fetches {0, 2}.
     import numpy as np
     from raysim import topology
-    d, rec, got = path_round(tmp_path, "data.min_samples=10", "data.max_samples=300", weighting="samples")
+    d, rec, got = path_round(tmp_path, "data.min_samples=10", "data.max_samples=300",
+                             "resources.placement=round_robin", weighting="samples")
     n = d.counts
     assert len(set(n)) > 1                                     # unequal, so the weighting matters
     assert list(n) == [h.data(c).num_train for c in range(3) for h in d.transport.hosts if c in h.cids]

@@ -105,7 +105,7 @@ def test_crash_marks_failed_keeps_checkpoint_and_resume_is_identical(tmp_path):
                               filter_string="attributes.status = 'FAILED'")
     assert len(runs) == 1
     failed_id = runs[0].info.run_id
-    assert (tmp_path / "ck" / failed_id / "checkpoint.pt").exists()
+    assert (tmp_path / "ck" / failed_id / "manifest.json").exists()
     assert f"MLflow run {failed_id} marked FAILED; its last checkpoint, round 2," in proc.stderr
     assert f"continue it with: raysim run {path} --engine serial --resume {failed_id}" in proc.stderr
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed_id, name="resumed.json")
@@ -133,7 +133,7 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ck_root = tmp_path / "ck"
     deadline = time.time() + 120
-    while time.time() < deadline and not list(ck_root.glob("*/checkpoint.pt")):
+    while time.time() < deadline and not list(ck_root.glob("*/manifest.json")):
         time.sleep(0.2)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
@@ -144,7 +144,7 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
     assert "stopping after this round" in err
     # the round in progress finished and was checkpointed: nothing is lost
     from raysim.engine import checkpoint
-    saved = checkpoint.load(ck_root / run_id / "checkpoint.pt")["round"]
+    saved = checkpoint.manifest(ck_root / run_id)["round"]
     logged = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(run_id, "train_loss")
     assert 0 < saved < 400 and saved == max(m.step for m in logged)
 
@@ -197,7 +197,7 @@ def test_divergence_stops_the_run_naming_the_round_and_clients_and_keeps_the_las
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
     assert run.info.status == "FAILED"
-    import torch
-    ck = torch.load(tmp_path / "ck" / run.info.run_id / "checkpoint.pt", weights_only=True)
+    from raysim.engine import checkpoint
+    ck = checkpoint.server_part(tmp_path / "ck" / run.info.run_id)
     assert ck["round"] == bad_round - 1                          # the last good round, checkpointed every round
     assert all(math.isfinite(h["train_loss"]) for h in ck["history"])

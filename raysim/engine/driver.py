@@ -6,6 +6,7 @@ engine, Ray actors for the Ray engine), so both engines share every line of roun
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import is_dataclass
@@ -25,19 +26,63 @@ from raysim.setup import make_algorithm
 
 class Transport(Protocol):
     num_hosts: int
+    placement: "Placement"
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]]) -> list[tuple]: ...
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]) -> list[dict]: ...
-    def get_states(self) -> dict[int, Any]: ...
-    def set_states(self, trees: dict[int, Any]) -> None: ...
+    def save_clients(self, folder: str, rdir: str, token: str) -> list[dict]: ...
+    def load_clients(self, folder: str, doc: dict, token: str) -> None: ...
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int: ...
     def shutdown(self) -> None: ...
 
 
-def host_of(cid: int, num_hosts: int) -> int:
-    """Clients live on host cid mod H for the whole run (sampled clients spread evenly)."""
-    return cid % num_hosts
+class Placement:
+    """Which host holds each client, for the whole run (``owner[cid]``).
+
+    ``balanced`` (``resources.placement: samples``, the default) balances the hosts' work: the
+    clients, largest first (ties: lower id first), each go to the host with the fewest samples
+    so far (ties: lower host index) — greedy longest-processing-time, deterministic, within
+    4/3 of the best balance; with equal sizes it is round robin. ``round_robin`` puts client c
+    on host c mod H whatever its size. Results never depend on placement (replies are reduced
+    in client-id order)."""
+
+    def __init__(self, owner: np.ndarray, hosts: int):
+        self.owner = np.asarray(owner, dtype=np.int64)
+        self.hosts = hosts
+        self._clients = [np.flatnonzero(self.owner == h).tolist() for h in range(hosts)]
+
+    @classmethod
+    def round_robin(cls, clients: int, hosts: int) -> "Placement":
+        return cls(np.arange(clients) % hosts, hosts)
+
+    @classmethod
+    def balanced(cls, sizes, hosts: int) -> "Placement":
+        sizes = np.asarray(sizes, dtype=np.int64)
+        order = np.lexsort((np.arange(len(sizes)), -sizes))      # largest first, then by id
+        owner = np.empty(len(sizes), dtype=np.int64)
+        heap = [(0, h) for h in range(hosts)]
+        for c in order.tolist():
+            load, h = heapq.heappop(heap)
+            owner[c] = h
+            heapq.heappush(heap, (load + int(sizes[c]), h))
+        return cls(owner, hosts)
+
+    def host(self, cid: int) -> int:
+        return int(self.owner[cid])
+
+    def clients(self, h: int) -> list[int]:
+        """Host h's clients, ascending."""
+        return self._clients[h]
+
+
+def place(sc: Scenario, hosts: int | None = None, source=None) -> Placement:
+    """The scenario's placement over ``hosts`` (default ``resources.hosts``) hosts."""
+    hosts = hosts or sc.resources.hosts
+    if sc.resources.placement == "round_robin" or hosts == 1:
+        return Placement.round_robin(sc.data.clients, hosts)
+    source = source or make_source(sc)
+    return Placement.balanced([source.num_samples(c) for c in range(sc.data.clients)], hosts)
 
 
 def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
@@ -111,10 +156,11 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
     return out
 
 
-def groups_by_host(assignment: dict[int, int], hosts: int) -> list[dict[int, int]]:
-    out: list[dict[int, int]] = [{} for _ in range(hosts)]
+def groups_by_host(assignment: dict[int, int], placement: Placement) -> list[dict[int, int]]:
+    out: list[dict[int, int]] = [{} for _ in range(placement.hosts)]
+    owner = placement.owner
     for c in sorted(assignment):
-        out[host_of(c, hosts)][c] = assignment[c]
+        out[owner[c]][c] = assignment[c]
     return out
 
 
@@ -142,8 +188,9 @@ class RoundDriver:
 
     def _by_host(self, cids) -> list[list[int]]:
         groups: list[list[int]] = [[] for _ in range(self.transport.num_hosts)]
+        owner = self.transport.placement.owner
         for c in cids:
-            groups[host_of(int(c), self.transport.num_hosts)].append(int(c))
+            groups[owner[int(c)]].append(int(c))
         return groups
 
     def _prepare(self, r: int, sampled: np.ndarray) -> None:
@@ -165,7 +212,7 @@ class RoundDriver:
         assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
                                       rng.generator(self.sc.seed, "select", r))
         message = self.algo.message(self.server_state, r)
-        by_host = groups_by_host(assignment, self.transport.num_hosts)
+        by_host = groups_by_host(assignment, self.transport.placement)
         parts = self.transport.train(r, message, by_host)
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
@@ -209,7 +256,7 @@ class RoundDriver:
         results: dict[int, tuple[dict[str, float], int]] = {}
         unseen = [int(c) for c in self.unseen_ids]
         for part in self.transport.evaluate(self.round, self.eval_message(),
-                                            groups_by_host(groups, self.transport.num_hosts), unseen):
+                                            groups_by_host(groups, self.transport.placement), unseen):
             results.update(part)
         out = summarize({int(c): results[int(c)] for c in self.eval_ids})
         if len(self.unseen_ids):
@@ -270,20 +317,26 @@ class RoundDriver:
         return self.clusters
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save(self, path: str, extra: dict | None = None) -> None:
-        checkpoint.save(path, {
+    def save(self, folder: str, extra: dict | None = None) -> None:
+        """Checkpoint this round into ``folder`` (``raysim.engine.checkpoint``): the hosts write
+        their clients' states, this driver the server state and history, then the manifest."""
+        token = checkpoint.token(folder)
+        rdir = checkpoint.round_folder(folder, self.round)
+        hosts = self.transport.save_clients(str(folder), str(rdir), token)
+        checkpoint.save(rdir / checkpoint.SERVER, {
             **(extra or {}),
             "round": self.round,
             "server": state_to_tree(self.server_state),
-            "clients": self.transport.get_states(),
             "history": self.history,
         })
+        checkpoint.commit(folder, self.round, hosts)
 
-    def restore(self, path: str) -> int:
-        ck = checkpoint.load(path)
+    def restore(self, folder: str) -> int:
+        doc = checkpoint.manifest(folder)
+        ck = checkpoint.server_part(folder)
         self.round = int(ck["round"])
         t = type(self.server_state)
         self.server_state = tree_to_state(t, ck["server"]) if is_dataclass(t) else ck["server"]
-        self.transport.set_states(ck["clients"])
+        self.transport.load_clients(str(folder), doc, checkpoint.token(folder))
         self.history = list(ck["history"])
         return self.round

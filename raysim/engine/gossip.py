@@ -25,7 +25,7 @@ import torch
 from raysim import rng, topology
 from raysim.config import Scenario
 from raysim.core.replies import Accumulator
-from raysim.engine.driver import RoundDriver, check_finite, host_of, mean_train_loss
+from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
 
 
 class GossipDriver(RoundDriver):
@@ -70,6 +70,7 @@ class GossipDriver(RoundDriver):
         """Each host's rows {i: [(j, W_ij)]} and, per source host, which of its clients'
         messages each other host needs (its clients' neighbours held elsewhere)."""
         hosts = len(groups)
+        owner = self.transport.placement.owner
         rows_by_host: list[dict[int, list[tuple[int, float]]]] = []
         outboxes: list[dict[int, list[int]]] = [{} for _ in range(hosts)]
         W = W.tocsr()                   # O(edges): each row's neighbours from the sparse structure
@@ -83,7 +84,7 @@ class GossipDriver(RoundDriver):
                 rows[i] = list(zip(idx[a:b][keep][order].tolist(), val[a:b][keep][order].tolist()))
             rows_by_host.append(rows)
             for j in sorted({j for row in rows.values() for j, _ in row}):
-                src = host_of(j, hosts)
+                src = owner[j]
                 if src != h:
                     outboxes[src].setdefault(h, []).append(j)
         return rows_by_host, outboxes

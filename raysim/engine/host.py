@@ -22,6 +22,7 @@ from raysim.core import mixing
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import drive
 from raysim.core.replies import Accumulator, PerClient, reduce
+from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
 from raysim.setup import make_algorithm
 
@@ -38,6 +39,7 @@ class Host:
             torch.set_num_threads(max(1, threads))
         self.sc = sc
         self.cids = sorted(cids)
+        self._mine = set(self.cids)
         self.device = torch.device(device) if device else pick_device(sc.resources.gpus_per_host)
         self.source = make_source(sc)
         self.algo = make_algorithm(sc, self.source)
@@ -68,9 +70,16 @@ class Host:
         return Context(round_, self.sc.rounds, cid, g, self.device, group)
 
     def prefetch(self) -> None:
-        """Load every hosted client's shard now (at host start), so rounds only train."""
-        for cid in self.cids:
-            self.data(cid)
+        """At host start, load the shards of the clients every round trains (all of them with
+        full participation or a topology), so rounds only train. With sampling, a client's
+        shard is loaded when it is first sampled or evaluated: 100 000 registered clients start
+        in seconds and a round loads only the newcomers among its sampled clients."""
+        s = self.sc.sampling
+        every_round = self.sc.topology is not None or (
+            s.count >= self.sc.data.clients if s.count is not None else s.fraction >= 1.0)
+        if every_round:
+            for cid in self.cids:
+                self.data(cid)
 
     def num_samples(self) -> dict[int, int]:
         return {c: self.source.num_samples(c) for c in self.cids}
@@ -210,12 +219,35 @@ class Host:
         self.states = {}
         for cid, tree in trees.items():
             cid = int(cid)
-            if cid not in self.cids:
+            if cid not in self._mine:
                 continue
             if tree["state"] is not None:
                 self.states[cid] = to_device(tree_to_state(cls, tree["state"]), self.device)
             if tree["server"] is not None:
                 self.servers[cid] = to_device(tree_to_state(self._server_type, tree["server"]), self.device)
+
+    def write_states(self, folder: str, path: str, token: str) -> tuple[list[int], Any]:
+        """Write this host's clients' states to ``path`` (in checkpoint folder ``folder``);
+        returns (their ids, None), or (their ids, the states) when this process does not see
+        the folder (the server writes them)."""
+        trees = self.get_states()
+        if checkpoint.visible(folder, token):
+            checkpoint.save(path, trees)
+            return sorted(trees), None
+        return sorted(trees), trees
+
+    def read_states(self, folder: str, paths: list[str], token: str, given: dict[int, Any] | None = None) -> bool:
+        """Restore this host's clients from the checkpoint files ``paths`` (each read whole,
+        this host's clients kept), or from ``given``; False when this process does not see
+        the folder (the server reads them and calls again with ``given``)."""
+        if given is None:
+            if not checkpoint.visible(folder, token):
+                return False
+            given = {}
+            for p in paths:
+                given.update({int(c): t for c, t in checkpoint.load(p).items() if int(c) in self._mine})
+        self.set_states(given)
+        return True
 
     def ping(self) -> bool:
         return True

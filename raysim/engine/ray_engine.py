@@ -25,7 +25,8 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from raysim.config import Scenario, ScenarioError
-from raysim.engine.driver import HostLost, host_of
+from raysim.engine import checkpoint
+from raysim.engine.driver import HostLost, Placement, place
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.serial import message_nbytes, parts_for
@@ -55,8 +56,10 @@ def init(address: str | None, verbose: bool = False) -> None:
         configure_logging=True,
     )
     if address is None:
+        # always a fresh local Ray: Ray would otherwise join one already running on this
+        # machine (joining one is what --address auto says)
         kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1")
-    ray.init(address=address, **kwargs)
+    ray.init(address=address or "local", **kwargs)
     _EMBEDDED = address is None
 
 
@@ -99,13 +102,16 @@ def _cause(err: BaseException) -> str:
 class RayHost(Host):
     """A Host as a Ray actor: tensors cross the process boundary as numpy arrays."""
 
+    def __init__(self, index: int, *args, **kwargs):
+        self.index = index
+        super().__init__(*args, **kwargs)
+
     def _fault(self, phase: str, round_: int) -> None:
         spec = os.environ.get(KILL_ENV)
         if not spec or not self.cids:
             return
         action, want_phase, want_round, want_host, marker = spec.split(":", 4)
-        me = host_of(self.cids[0], self.sc.resources.hosts)
-        if (want_phase, int(want_round), int(want_host)) == (phase, round_, me) and not Path(marker).exists():
+        if (want_phase, int(want_round), int(want_host)) == (phase, round_, self.index) and not Path(marker).exists():
             Path(marker).touch()
             if action == "hang":
                 time.sleep(10**6)
@@ -142,11 +148,13 @@ class RayHost(Host):
         self._fault("gossip_mix", getattr(self, "_mix_round", -1))
         return super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
 
-    def get_states(self) -> dict[int, Any]:
-        return to_numpy(super().get_states())
+    def write_states(self, folder: str, path: str, token: str):
+        """As Host's; states this process cannot write stay in its object store (a ref)."""
+        cids, trees = super().write_states(folder, path, token)
+        return cids, None if trees is None else ray.put(to_numpy(trees))
 
-    def set_states(self, trees: dict[int, Any]) -> None:
-        super().set_states(from_numpy(trees))
+    def read_states(self, folder: str, paths: list[str], token: str, given=None) -> bool:
+        return super().read_states(folder, paths, token, None if given is None else from_numpy(given))
 
 
 def _resources_text(sc: Scenario) -> str:
@@ -176,32 +184,33 @@ def _wait_placed(sc: Scenario, pg, say=None) -> None:
                             "resources.gpus_per_host, or add nodes")
 
 
-def start_hosts(sc: Scenario, say=None):
+def start_hosts(sc: Scenario, say=None, placement: Placement | None = None):
     """Place and start the host actors (SPREAD placement group, one bundle each) without
-    waiting for them to boot; returns (placement group, actor handles)."""
+    waiting for them to boot; returns (placement group, actor handles, client placement)."""
+    placement = placement or place(sc)
     res = sc.resources
     bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
     pg = placement_group([dict(bundle) for _ in range(res.hosts)], strategy="SPREAD")
     _wait_placed(sc, pg, say)
     actor = ray.remote(RayHost)
-    n = sc.data.clients
     threads = max(1, int(res.cpus_per_host))
     hosts = [
         actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
                       scheduling_strategy=PlacementGroupSchedulingStrategy(pg, h))
-        .remote(sc, [c for c in range(n) if host_of(c, res.hosts) == h], None, threads)
+        .remote(h, sc, placement.clients(h), None, threads)
         for h in range(res.hosts)
     ]
-    return pg, hosts
+    return pg, hosts, placement
 
 
 class RayTransport:
-    def __init__(self, sc: Scenario, started=None):
+    def __init__(self, sc: Scenario, started=None, placement: Placement | None = None):
         """Over host actors ``started`` by ``start_hosts`` (the driver starts them, so they boot
-        while the server actor does), or started here."""
+        while the server actor does), or started here (with ``placement``, if known)."""
         self.num_hosts = sc.resources.hosts
         self.timeout = sc.resources.host_timeout_s
-        self.pg, self.hosts = started if started is not None else start_hosts(sc)
+        self.pg, self.hosts, self.placement = started if started is not None else start_hosts(sc, None, placement)
+        self.cids_by_host = [self.placement.clients(h) for h in range(self.num_hosts)]
         # started, shards loaded (booting is not hanging: no timeout)
         self._gather([h.prefetch.remote() for h in self.hosts], timeout=None)
 
@@ -271,15 +280,29 @@ class RayTransport:
         ref = ray.put(to_numpy(mean))
         return self._gather([h.consensus.remote(ref) for h in self.hosts])
 
-    def get_states(self) -> dict[int, Any]:
-        out: dict[int, Any] = {}
-        for part in self._gather([h.get_states.remote() for h in self.hosts]):
-            out.update(from_numpy(part))
-        return out
+    def save_clients(self, folder: str, rdir: str, token: str) -> list[dict]:
+        """Each host writes its own file; a host that does not see the folder (no shared file
+        system) leaves its states in its object store and they are written here, one host's
+        at a time."""
+        names = [f"host-{h}.pt" for h in range(self.num_hosts)]
+        out = self._gather([h.write_states.remote(folder, f"{rdir}/{n}", token) for h, n in zip(self.hosts, names)])
+        entries = []
+        for name, (cids, ref) in zip(names, out):
+            if ref is not None:
+                checkpoint.save(f"{rdir}/{name}", from_numpy(ray.get(ref)))
+                del ref
+            entries.append({"file": name, "clients": cids})
+        return entries
 
-    def set_states(self, trees: dict[int, Any]) -> None:
-        ref = ray.put(to_numpy(trees))
-        self._gather([h.set_states.remote(ref) for h in self.hosts])
+    def load_clients(self, folder: str, doc: dict, token: str) -> None:
+        paths = [checkpoint.files_for(doc, folder, cids) for cids in self.cids_by_host]
+        done = self._gather([h.read_states.remote(folder, p, token) for h, p in zip(self.hosts, paths)])
+        for h, ok, p, cids in zip(self.hosts, done, paths, self.cids_by_host):
+            if not ok:                        # read here for it, one host at a time
+                mine, given = set(cids), {}
+                for f in p:
+                    given.update({c: t for c, t in checkpoint.load(f).items() if int(c) in mine})
+                self._gather([h.read_states.remote(folder, p, token, ray.put(to_numpy(given)))])
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
         return message_nbytes(message, by_host)
@@ -329,8 +352,9 @@ class _Server:
     def recover(self, path: str | None) -> int:
         """After a HostLost: a fresh set of hosts (placed anew: another node if one left), the
         driver rebuilt, and the last checkpoint restored (none yet: round 0)."""
+        placement = self.driver.transport.placement
         self.driver.transport.shutdown()
-        self.driver = make_driver(self.sc, RayTransport(self.sc))
+        self.driver = make_driver(self.sc, RayTransport(self.sc, placement=placement))
         return self.driver.restore(path) if path else 0
 
     def save(self, path: str, extra: dict | None = None) -> None:
@@ -357,12 +381,12 @@ class RayServer:
     def __init__(self, sc: Scenario, say=None):
         _check_fits(sc)
         here = ray.get_runtime_context().get_node_id()
-        pg, hosts = start_hosts(sc, say)          # they boot while the server actor does
+        pg, hosts, placement = start_hosts(sc, say)     # they boot while the server actor does
         self._started = (pg, hosts)
         try:
             self.actor = ray.remote(_Server).options(
                 num_cpus=0, max_concurrency=1,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, (pg, hosts))
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, (pg, hosts, placement))
             self._up = self.actor.history.remote()
         except BaseException:
             self._abandon()

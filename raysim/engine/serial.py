@@ -6,7 +6,8 @@ from typing import Any
 import torch
 
 from raysim.config import Scenario
-from raysim.engine.driver import RoundDriver, host_of
+from raysim.engine import checkpoint
+from raysim.engine.driver import RoundDriver, place
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.trees import nbytes
@@ -32,9 +33,8 @@ class LocalTransport:
         # one host's thread budget, as each Ray host gets (hosts here run one after another)
         torch.set_num_threads(max(1, int(sc.resources.cpus_per_host)))
         self.num_hosts = num_hosts or sc.resources.hosts
-        n = sc.data.clients
-        self.hosts = [Host(sc, [c for c in range(n) if host_of(c, self.num_hosts) == h], device=device)
-                      for h in range(self.num_hosts)]
+        self.placement = place(sc, self.num_hosts)
+        self.hosts = [Host(sc, self.placement.clients(h), device=device) for h in range(self.num_hosts)]
         for h in self.hosts:
             h.prefetch()
 
@@ -65,6 +65,7 @@ class LocalTransport:
         return [h.consensus(mean) for h in self.hosts]
 
     def get_states(self) -> dict[int, Any]:
+        """Every client's state, in this process (for inspection; checkpoints go per host)."""
         out: dict[int, Any] = {}
         for h in self.hosts:
             out.update(h.get_states())
@@ -73,6 +74,26 @@ class LocalTransport:
     def set_states(self, trees: dict[int, Any]) -> None:
         for h in self.hosts:
             h.set_states(trees)
+
+    def save_clients(self, folder: str, rdir: str, token: str) -> list[dict]:
+        """Each host writes its clients' states to ``rdir/host-H.pt``; the manifest's entries."""
+        entries = []
+        for h, host in enumerate(self.hosts):
+            name = f"host-{h}.pt"
+            cids, trees = host.write_states(folder, f"{rdir}/{name}", token)
+            if trees is not None:
+                checkpoint.save(f"{rdir}/{name}", trees)
+            entries.append({"file": name, "clients": cids})
+        return entries
+
+    def load_clients(self, folder: str, doc: dict, token: str) -> None:
+        for host in self.hosts:
+            paths = checkpoint.files_for(doc, folder, host.cids)
+            if not host.read_states(folder, paths, token):
+                given = {}
+                for p in paths:
+                    given.update(checkpoint.load(p))
+                host.read_states(folder, paths, token, given)
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
         return message_nbytes(message, by_host)
