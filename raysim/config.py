@@ -72,6 +72,10 @@ class TopologyCfg:
         "choices": ("erdos_renyi", "ring", "torus", "complete", "star", "edges")})
     p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": "Erdős–Rényi edge probability"})
     resample: bool = field(default=False, metadata={"help": "draw a new Erdős–Rényi graph every round"})
+    connect: str = field(default="redraw", metadata={
+        "choices": ("redraw", "bridge"),
+        "help": "Erdős–Rényi: redraw until connected, or bridge one draw's components in a chain "
+                "(needed at a sparse average degree on many clients)"})
     mixing: str = field(default="metropolis", metadata={"choices": ("metropolis", "fmmc")})
     fmmc_iters: int = field(default=1000, metadata={
         "min": 1, "help": "FMMC: projected-subgradient iterations, one eigendecomposition of W each "

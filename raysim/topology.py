@@ -1,6 +1,6 @@
 """Communication graphs and mixing matrices for decentralized (gossip) training.
 
-Graphs (networkx): Erdős–Rényi G(n, p) redrawn until connected, ring, 2-D torus, complete, star,
+Graphs (networkx): Erdős–Rényi G(n, p) redrawn until connected (or its components bridged), ring, 2-D torus, complete, star,
 or an edge list from a file. Mixing matrices W (symmetric, doubly stochastic, nonnegative, zero
 off the graph, self-weights kept):
 
@@ -36,15 +36,25 @@ class TopologyError(ValueError):
     """A graph or mixing matrix that cannot be used (one line, says why)."""
 
 
-def erdos_renyi(n: int, p: float, rng: np.random.Generator, tries: int = 1000) -> nx.Graph:
-    """G(n, p) redrawn until connected: networkx's ``gnp_random_graph`` (O(n²)), or beyond
-    ``GAP_MAX`` clients its ``fast_gnp_random_graph`` (O(n + edges), the same distribution)."""
+def erdos_renyi(n: int, p: float, rng: np.random.Generator, tries: int = 1000, connect: str = "redraw") -> nx.Graph:
+    """G(n, p): networkx's ``gnp_random_graph`` (O(n²)), or beyond ``GAP_MAX`` clients its
+    ``fast_gnp_random_graph`` (O(n + edges), the same distribution). ``connect``: ``redraw``
+    draws again until the graph is connected (the usual choice, and FedEM's); ``bridge`` draws
+    once and joins its components in a chain, the smallest client id of each to that of the
+    next (components - 1 added edges): at a sparse average degree d a large G(n, d/n) is almost
+    never connected (about n·e^-d isolated clients), so redrawing cannot end."""
     draw = nx.gnp_random_graph if n <= GAP_MAX else nx.fast_gnp_random_graph
+    if connect == "bridge":
+        g = draw(n, p, seed=int(rng.integers(2**31)))
+        heads = sorted(min(c) for c in nx.connected_components(g))
+        g.add_edges_from(zip(heads[:-1], heads[1:]))
+        return g
     for _ in range(tries):
         g = draw(n, p, seed=int(rng.integers(2**31)))
         if nx.is_connected(g):
             return g
-    raise TopologyError(f"erdos_renyi: no connected G({n}, {p}) in {tries} draws; raise p")
+    raise TopologyError(f"erdos_renyi: no connected G({n}, {p}) in {tries} draws; raise p, or set "
+                        "topology.connect: bridge to join the components of one draw")
 
 
 def torus(n: int) -> nx.Graph:
@@ -78,9 +88,10 @@ def from_edges(path: str | Path, n: int) -> nx.Graph:
     return g
 
 
-def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: str | None = None) -> nx.Graph:
+def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: str | None = None,
+          connect: str = "redraw") -> nx.Graph:
     if kind == "erdos_renyi":
-        g = erdos_renyi(n, p, rng)
+        g = erdos_renyi(n, p, rng, connect=connect)
     elif kind == "ring":
         g = nx.cycle_graph(n) if n > 2 else nx.path_graph(n)
     elif kind == "torus":

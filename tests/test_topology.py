@@ -77,6 +77,23 @@ def test_erdos_renyi_is_seeded_and_connected():
     assert set(a.edges()) == set(b.edges()) and nx.is_connected(a)
 
 
+def test_erdos_renyi_bridge_chains_one_draws_components_by_their_smallest_ids():
+    # p so small the draw is mostly isolated clients: bridge adds exactly components - 1 edges,
+    # each from one component's smallest id to the next's, and keeps every drawn edge
+    raw = nx.gnp_random_graph(30, 0.02, seed=int(np.random.default_rng(7).integers(2**31)))
+    heads = sorted(min(c) for c in nx.connected_components(raw))
+    assert len(heads) > 5
+    g = T.build("erdos_renyi", 30, np.random.default_rng(7), p=0.02, connect="bridge")
+    assert nx.is_connected(g)
+    assert set(map(frozenset, g.edges())) == set(map(frozenset, raw.edges())) | {
+        frozenset(e) for e in zip(heads[:-1], heads[1:])}
+    with pytest.raises(T.TopologyError, match="topology.connect: bridge"):
+        T.build("erdos_renyi", 30, np.random.default_rng(7), p=0.02)
+    # 100 000 clients at average degree 8: one draw, connected, in seconds
+    big = T.build("erdos_renyi", 100_000, np.random.default_rng(0), p=8 / 100_000, connect="bridge")
+    assert nx.is_connected(big) and 7.5 < 2 * big.number_of_edges() / 100_000 < 8.5
+
+
 def test_sample_weighted_mixing_on_a_path_by_hand():
     # path 0 - 1 - 2, Metropolis W = [[2/3,1/3,0],[1/3,1/3,1/3],[0,1/3,2/3]], counts (1, 2, 4):
     # W'_ij = W_ij min(1, n_j/n_i): W'_01 = 1/3, W'_10 = 1/6, W'_12 = 1/3, W'_21 = 1/6

@@ -44,7 +44,7 @@ class GossipDriver(RoundDriver):
         if self.graph_round == key and self.W is not None:
             return self.W, False
         g = topology.build(t.kind, self.sc.data.clients, rng.generator(self.sc.seed, "topology", key),
-                           p=t.p, edges=t.edges)
+                           p=t.p, edges=t.edges, connect=t.connect)
         w = topology.mixing_matrix(g, t.mixing, t.fmmc_iters)
         if t.weighting == "samples":
             w = topology.sample_weighted(w, self.counts)
