@@ -11,7 +11,7 @@ Cases, on a linear model over 20 standard-normal features (16 samples a client, 
   average degree 8 (its components bridged: ``topology.connect: bridge``) and on a ring.
 
 Each case runs `raysim run` as the user does (a process of its own, a fresh local Ray) and
-prints the whole process, the start-up (the process less its rounds), the median seconds per
+prints the whole process, the time outside the rounds (start-up and shutdown), the median seconds per
 round, and the peak resident memory of the driver, the server actor and the host actors
 (sampled every 0.2 s from /proc: Linux). The reference is the same scenario on raysim's serial
 engine (one process, no Ray): the ratio says what Ray's processes cost at that scale.
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--cases", nargs="*", default=["star", "gossip-er", "gossip-ring"])
     args = ap.parse_args()
-    print(f"{'case':<22} {'engine':<6} {'rounds':>6} {'process s':>9} {'start-up s':>10} {'s/round':>8} "
+    print(f"{'case':<22} {'engine':<6} {'rounds':>6} {'process s':>9} {'outside s':>10} {'s/round':>8} "
           f"{'driver MB':>9} {'server MB':>9} {'hosts MB':>9}  vs serial (process, s/round)", flush=True)
     for n in args.sizes:
         for case in args.cases:

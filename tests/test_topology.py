@@ -130,7 +130,7 @@ def test_large_ring_mixing_is_sparse_and_each_row_is_its_two_neighbours():
     w = T.mixing_matrix(g, "metropolis")
     assert w.format == "csr" and w.nnz == 3 * n                 # a dense W would be 20 GB
     groups = [list(range(h, n, 3)) for h in range(3)]
-    rows, outboxes = GossipDriver._plan(None, w, groups)
+    rows, outboxes = GossipDriver._plan(w, groups, np.arange(n) % 3)
     assert [j for j, _ in rows[0][0]] == [0, 1, n - 1] and [j for j, _ in rows[1][1]] == [0, 1, 2]
     assert [v for _, v in rows[0][0] + rows[1][1]] == pytest.approx([1 / 3] * 6)
     # a client's two neighbours are on the two other hosts: each message goes to both of them;

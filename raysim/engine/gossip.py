@@ -66,11 +66,11 @@ class GossipDriver(RoundDriver):
         # no global model exists: each client's copy is its own model
         return {k: v for k, v in super().evaluate().items() if "global_" not in k}
 
-    def _plan(self, W, groups: list[list[int]]):
+    @staticmethod
+    def _plan(W, groups: list[list[int]], owner: np.ndarray):
         """Each host's rows {i: [(j, W_ij)]} and, per source host, which of its clients'
         messages each other host needs (its clients' neighbours held elsewhere)."""
         hosts = len(groups)
-        owner = self.transport.placement.owner
         rows_by_host: list[dict[int, list[tuple[int, float]]]] = []
         outboxes: list[dict[int, list[int]]] = [{} for _ in range(hosts)]
         W = W.tocsr()                   # O(edges): each row's neighbours from the sparse structure
@@ -98,7 +98,7 @@ class GossipDriver(RoundDriver):
         W, changed = self._mixing(r)
         send_rows = changed or self._plan_cache is None
         if send_rows:                   # hosts keep their rows while W stays the same
-            self._plan_cache = self._plan(W, groups)
+            self._plan_cache = self._plan(W, groups, self.transport.placement.owner)
         rows_by_host, outboxes = self._plan_cache
         parts = self.transport.gossip_train(r, groups, outboxes)
         losses: dict[int, tuple[float, int]] = {}
