@@ -120,6 +120,18 @@ def server_part(folder: str | os.PathLike) -> dict:
     return load(Path(folder) / doc["folder"] / doc["server"])
 
 
+def host_file(h: int) -> str:
+    return f"host-{h}.pt"
+
+
+def read_clients(paths: list[str], cids) -> dict[int, Any]:
+    """The states of clients ``cids`` from the host files ``paths`` (each read whole)."""
+    want, out = set(int(c) for c in cids), {}
+    for p in paths:
+        out.update({int(c): t for c, t in load(p).items() if int(c) in want})
+    return out
+
+
 def files_for(doc: dict, folder: str | os.PathLike, cids) -> list[str]:
     """Paths of the manifest's host files that hold any of ``cids``."""
     want = set(int(c) for c in cids)

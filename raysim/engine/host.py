@@ -243,9 +243,7 @@ class Host:
         if given is None:
             if not checkpoint.visible(folder, token):
                 return False
-            given = {}
-            for p in paths:
-                given.update({int(c): t for c, t in checkpoint.load(p).items() if int(c) in self._mine})
+            given = checkpoint.read_clients(paths, self.cids)
         self.set_states(given)
         return True
 

@@ -210,7 +210,6 @@ class RayTransport:
         self.num_hosts = sc.resources.hosts
         self.timeout = sc.resources.host_timeout_s
         self.pg, self.hosts, self.placement = started if started is not None else start_hosts(sc, None, placement)
-        self.cids_by_host = [self.placement.clients(h) for h in range(self.num_hosts)]
         # started, shards loaded (booting is not hanging: no timeout)
         self._gather([h.prefetch.remote() for h in self.hosts], timeout=None)
 
@@ -284,7 +283,7 @@ class RayTransport:
         """Each host writes its own file; a host that does not see the folder (no shared file
         system) leaves its states in its object store and they are written here, one host's
         at a time."""
-        names = [f"host-{h}.pt" for h in range(self.num_hosts)]
+        names = [checkpoint.host_file(h) for h in range(self.num_hosts)]
         out = self._gather([h.write_states.remote(folder, f"{rdir}/{n}", token) for h, n in zip(self.hosts, names)])
         entries = []
         for name, (cids, ref) in zip(names, out):
@@ -295,14 +294,13 @@ class RayTransport:
         return entries
 
     def load_clients(self, folder: str, doc: dict, token: str) -> None:
-        paths = [checkpoint.files_for(doc, folder, cids) for cids in self.cids_by_host]
+        cids = [self.placement.clients(h) for h in range(self.num_hosts)]
+        paths = [checkpoint.files_for(doc, folder, c) for c in cids]
         done = self._gather([h.read_states.remote(folder, p, token) for h, p in zip(self.hosts, paths)])
-        for h, ok, p, cids in zip(self.hosts, done, paths, self.cids_by_host):
+        for h, ok, p, c in zip(self.hosts, done, paths, cids):
             if not ok:                        # read here for it, one host at a time
-                mine, given = set(cids), {}
-                for f in p:
-                    given.update({c: t for c, t in checkpoint.load(f).items() if int(c) in mine})
-                self._gather([h.read_states.remote(folder, p, token, ray.put(to_numpy(given)))])
+                given = ray.put(to_numpy(checkpoint.read_clients(p, c)))
+                self._gather([h.read_states.remote(folder, p, token, given)])
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
         return message_nbytes(message, by_host)

@@ -79,7 +79,7 @@ class LocalTransport:
         """Each host writes its clients' states to ``rdir/host-H.pt``; the manifest's entries."""
         entries = []
         for h, host in enumerate(self.hosts):
-            name = f"host-{h}.pt"
+            name = checkpoint.host_file(h)
             cids, trees = host.write_states(folder, f"{rdir}/{name}", token)
             if trees is not None:
                 checkpoint.save(f"{rdir}/{name}", trees)
@@ -90,10 +90,7 @@ class LocalTransport:
         for host in self.hosts:
             paths = checkpoint.files_for(doc, folder, host.cids)
             if not host.read_states(folder, paths, token):
-                given = {}
-                for p in paths:
-                    given.update(checkpoint.load(p))
-                host.read_states(folder, paths, token, given)
+                host.read_states(folder, paths, token, checkpoint.read_clients(paths, host.cids))
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
         return message_nbytes(message, by_host)
