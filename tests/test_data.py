@@ -230,6 +230,57 @@ def test_fashion_mnist_errors_name_files_and_package(tmp_path):
         fashion(tmp_path, partition=None)
 
 
+def test_fashion_mnist_idx_decompressed_once_into_a_memory_mapped_cache(tmp_path, monkeypatch):
+    fashion_root(tmp_path, gz=True)
+    first = [fashion(tmp_path).client(c) for c in range(5)]
+    folder = tmp_path / ".raysim-cache" / "fashion_mnist"
+    x, y = np.load(folder / "x.npy"), np.load(folder / "y.npy")
+    assert x.shape == (50, 28, 28) and x.dtype == np.uint8 and y.dtype == np.int64
+    assert x[:, 0, 0].tolist() == [5 * i for i in range(50)]          # train (40) then test (10)
+    assert y.tolist() == [i % 10 for i in range(50)]
+
+    from raysim.data import fashion as fashion_module
+
+    def no_reading(*a, **k):
+        raise AssertionError("read the IDX files again")
+    monkeypatch.setattr(fashion_module, "read_idx", no_reading)
+    src = fashion(tmp_path)
+    again = [src.client(c) for c in range(5)]
+    pool_x, pool_y, _ = src.pool()
+    assert isinstance(pool_x, np.memmap) and Path(pool_x.filename) == folder / "x.npy"
+    for a, b in zip(first, again):
+        assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    monkeypatch.undo()
+
+    # a changed file (other size, mtime) is read again: test labels now 9 - i % 10
+    write_idx(tmp_path / NAMES[3], 9 - np.arange(40, 50) % 10, gz=False)
+    (tmp_path / f"{NAMES[3]}.gz").unlink()
+    _, labels, _ = fashion(tmp_path).pool()
+    assert labels[40:].tolist() == [9 - i % 10 for i in range(40, 50)] and labels[:40].tolist() == y[:40].tolist()
+
+
+def test_a_prepared_pooled_source_carries_its_partition_not_its_pool(tmp_path, monkeypatch):
+    import pickle
+
+    fashion_root(tmp_path, gz=False)
+    src = fashion(tmp_path, clients=5, partition=PartitionCfg("dirichlet", DirichletParams(alpha=0.5, min_size=2)))
+    src.prepare()
+    blob = pickle.dumps(src)
+    assert len(blob) < 50 * 28 * 28                                  # the images stay behind
+    clone = pickle.loads(blob)
+    assert clone._arrays is None
+    assert all(np.array_equal(a, b) for a, b in zip(clone._parts, src._parts))
+
+    def no_partitioning(*a, **k):
+        raise AssertionError("partitioned again")
+    spec = PARTITIONERS["dirichlet"]
+    monkeypatch.setitem(PARTITIONERS, "dirichlet", dataclasses.replace(spec, fn=no_partitioning))
+    for c in range(5):
+        a, b = src.client(c), clone.client(c)
+        assert torch.equal(a.train_x, b.train_x) and torch.equal(a.train_y, b.train_y)
+        assert clone.num_samples(c) == len(src._parts[c])
+
+
 @pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist absent")
 def test_fashion_mnist_from_the_debian_package():
     src = build_source("fashion_mnist", DATASETS["fashion_mnist"].Params(), 10, IID, Splits(), 0)

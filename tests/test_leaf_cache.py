@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.data import leaf
+from raysim.data import cache, leaf
 from raysim.data.base import DataError, Splits, split_client
 from raysim.data.leaf import LeafFEMNIST, LeafParams
 from raysim.rng import generator
@@ -136,7 +136,7 @@ def test_second_source_reads_the_cache_not_the_json(tree, monkeypatch):
 
     src = source(tree)
     assert src.num_samples(2) == 5 + 2                      # f0003_11 = WRITERS[0]: 5 train, 2 test
-    assert src.cache()._arrays is None                      # counting read only the index
+    assert src.cache().cached._arrays is None                      # counting read only the index
     c = src.client(2)                                       # its codes: train 0..4, test 10..11
     assert sorted(c.train_x[:, 0, 0, 0].tolist() + c.val_x[:, 0, 0, 0].tolist()) == [0, 1, 2, 3, 4]
     assert c.test_x[:, 0, 0, 0].tolist() == [10, 11]
@@ -186,8 +186,8 @@ def test_read_only_root_caches_under_xdg(tmp_path, monkeypatch):
     xdg = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
     if os.geteuid() == 0:                                   # root ignores chmod: say it is read-only
-        real = leaf._writable
-        monkeypatch.setattr(leaf, "_writable", lambda p: False if root in Path(p).parents else real(p))
+        real = cache.writable
+        monkeypatch.setattr(cache, "writable", lambda p: False if root in Path(p).parents else real(p))
     else:
         os.chmod(root, 0o555)
     try:

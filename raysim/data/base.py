@@ -1,9 +1,11 @@
 """Data-layer basics: the FederatedSource interface, pooled sources, per-client splits, DataError.
 
-Building a source is cheap and deterministic: the engine builds one in every host process and
-each host then asks only for its own clients. Per-client datasets generate a client's data on
-demand from streams derived from (seed, ..., cid); pooled datasets load their pool and run the
-partitioner once, lazily, and ``client(cid)`` slices it.
+Building a source is cheap and deterministic. The engine builds one in the driver, calls
+``prepare`` (a pooled dataset's partition, a file cache's build) and hands copies to the host and
+server actors; each host then asks only for its own clients. Per-client datasets generate a
+client's data on demand from streams derived from (seed, ..., cid); pooled datasets run the
+partitioner once and ship the index arrays with the source, while the pool itself is
+memory-mapped from a local cache in each process, so ``client(cid)`` reads only its rows.
 """
 from __future__ import annotations
 
@@ -63,6 +65,11 @@ class FederatedSource:
     def source_test(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out (inputs, targets) of source ``s``."""
         raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Do now, once, the work every process would otherwise repeat (a pooled dataset's
+        partition, a file cache's build), so that copies of this source (pickled to the host
+        and server actors) carry it or find it done."""
 
     def true_shares(self, cid: int) -> np.ndarray | None:
         """Share of each source (or group) in client ``cid``'s train split, (S,); None when
@@ -145,7 +152,8 @@ class PooledSource(FederatedSource):
             raise ValueError(f"{self.name} is a pooled dataset and needs a partition")
         self.num_clients, self.partition, self.splits, self.seed = clients, partition, splits, seed
         self.groups = groups or GroupParams()
-        self._pool: tuple[np.ndarray, np.ndarray, Any] | None = None
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None    # the pool, loaded on first use
+        self._parts: Any = None                                        # the partition, made once
         if partition.kind == "mixture":
             s = partition.params.sources
             if self.groups.groups > 1:
@@ -177,18 +185,29 @@ class PooledSource(FederatedSource):
         return x.astype(np.float32, copy=False)
 
     def pool(self) -> tuple[np.ndarray, np.ndarray, Any]:
-        """(inputs, labels, the partition: one index array per client, or MixtureParts),
-        computed on first use."""
-        if self._pool is None:
+        """(inputs, labels, the partition: one index array per client, or MixtureParts); the
+        pool is loaded (memory-mapped where the dataset has a cache) and partitioned on first use."""
+        if self._arrays is None:
+            self._arrays = self.load()
+        if self._parts is None:
             from . import PARTITIONERS
-            x, y = self.load()
             spec = PARTITIONERS[self.partition.kind]
             try:
-                parts = spec.fn(y, self.num_clients, self.partition.params, generator(self.seed, "partition"))
+                self._parts = spec.fn(self._arrays[1], self.num_clients, self.partition.params,
+                                      generator(self.seed, "partition"))
             except ValueError as e:
                 raise DataError(f"{self.name}: partition {self.partition.kind}: {e}") from None
-            self._pool = (x, y, parts)
-        return self._pool
+        return (*self._arrays, self._parts)
+
+    def prepare(self) -> None:
+        self.pool()
+
+    def __getstate__(self):
+        # a copy carries the partition, not the pool: the receiver maps (or loads) the pool
+        # itself and reads only its clients' rows
+        state = dict(self.__dict__)
+        state["_arrays"] = None
+        return state
 
     def _indices(self, cid: int) -> np.ndarray:
         parts = self.pool()[2]

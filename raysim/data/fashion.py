@@ -8,10 +8,14 @@ uint8/255 as float32 of shape (1, 28, 28), normalized with the dataset's mean 0.
 
 IDX format (LeCun's MNIST page): 4-byte magic 0x00 0x00 <type> <ndim> (type 0x08 = uint8; so
 0x00000803 for images, 0x00000801 for labels), ndim big-endian uint32 sizes, then the data.
+
+The files are read and decompressed once, into ``<root>/.raysim-cache/fashion_mnist/`` (or
+``~/.cache/raysim/fashion_mnist-<hash>/``; see ``raysim.data.cache``): ``x.npy`` (uint8,
+70 000 x 28 x 28, train then test) and ``y.npy`` (int64). Every process memory-maps them, so a
+host reads only its own clients' rows; any change of an IDX file rebuilds the cache.
 """
 from __future__ import annotations
 
-import functools
 import gzip
 import zlib
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cache
 from .base import DataError, GroupParams, PooledSource, Splits
 
 IMAGES, LABELS = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"), ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")
@@ -73,9 +78,9 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     return data.reshape(dims)
 
 
-@functools.lru_cache(maxsize=1)
-def _load(paths: tuple[Path, ...], stamps: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled (images uint8 N x 28 x 28, labels int64 N); cached per process while files are unchanged."""
+def _plan(paths: list[Path]) -> cache.Plan:
+    """Read and check the four IDX files: the pool (images uint8 N x 28 x 28, then labels
+    int64 N), train before test."""
     tr_x, tr_y, te_x, te_y = (read_idx(p, 3 if i % 2 == 0 else 1) for i, p in enumerate(paths))
     for imgs, labs, pi, pl in ((tr_x, tr_y, paths[0], paths[1]), (te_x, te_y, paths[2], paths[3])):
         if imgs.shape[1:] != (28, 28):
@@ -84,9 +89,13 @@ def _load(paths: tuple[Path, ...], stamps: tuple) -> tuple[np.ndarray, np.ndarra
             raise DataError(f"fashion_mnist: {pi} has {imgs.shape[0]} images but {pl} has {labs.shape[0]} labels")
         if labs.size and labs.max() > 9:
             raise DataError(f"fashion_mnist: {pl} holds label {labs.max()}, expected 0..9")
-    x, y = np.concatenate([tr_x, te_x]), np.concatenate([tr_y, te_y]).astype(np.int64)
-    x.flags.writeable = y.flags.writeable = False
-    return x, y
+    n, parts = len(tr_y) + len(te_y), {"x": (tr_x, te_x), "y": (tr_y, te_y)}
+
+    def fill(key: str, out: np.ndarray) -> None:
+        np.concatenate(parts[key], out=out, casting="unsafe")
+
+    return cache.Plan({"train": len(tr_y), "test": len(te_y)},
+                      {"x": ((n, 28, 28), np.uint8), "y": ((n,), np.int64)}, fill)
 
 
 class FashionMNIST(PooledSource):
@@ -98,9 +107,9 @@ class FashionMNIST(PooledSource):
         self.root = Path(params.root)
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
-        paths = tuple(find_files(self.root))
-        stamps = tuple((p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
-        return _load(paths, stamps)
+        paths = find_files(self.root)
+        arrays = cache.load(self.name, self.root, cache.file_rows(paths), lambda: _plan(paths)).arrays()
+        return arrays["x"], arrays["y"]
 
     def to_float(self, x: np.ndarray) -> np.ndarray:
         return ((x.astype(np.float32) / np.float32(255.0) - np.float32(MEAN)) / np.float32(STD))[:, None]

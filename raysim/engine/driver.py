@@ -76,6 +76,14 @@ class Placement:
         return self._clients[h]
 
 
+def prepared_source(sc: Scenario):
+    """The scenario's data source with its once-only work done (``FederatedSource.prepare``):
+    the engine makes one per run in the driver and hands it to every host and the server."""
+    source = make_source(sc)
+    source.prepare()
+    return source
+
+
 def place(sc: Scenario, hosts: int | None = None, source=None) -> Placement:
     """The scenario's placement over ``hosts`` (default ``resources.hosts``) hosts."""
     hosts = hosts or sc.resources.hosts
@@ -172,10 +180,10 @@ class HostLost(RuntimeError):
     rounds give the same results."""
 
 class RoundDriver:
-    def __init__(self, sc: Scenario, transport: Transport):
+    def __init__(self, sc: Scenario, transport: Transport, source=None):
         self.sc = sc
         self.transport = transport
-        self.source = make_source(sc)
+        self.source = source if source is not None else make_source(sc)
         self.algo = make_algorithm(sc, self.source)
         self.clusters: dict[str, Any] = {}     # the last evaluation's cluster report
         self._source_tests: list | None = None

@@ -6,10 +6,10 @@ from raysim.config import Scenario
 from raysim.engine.driver import RoundDriver, Transport
 
 
-def make_driver(sc: Scenario, transport: Transport) -> RoundDriver:
+def make_driver(sc: Scenario, transport: Transport, source=None) -> RoundDriver:
     if sc.topology is None:
-        return RoundDriver(sc, transport)
+        return RoundDriver(sc, transport, source)
     # imported here: the graph libraries (networkx, scipy.sparse) cost every process that
     # loads the engine (each host actor) a third of a second, and only gossip needs them
     from raysim.engine.gossip import GossipDriver
-    return GossipDriver(sc, transport)
+    return GossipDriver(sc, transport, source)

@@ -29,8 +29,8 @@ from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
 
 
 class GossipDriver(RoundDriver):
-    def __init__(self, sc: Scenario, transport):
-        super().__init__(sc, transport)
+    def __init__(self, sc: Scenario, transport, source=None):
+        super().__init__(sc, transport, source)
         counts = self.transport.gossip_init(self.server_state)
         self.counts = np.array([counts.get(c, 0) for c in range(sc.data.clients)], dtype=np.float64)
         self.graph_round: int | None = None

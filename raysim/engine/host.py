@@ -34,14 +34,17 @@ def pick_device(gpus: float) -> torch.device:
 
 
 class Host:
-    def __init__(self, sc: Scenario, cids: list[int], device: str | None = None, threads: int | None = None):
+    def __init__(self, sc: Scenario, cids: list[int], device: str | None = None, threads: int | None = None,
+                 source=None):
+        """Host ``cids`` of scenario ``sc``; ``source`` is the driver's prepared data source (its
+        partition made once, there), built here when not given."""
         if threads is not None:
             torch.set_num_threads(max(1, threads))
         self.sc = sc
         self.cids = sorted(cids)
         self._mine = set(self.cids)
         self.device = torch.device(device) if device else pick_device(sc.resources.gpus_per_host)
-        self.source = make_source(sc)
+        self.source = source if source is not None else make_source(sc)
         self.algo = make_algorithm(sc, self.source)
         self.algo.warm_up(self.source.input_shape, self.device)
         self._data: dict[int, ClientData] = {}

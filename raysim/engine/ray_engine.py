@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
 
 from raysim.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
-from raysim.engine.driver import HostLost, Placement, place
+from raysim.engine.driver import HostLost, Placement, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.serial import message_nbytes, parts_for
@@ -184,10 +184,13 @@ def _wait_placed(sc: Scenario, pg, say=None) -> None:
                             "resources.gpus_per_host, or add nodes")
 
 
-def start_hosts(sc: Scenario, say=None, placement: Placement | None = None):
+def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = None):
     """Place and start the host actors (SPREAD placement group, one bundle each) without
-    waiting for them to boot; returns (placement group, actor handles, client placement)."""
-    placement = placement or place(sc)
+    waiting for them to boot; returns (placement group, actor handles, client placement).
+    ``source``: the prepared data source, or its ObjectRef (put once, read by every host)."""
+    if not isinstance(source, ray.ObjectRef):
+        source = ray.put(source)
+    placement = placement or place(sc, source=ray.get(source))
     res = sc.resources
     bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
     pg = placement_group([dict(bundle) for _ in range(res.hosts)], strategy="SPREAD")
@@ -197,19 +200,19 @@ def start_hosts(sc: Scenario, say=None, placement: Placement | None = None):
     hosts = [
         actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
                       scheduling_strategy=PlacementGroupSchedulingStrategy(pg, h))
-        .remote(h, sc, placement.clients(h), None, threads)
+        .remote(h, sc, placement.clients(h), None, threads, source)
         for h in range(res.hosts)
     ]
     return pg, hosts, placement
 
 
 class RayTransport:
-    def __init__(self, sc: Scenario, started=None, placement: Placement | None = None):
+    def __init__(self, sc: Scenario, source, started=None, placement: Placement | None = None):
         """Over host actors ``started`` by ``start_hosts`` (the driver starts them, so they boot
         while the server actor does), or started here (with ``placement``, if known)."""
         self.num_hosts = sc.resources.hosts
         self.timeout = sc.resources.host_timeout_s
-        self.pg, self.hosts, self.placement = started if started is not None else start_hosts(sc, None, placement)
+        self.pg, self.hosts, self.placement = started if started is not None else start_hosts(sc, source, None, placement)
         # started, shards loaded (booting is not hanging: no timeout)
         self._gather([h.prefetch.remote() for h in self.hosts], timeout=None)
 
@@ -340,9 +343,9 @@ def _check_fits(sc: Scenario) -> None:
 class _Server:
     """Runs inside the server actor: the RoundDriver over Ray host actors."""
 
-    def __init__(self, sc: Scenario, started=None):
-        self.sc = sc
-        self.driver = make_driver(sc, RayTransport(sc, started))
+    def __init__(self, sc: Scenario, source, started=None):
+        self.sc, self.source = sc, source
+        self.driver = make_driver(sc, RayTransport(sc, source, started), source)
 
     def step(self) -> dict:
         return self.driver.step()
@@ -352,7 +355,7 @@ class _Server:
         driver rebuilt, and the last checkpoint restored (none yet: round 0)."""
         placement = self.driver.transport.placement
         self.driver.transport.shutdown()
-        self.driver = make_driver(self.sc, RayTransport(self.sc, placement=placement))
+        self.driver = make_driver(self.sc, RayTransport(self.sc, self.source, placement=placement), self.source)
         return self.driver.restore(path) if path else 0
 
     def save(self, path: str, extra: dict | None = None) -> None:
@@ -376,15 +379,20 @@ class RayServer:
     without waiting: the hosts and the server actor boot while the driver goes on (MLflow
     set-up); ``wait`` blocks until they are up."""
 
-    def __init__(self, sc: Scenario, say=None):
+    def __init__(self, sc: Scenario, source=None, say=None):
+        """``source``: the scenario's prepared data source (made here when not given); put in
+        the object store once, for the server actor and every host."""
         _check_fits(sc)
         here = ray.get_runtime_context().get_node_id()
-        pg, hosts, placement = start_hosts(sc, say)     # they boot while the server actor does
+        source = source if source is not None else prepared_source(sc)
+        placement = place(sc, source=source)
+        ref = ray.put(source)
+        pg, hosts, placement = start_hosts(sc, ref, say, placement)     # they boot while the server actor does
         self._started = (pg, hosts)
         try:
             self.actor = ray.remote(_Server).options(
                 num_cpus=0, max_concurrency=1,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, (pg, hosts, placement))
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, ref, (pg, hosts, placement))
             self._up = self.actor.history.remote()
         except BaseException:
             self._abandon()

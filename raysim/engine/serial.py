@@ -7,7 +7,7 @@ import torch
 
 from raysim.config import Scenario
 from raysim.engine import checkpoint
-from raysim.engine.driver import RoundDriver, place
+from raysim.engine.driver import RoundDriver, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.trees import nbytes
@@ -29,12 +29,15 @@ def message_nbytes(message: Any, by_host: list[dict[int, int]]) -> int:
 
 
 class LocalTransport:
-    def __init__(self, sc: Scenario, num_hosts: int | None = None, device: str | None = None):
+    def __init__(self, sc: Scenario, num_hosts: int | None = None, device: str | None = None, source=None):
         # one host's thread budget, as each Ray host gets (hosts here run one after another)
         torch.set_num_threads(max(1, int(sc.resources.cpus_per_host)))
         self.num_hosts = num_hosts or sc.resources.hosts
-        self.placement = place(sc, self.num_hosts)
-        self.hosts = [Host(sc, self.placement.clients(h), device=device) for h in range(self.num_hosts)]
+        # one prepared source for every host of this process (one partition, one pool)
+        source = source if source is not None else prepared_source(sc)
+        self.placement = place(sc, self.num_hosts, source)
+        self.hosts = [Host(sc, self.placement.clients(h), device=device, source=source)
+                      for h in range(self.num_hosts)]
         for h in self.hosts:
             h.prefetch()
 
@@ -99,5 +102,6 @@ class LocalTransport:
         self.hosts = []
 
 
-def serial_driver(sc: Scenario, num_hosts: int | None = None) -> RoundDriver:
-    return make_driver(sc, LocalTransport(sc, num_hosts))
+def serial_driver(sc: Scenario, num_hosts: int | None = None, source=None) -> RoundDriver:
+    source = source if source is not None else prepared_source(sc)
+    return make_driver(sc, LocalTransport(sc, num_hosts, source=source), source)
