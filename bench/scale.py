@@ -12,7 +12,7 @@ Cases, on a linear model over 20 standard-normal features (16 samples a client, 
 
 Each case runs `raysim run` as the user does (a process of its own, a fresh local Ray) and
 prints the whole process, the time outside the rounds (start-up and shutdown), the median seconds per
-round, and the peak resident memory of the driver, the server actor and the host actors
+round, and the peak resident memory of the driver (which runs the server) and the host actors
 (sampled every 0.2 s from /proc: Linux). The reference is the same scenario on raysim's serial
 engine (one process, no Ray): the ratio says what Ray's processes cost at that scale.
 """
@@ -69,8 +69,8 @@ def _rss(pid: int) -> int:
 
 
 def _roles() -> dict[str, list[int]]:
-    """Pids of the Ray host actors and of the server actor (by their process titles)."""
-    out: dict[str, list[int]] = {"hosts": [], "server": []}
+    """Pids of the Ray host actors (by their process titles)."""
+    out: dict[str, list[int]] = {"hosts": []}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -80,8 +80,6 @@ def _roles() -> dict[str, list[int]]:
             continue
         if "RayHost" in cmd:
             out["hosts"].append(int(d.name))
-        elif "_Server" in cmd:
-            out["server"].append(int(d.name))
     return out
 
 
@@ -94,7 +92,7 @@ def run(sc: dict, engine: str) -> dict:
         cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine,
                "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
                "--set", f"checkpoint.dir={tmp}/ck"]
-        peak = {"driver": 0, "server": 0, "hosts": 0}
+        peak = {"driver": 0, "hosts": 0}
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -127,7 +125,7 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=["star", "gossip-er", "gossip-ring"])
     args = ap.parse_args()
     print(f"{'case':<22} {'engine':<6} {'rounds':>6} {'process s':>9} {'outside s':>10} {'s/round':>8} "
-          f"{'driver MB':>9} {'server MB':>9} {'hosts MB':>9}  vs serial (process, s/round)", flush=True)
+          f"{'driver MB':>9} {'hosts MB':>9}  vs serial (process, s/round)", flush=True)
     for n in args.sizes:
         for case in args.cases:
             kind = {"star": "star", "gossip-er": "er", "gossip-ring": "ring"}[case]
@@ -138,9 +136,9 @@ def main() -> None:
                 vs = f"{r['whole'] / ref['whole']:.2f}x, {r['per_round'] / ref['per_round']:.2f}x" if rounds == lengths[0] else ""
                 m = r["mb"]
                 print(f"{case + ' ' + str(n):<22} {'ray':<6} {rounds:>6} {r['whole']:9.1f} {r['startup']:10.1f} "
-                      f"{r['per_round']:8.3f} {m['driver']:9.0f} {m['server']:9.0f} {m['hosts']:9.0f}  {vs}", flush=True)
+                      f"{r['per_round']:8.3f} {m['driver']:9.0f} {m['hosts']:9.0f}  {vs}", flush=True)
             print(f"{case + ' ' + str(n):<22} {'serial':<6} {lengths[0]:>6} {ref['whole']:9.1f} {ref['startup']:10.1f} "
-                  f"{ref['per_round']:8.3f} {ref['mb']['driver']:9.0f} {'-':>9} {'-':>9}", flush=True)
+                  f"{ref['per_round']:8.3f} {ref['mb']['driver']:9.0f} {'-':>9}", flush=True)
 
 
 if __name__ == "__main__":

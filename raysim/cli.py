@@ -153,15 +153,16 @@ def _root_cause(e: BaseException) -> BaseException:
 
 def entry() -> None:
     """The console command: ``main``, then a quick exit. Ray's own exit hook pauses half a
-    second before stopping a local Ray, and unloading torch, Ray and MLflow takes seconds more;
-    every result is written by then (MLflow calls are synchronous), so raysim stops Ray itself
-    and leaves without the interpreter's teardown."""
+    second before stopping a local Ray, which stops its processes one by one, and unloading
+    torch, Ray and MLflow takes seconds more; every result is written by then (MLflow calls are
+    synchronous), so raysim stops Ray itself (``stop_for_exit``) and leaves without the
+    interpreter's teardown."""
     rc = main()
-    if "ray" in sys.modules:
-        from raysim.engine import ray_engine
-        ray_engine.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if "raysim.engine.ray_engine" in sys.modules:
+        from raysim.engine import ray_engine
+        ray_engine.stop_for_exit()
     os._exit(rc)
 
 

@@ -324,7 +324,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
 
 
 def _absolute_paths(dataset, checkpoint, tracking, topology):
-    """Relative paths made absolute here, at the driver: host and server actors may run on
+    """Relative paths made absolute here, at the driver: host actors may run on
     other nodes, in other working directories (``raw``, the user's text, is unchanged)."""
     import dataclasses
     params = dataset.params

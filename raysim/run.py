@@ -1,7 +1,6 @@
 """One experiment end to end: tracking, engine, rounds, checkpoints, progress, summary."""
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -54,8 +53,7 @@ class DeferredInterrupt:
 
 
 def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
-    """Start (or join) Ray and start the hosts and the server actor without waiting for them
-    to boot; ``wait()`` on the result blocks until they are up."""
+    """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine
     what = f"{sc.resources.hosts} host actors"
     if not ray_engine.running():
@@ -65,6 +63,15 @@ def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     print(f"raysim: {what} ...", file=sys.stderr, flush=True)
     ray_engine.init(address, verbose)
     return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _open_store_ahead(sc: Scenario, verbose: bool, resume: str | None) -> None:
+    """``tracking.open_store`` in a thread; any error is left for the Tracker to raise."""
+    try:
+        from raysim import tracking
+        tracking.open_store(sc, verbose, create=not resume)
+    except Exception:       # noqa: BLE001 - the Tracker opens the store again and reports
+        pass
 
 
 def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
@@ -84,8 +91,9 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     t0 = time.perf_counter()
     pending = None
     if engine == "ray":
-        # MLflow is imported while Ray starts, and set up while the hosts boot
-        threading.Thread(target=importlib.import_module, args=("raysim.tracking",), daemon=True).start()
+        # MLflow's store is opened (imported, a new database migrated) while Ray starts; the
+        # run is created while the hosts boot
+        threading.Thread(target=_open_store_ahead, args=(sc, verbose, resume), daemon=True).start()
         pending = _start_ray_server(sc, address, verbose)
     try:
         from raysim.tracking import Tracker

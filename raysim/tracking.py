@@ -80,21 +80,30 @@ def store_lock(uri: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
+    """(tracking URI, client, the scenario's experiment): the store opened (a new SQLite
+    database created and migrated, under ``store_lock``) and the experiment created unless
+    ``create`` is false. MLflow keeps the opened store per URI, so a call made ahead (while
+    Ray starts) leaves the Tracker only its run to create."""
+    if not verbose:      # MLflow's INFO lines (database migrations) would break the progress bar
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    uri = sc.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        mlflow.set_tracking_uri(uri)
+    uri = mlflow.get_tracking_uri()
+    with store_lock(uri):
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(sc.tracking.experiment)     # creates a new store
+        if create and exp is None:
+            exp = client.get_experiment(client.create_experiment(sc.tracking.experiment))
+    return uri, client, exp
+
+
 class Tracker:
     def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False):
-        if not verbose:      # MLflow's INFO lines (database migrations) would break the progress bar
-            logging.getLogger("mlflow").setLevel(logging.WARNING)
-            logging.getLogger("alembic").setLevel(logging.WARNING)
         self.sc = sc
-        uri = sc.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-        if uri:
-            mlflow.set_tracking_uri(uri)
-        self.uri = mlflow.get_tracking_uri()
-        with store_lock(self.uri):
-            self.client = MlflowClient(self.uri)
-            exp = self.client.get_experiment_by_name(sc.tracking.experiment)     # creates a new store
-            if not resume_run_id and exp is None:
-                exp = self.client.get_experiment(self.client.create_experiment(sc.tracking.experiment))
+        self.uri, self.client, exp = open_store(sc, verbose, create=not resume_run_id)
         if resume_run_id:
             run = self.client.get_run(resume_run_id)       # raises if unknown
             self.run_id = run.info.run_id

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.ray
 
 
 def test_a_node_leaving_mid_run_moves_its_host_and_the_result_is_unchanged(tmp_path):
-    """A 3-node cluster (the head runs the server actor only); round 2 checkpointed, a worker
+    """A 3-node cluster (the head runs no host); round 2 checkpointed, a worker
     node with a host on it is removed; the host is re-placed on the remaining worker and the
     run ends as the serial engine's."""
     import json

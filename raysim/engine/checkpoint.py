@@ -14,7 +14,7 @@ then the manifest is replaced (``os.replace``, atomic) and older round folders a
 crash at any point leaves the manifest naming the last complete round. Resuming reads the
 manifest; each host reads only the files holding its clients (with the same placement, its own
 file). A host on a node that does not see the folder (no shared file system) hands its states
-to the server actor, which writes (or reads) that host's file for it: one host's states at a
+to the server (in the driver's process), which writes (or reads) that host's file for it: one host's states at a
 time, never every model at once.
 
 Files are loaded with ``torch.load(..., weights_only=True)``: nothing in a checkpoint is

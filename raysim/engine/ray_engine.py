@@ -2,11 +2,11 @@
 
 - Host actors: ``Host`` wrapped with ``ray.remote``, one bundle each in a SPREAD placement group
   (``num_cpus``/``num_gpus`` from the scenario's ``resources``), so hosts spread across nodes.
-- The server actor: a RoundDriver over a RayTransport, pinned (num_cpus=0) to the driver's node
-  so it writes checkpoints where the user runs ``raysim``.
+- The server (``RayServer``): a RoundDriver over a RayTransport in the driver's process, so it
+  writes checkpoints where the user runs ``raysim``.
 - Each round the message is put into the object store once; every host gets the same ref.
 - A host that dies (SIGKILL, the OOM killer, its node leaving) or does not answer within
-  ``resources.host_timeout_s`` raises ``HostLost``; the server actor then starts a fresh set of
+  ``resources.host_timeout_s`` raises ``HostLost``; the server then starts a fresh set of
   hosts and rolls back to the last checkpoint (``recover``), and ``raysim.run`` goes on.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,36 @@ def shutdown() -> None:
     pause Ray's exit hook takes."""
     if ray.is_initialized():
         ray.shutdown()
+
+
+def stop_for_exit() -> None:
+    """For a process about to exit with every result written: leave Ray at once. A local Ray
+    this process started is stopped by SIGKILL to each of its processes and their children
+    (workers, agents) together, where ``ray.shutdown`` stops them one after another, giving
+    each up to a second (about 1.4 s on 2 cores). Ray's own complaint about its raylet dying
+    is not shown (standard error is closed first)."""
+    if not ray.is_initialized():
+        return
+    node = ray._private.worker._global_node
+    if not _EMBEDDED or node is None:
+        ray.shutdown()
+        return
+    import psutil
+    victims = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            try:
+                p = psutil.Process(info.process.pid)
+                victims += [p, *p.children(recursive=True)]
+            except psutil.Error:
+                pass
+    sys.stderr.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
@@ -208,8 +239,8 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
 
 class RayTransport:
     def __init__(self, sc: Scenario, source, started=None, placement: Placement | None = None):
-        """Over host actors ``started`` by ``start_hosts`` (the driver starts them, so they boot
-        while the server actor does), or started here (with ``placement``, if known)."""
+        """Over host actors ``started`` by ``start_hosts`` (started early, so they boot while
+        the driver sets up tracking), or started here (with ``placement``, if known)."""
         self.num_hosts = sc.resources.hosts
         self.timeout = sc.resources.host_timeout_s
         self.pg, self.hosts, self.placement = started if started is not None else start_hosts(sc, source, None, placement)
@@ -340,12 +371,41 @@ def _check_fits(sc: Scenario) -> None:
                                 f"or resources.{name}")
 
 
-class _Server:
-    """Runs inside the server actor: the RoundDriver over Ray host actors."""
+class RayServer:
+    """The server: a RoundDriver (or the gossip scheduler) over Ray host actors, run in the
+    driver's process, with the methods a RoundDriver has. Built without waiting: the host actors
+    boot while the driver goes on (MLflow set-up); ``wait`` blocks until they are up.
 
-    def __init__(self, sc: Scenario, source, started=None):
-        self.sc, self.source = sc, source
-        self.driver = make_driver(sc, RayTransport(sc, source, started), source)
+    The server runs where the user typed ``raysim`` (it writes the checkpoints there). It used
+    to be an actor of its own pinned to that node; it died with the driver all the same, so it
+    bought neither locality nor resilience, and cost one more process importing torch (1.5 to
+    3 s of a 13 s run on 2 cores)."""
+
+    def __init__(self, sc: Scenario, source=None, say=None):
+        """``source``: the scenario's prepared data source (made here when not given); put in
+        the object store once, for every host."""
+        _check_fits(sc)
+        self.sc = sc
+        self.source = source if source is not None else prepared_source(sc)
+        placement = place(sc, source=self.source)
+        self._started = start_hosts(sc, ray.put(self.source), say, placement)
+        self.driver = None
+
+    def _abandon(self) -> None:
+        pg, hosts, _ = self._started
+        for h in hosts:
+            ray.kill(h)
+        remove_placement_group(pg)
+
+    def wait(self) -> None:
+        """Block until every host is up (its shards loaded); surface their errors."""
+        if self.driver is not None:
+            return
+        try:
+            self.driver = make_driver(self.sc, RayTransport(self.sc, self.source, self._started), self.source)
+        except BaseException:
+            self._abandon()
+            raise
 
     def step(self) -> dict:
         return self.driver.step()
@@ -364,83 +424,15 @@ class _Server:
     def restore(self, path: str) -> int:
         return self.driver.restore(path)
 
+    @property
     def history(self) -> list[dict]:
         return self.driver.history
 
     def report(self) -> dict:
         return self.driver.report()
 
-    def shutdown(self) -> None:
-        self.driver.transport.shutdown()
-
-
-class RayServer:
-    """Driver-side handle with the same methods as a RoundDriver (blocking calls). Built
-    without waiting: the hosts and the server actor boot while the driver goes on (MLflow
-    set-up); ``wait`` blocks until they are up."""
-
-    def __init__(self, sc: Scenario, source=None, say=None):
-        """``source``: the scenario's prepared data source (made here when not given); put in
-        the object store once, for the server actor and every host."""
-        _check_fits(sc)
-        here = ray.get_runtime_context().get_node_id()
-        source = source if source is not None else prepared_source(sc)
-        placement = place(sc, source=source)
-        ref = ray.put(source)
-        pg, hosts, placement = start_hosts(sc, ref, say, placement)     # they boot while the server actor does
-        self._started = (pg, hosts)
-        try:
-            self.actor = ray.remote(_Server).options(
-                num_cpus=0, max_concurrency=1,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(sc, ref, (pg, hosts, placement))
-            self._up = self.actor.history.remote()
-        except BaseException:
-            self._abandon()
-            raise
-
-    def _abandon(self) -> None:
-        pg, hosts = self._started
-        for h in hosts:
-            ray.kill(h)
-        remove_placement_group(pg)
-        if hasattr(self, "actor"):
-            ray.kill(self.actor)
-
-    def wait(self) -> None:
-        """Block until the server actor (and so every host) is up; surface their errors."""
-        if self._up is None:
-            return
-        try:
-            ray.get(self._up)                 # construction errors surface here
-        except BaseException:
-            self._abandon()
-            raise
-        self._up = None
-
-    def step(self) -> dict:
-        return ray.get(self.actor.step.remote())
-
-    def save(self, path: str, extra: dict | None = None) -> None:
-        ray.get(self.actor.save.remote(path, extra))
-
-    def restore(self, path: str) -> int:
-        return ray.get(self.actor.restore.remote(path))
-
-    def recover(self, path: str | None) -> int:
-        return ray.get(self.actor.recover.remote(path))
-
-    @property
-    def history(self) -> list[dict]:
-        return ray.get(self.actor.history.remote())
-
-    def report(self) -> dict:
-        return ray.get(self.actor.report.remote())
-
     def close(self) -> None:
-        if self._up is not None:              # never came up: nothing to shut down cleanly
+        if self.driver is None:              # never came up: nothing to shut down cleanly
             self._abandon()
             return
-        try:
-            ray.get(self.actor.shutdown.remote())
-        finally:
-            ray.kill(self.actor)
+        self.driver.transport.shutdown()
