@@ -1,6 +1,7 @@
 """One experiment end to end: tracking, engine, rounds, checkpoints, progress, summary."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -52,7 +53,7 @@ class DeferredInterrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
+def _start_ray_server(sc: Scenario, address: str | None, verbose: bool, fits=None):
     """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine
     what = f"{sc.resources.hosts} host actors"
@@ -62,16 +63,50 @@ def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
         what = f"starting {what}"
     print(f"raysim: {what} ...", file=sys.stderr, flush=True)
     ray_engine.init(address, verbose)
-    return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
+    return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True), fits=fits)
 
 
-def _open_store_ahead(sc: Scenario, verbose: bool, resume: str | None) -> None:
-    """``tracking.open_store`` in a thread; any error is left for the Tracker to raise."""
+def _open_store_ahead(sc: Scenario, verbose: bool, resume: str | None, fits: threading.Event) -> None:
+    """In a thread: import MLflow's store while Ray starts, then, once the scenario is known
+    to fit the Ray it got (a refused run leaves no store behind), open the store
+    (``tracking.open_store``: a new database created and migrated). Any error is left for the
+    Tracker, which opens the store again, to raise."""
     try:
         from raysim import tracking
+        importlib.import_module("mlflow.store.tracking.sqlalchemy_store")
+        fits.wait()
         tracking.open_store(sc, verbose, create=not resume)
     except Exception:       # noqa: BLE001 - the Tracker opens the store again and reports
         pass
+
+
+def _new_tracker(sc: Scenario, resume: str | None, verbose: bool, resume_command: str | None):
+    from raysim.tracking import Tracker
+    tracker = Tracker(sc, resume, verbose)
+    if resume_command:
+        tracker.note_resume(resume_command.format(run_id=tracker.run_id))
+    return tracker
+
+
+def _in_thread(fn, *args):
+    """Start ``fn(*args)`` in a thread; the returned function joins it and gives its result
+    (or raises its exception)."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:          # noqa: BLE001 - handed to the caller
+            box["error"] = e
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+    return result
 
 
 def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
@@ -93,13 +128,20 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     if engine == "ray":
         # MLflow's store is opened (imported, a new database migrated) while Ray starts; the
         # run is created while the hosts boot
-        threading.Thread(target=_open_store_ahead, args=(sc, verbose, resume), daemon=True).start()
-        pending = _start_ray_server(sc, address, verbose)
+        fits = threading.Event()
+        threading.Thread(target=_open_store_ahead, args=(sc, verbose, resume, fits), daemon=True).start()
+        pending = _start_ray_server(sc, address, verbose, fits.set)
+    boot_error = None
+    if pending is not None:
+        # the MLflow run is created in a thread while this one waits for the hosts to boot;
+        # a boot failure is raised below, once the run exists to be marked FAILED
+        tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command)
+        try:
+            pending.wait()
+        except BaseException as e:          # noqa: BLE001 - raised again below
+            boot_error = e
     try:
-        from raysim.tracking import Tracker
-        tracker = Tracker(sc, resume, verbose)
-        if resume_command:
-            tracker.note_resume(resume_command.format(run_id=tracker.run_id))
+        tracker = tracker_ready() if pending is not None else _new_tracker(sc, resume, verbose, resume_command)
     except BaseException:
         if pending is not None:
             pending.close()
@@ -110,8 +152,9 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     stop = DeferredInterrupt()
     try:
         stop.install()
+        if boot_error is not None:
+            raise boot_error
         if pending is not None:
-            pending.wait()
             server = pending
         else:
             from raysim.engine.serial import serial_driver
