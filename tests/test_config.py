@@ -158,7 +158,7 @@ def test_sweep_errors_name_the_variant(tmp_path):
 
 
 def test_relative_paths_are_made_absolute_at_the_driver(tmp_path, monkeypatch):
-    # host and server actors may run on other nodes, in other working directories
+    # host actors may run on other nodes, in other working directories
     from raysim.config import load
     from tests.conftest import TINY, write_scenario
     path = write_scenario(tmp_path, TINY + "tracking: {uri: 'sqlite:///runs/m.db'}\ncheckpoint: {dir: ck}\n")

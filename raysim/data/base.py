@@ -1,8 +1,8 @@
 """Data-layer basics: the FederatedSource interface, pooled sources, per-client splits, DataError.
 
 Building a source is cheap and deterministic. The engine builds one in the driver, calls
-``prepare`` (a pooled dataset's partition, a file cache's build) and hands copies to the host and
-server actors; each host then asks only for its own clients. Per-client datasets generate a
+``prepare`` (a pooled dataset's partition, a file cache's build) and hands copies to the host
+actors; each host then asks only for its own clients. Per-client datasets generate a
 client's data on demand from streams derived from (seed, ..., cid); pooled datasets run the
 partitioner once and ship the index arrays with the source, while the pool itself is
 memory-mapped from a local cache in each process, so ``client(cid)`` reads only its rows.
@@ -69,7 +69,7 @@ class FederatedSource:
     def prepare(self) -> None:
         """Do now, once, the work every process would otherwise repeat (a pooled dataset's
         partition, a file cache's build), so that copies of this source (pickled to the host
-        and server actors) carry it or find it done."""
+        actors) carry it or find it done."""
 
     def true_shares(self, cid: int) -> np.ndarray | None:
         """Share of each source (or group) in client ``cid``'s train split, (S,); None when
