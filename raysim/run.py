@@ -53,7 +53,7 @@ class DeferredInterrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _start_ray_server(sc: Scenario, address: str | None, verbose: bool, fits=None):
+def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine
     what = f"{sc.resources.hosts} host actors"
@@ -63,20 +63,16 @@ def _start_ray_server(sc: Scenario, address: str | None, verbose: bool, fits=Non
         what = f"starting {what}"
     print(f"raysim: {what} ...", file=sys.stderr, flush=True)
     ray_engine.init(address, verbose)
-    return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True), fits=fits)
+    return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
 
 
-def _open_store_ahead(sc: Scenario, verbose: bool, resume: str | None, fits: threading.Event) -> None:
-    """In a thread: import MLflow's store while Ray starts, then, once the scenario is known
-    to fit the Ray it got (a refused run leaves no store behind), open the store
-    (``tracking.open_store``: a new database created and migrated). Any error is left for the
-    Tracker, which opens the store again, to raise."""
+def _import_tracking() -> None:
+    """In a thread while Ray starts: import MLflow and its SQL store (about 1.6 s on 2 cores).
+    Any error is left for the Tracker to raise."""
     try:
-        from raysim import tracking
+        importlib.import_module("raysim.tracking")
         importlib.import_module("mlflow.store.tracking.sqlalchemy_store")
-        fits.wait()
-        tracking.open_store(sc, verbose, create=not resume)
-    except Exception:       # noqa: BLE001 - the Tracker opens the store again and reports
+    except Exception:       # noqa: BLE001 - the Tracker imports them again and reports
         pass
 
 
@@ -126,11 +122,11 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     t0 = time.perf_counter()
     pending = None
     if engine == "ray":
-        # MLflow's store is opened (imported, a new database migrated) while Ray starts; the
-        # run is created while the hosts boot
-        fits = threading.Event()
-        threading.Thread(target=_open_store_ahead, args=(sc, verbose, resume, fits), daemon=True).start()
-        pending = _start_ray_server(sc, address, verbose, fits.set)
+        # MLflow is imported while Ray starts; its store is opened (a new database migrated)
+        # and the run created while the hosts boot, once the scenario fits (a refused run
+        # leaves no store behind)
+        threading.Thread(target=_import_tracking, daemon=True).start()
+        pending = _start_ray_server(sc, address, verbose)
     boot_error = None
     if pending is not None:
         # the MLflow run is created in a thread while this one waits for the hosts to boot;

@@ -83,8 +83,7 @@ def store_lock(uri: str):
 def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
     """(tracking URI, client, the scenario's experiment): the store opened (a new SQLite
     database created and migrated, under ``store_lock``) and the experiment created unless
-    ``create`` is false. MLflow keeps the opened store per URI, so a call made ahead (while
-    Ray starts) leaves the Tracker only its run to create."""
+    ``create`` is false."""
     if not verbose:      # MLflow's INFO lines (database migrations) would break the progress bar
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)

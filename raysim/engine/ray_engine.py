@@ -381,13 +381,10 @@ class RayServer:
     bought neither locality nor resilience, and cost one more process importing torch (1.5 to
     3 s of a 13 s run on 2 cores)."""
 
-    def __init__(self, sc: Scenario, source=None, say=None, fits=None):
+    def __init__(self, sc: Scenario, source=None, say=None):
         """``source``: the scenario's prepared data source (made here when not given); put in
-        the object store once, for every host. ``fits()`` is called once the scenario is known
-        to fit this Ray (a local one cannot grow; a cluster is waited for)."""
+        the object store once, for every host."""
         _check_fits(sc)
-        if fits is not None:
-            fits()
         self.sc = sc
         self.source = source if source is not None else prepared_source(sc)
         placement = place(sc, source=self.source)
