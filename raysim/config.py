@@ -328,7 +328,7 @@ def _absolute_paths(dataset, checkpoint, tracking, topology):
     other nodes, in other working directories (``raw``, the user's text, is unchanged)."""
     import dataclasses
     params = dataset.params
-    if dataclasses.is_dataclass(params) and isinstance(getattr(params, "root", None), str):
+    if dataclasses.is_dataclass(params) and isinstance(getattr(params, "root", None), str) and params.root:
         params = dataclasses.replace(params, root=os.path.abspath(params.root))
         dataset = dataclasses.replace(dataset, params=params)
     checkpoint = dataclasses.replace(checkpoint, dir=os.path.abspath(checkpoint.dir))
@@ -352,7 +352,7 @@ def make_source(sc: Scenario):
 def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     """Open the data source (files present and well-formed) and build the model once."""
     from raysim.data import DataError
-    from raysim.models import MODELS
+    from raysim.models import build as build_model
 
     try:
         source = make_source(sc)
@@ -360,6 +360,6 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     except DataError as e:
         ctx.fail("data", str(e))
     try:
-        MODELS[sc.model.name].build(sc.model.params, source.input_shape, source.num_outputs)
+        build_model(sc.model.name, sc.model.params, source)
     except ValueError as e:
         ctx.fail("model.name", str(e))

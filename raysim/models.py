@@ -125,11 +125,56 @@ def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -
 
 
 @dataclass(frozen=True)
+class LSTMParams:
+    embed: int = field(default=8, metadata={"min": 1, "help": "character embedding width"})
+    hidden: int = field(default=256, metadata={"min": 1, "help": "LSTM hidden units per layer"})
+    layers: int = field(default=2, metadata={"min": 1, "help": "stacked LSTM layers"})
+    bias: bool = field(default=True, metadata={"help": "false: bias-free LSTM and output layer (SuPerFed's)"})
+
+
+class NextCharLSTM(nn.Module):
+    """LEAF's / FedEM's stacked LSTM for next-character prediction: token ids (B, T) ->
+    Embedding(vocab, embed) -> LSTM(embed -> hidden, ``layers`` stacked, batch first) -> the
+    last time step -> Linear(hidden, vocab) logits. The input ids may be any integer dtype
+    (the datasets keep them as uint8)."""
+
+    def __init__(self, vocab: int, p: LSTMParams):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, p.embed)
+        self.lstm = nn.LSTM(p.embed, p.hidden, p.layers, bias=p.bias, batch_first=True)
+        self.out = nn.Linear(p.hidden, vocab, bias=p.bias)
+
+    def forward(self, x):
+        h, _ = self.lstm(self.embed(x.long()))
+        return self.out(h[:, -1])
+
+
+def next_char_lstm(params: LSTMParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """Stacked LSTM over a window of character ids; the vocabulary is the classes."""
+    if len(input_shape) != 1:
+        raise ValueError(f"next_char_lstm needs windows of token ids (T,), the dataset gives {tuple(input_shape)}")
+    return NextCharLSTM(classes, params)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     summary: str
     Params: type
     build: Callable[..., nn.Module]
+    inputs: str = "features"      # the FederatedSource.input_kind it takes
+
+
+def build(name: str, params, source) -> nn.Module:
+    """Model ``name`` for ``source``'s inputs and outputs; ValueError (one line, naming the
+    models that fit) when the model does not take the dataset's kind of input."""
+    spec = MODELS[name]
+    kind = getattr(source, "input_kind", "features")
+    if spec.inputs != kind:
+        fits = ", ".join(n for n, s in MODELS.items() if s.inputs == kind)
+        what = {"tokens": "token ids (characters or words)", "features": "float features"}[kind]
+        raise ValueError(f"model {name} takes {spec.inputs}, the dataset gives {what}; models for it: {fits}")
+    return spec.build(params, source.input_shape, source.num_outputs)
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -143,5 +188,7 @@ MODELS: dict[str, ModelSpec] = {
                   SimpleCNNParams, simplecnn),
         ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
                   CNNParams, femnist_cnn),
+        ModelSpec("next_char_lstm", "LEAF/FedEM stacked LSTM: embed 8, 2 x LSTM 256, linear to the vocabulary "
+                  "(character windows, e.g. shakespeare)", LSTMParams, next_char_lstm, "tokens"),
     )
 }

@@ -12,20 +12,20 @@ from raysim import rng
 from raysim.config import Scenario
 from raysim.core.tasks import TASKS
 from raysim.data import DATASETS
+from raysim import models
 from raysim.models import MODELS
 
 
 def make_model_fn(sc: Scenario, source):
     """A factory giving the run's initial model: weights drawn from (seed, "model_init"),
     without touching the global torch RNG."""
-    spec = MODELS[sc.model.name]
     seed = int(rng.generator(sc.seed, "model_init").integers(2**62))
 
     def model_fn(variant: int = 0) -> torch.nn.Module:
         """``variant`` k > 0 gives another independent initialization (mixture components)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + variant)
-            return spec.build(sc.model.params, source.input_shape, source.num_outputs)
+            return models.build(sc.model.name, sc.model.params, source)
     return model_fn
 
 

