@@ -214,7 +214,7 @@ class Shakespeare(FederatedSource):
 
     def eligible(self) -> list[int]:
         """Cache rows of the roles that make clients, in the fixed shuffled order."""
-        meta = self._cached.meta
+        meta = self._cache().meta
         frac = self.splits.train + self.splits.val
         ok = [i for i in range(len(meta["users"])) if meta["lines"][i] >= self.p.min_lines
               and (leaf_sizes(self._length(i) - SEQ, frac)[1] > 0 if self.p.leaf_split
@@ -222,12 +222,16 @@ class Shakespeare(FederatedSource):
         order = generator(self.p.role_seed, "shakespeare", "roles").permutation(len(ok))
         return [ok[j] for j in order]
 
-    def _open(self) -> None:
+    def _cache(self) -> cache.Cached:
         if self._cached is None:
             root = plays_root(self.p.root)
             files = _files(root)
             sig = [[str(f.relative_to(root)), *cache.stat(f)] for f in files]
             self._cached = cache.load("shakespeare", root, sig, lambda: _plan(root, files))
+        return self._cached
+
+    def _open(self) -> None:
+        self._cache()
         if self._chosen is None:
             rows = self.eligible()
             if len(rows) < self.num_clients:
