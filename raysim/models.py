@@ -126,34 +126,54 @@ def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -
 
 @dataclass(frozen=True)
 class LSTMParams:
-    embed: int = field(default=8, metadata={"min": 1, "help": "character embedding width"})
+    embed: int = field(default=8, metadata={"min": 1, "help": "token embedding width"})
     hidden: int = field(default=256, metadata={"min": 1, "help": "LSTM hidden units per layer"})
     layers: int = field(default=2, metadata={"min": 1, "help": "stacked LSTM layers"})
-    bias: bool = field(default=True, metadata={"help": "false: bias-free LSTM and output layer (SuPerFed's)"})
+    bias: bool = field(default=True, metadata={"help": "false: bias-free LSTM and linear layers (SuPerFed's)"})
 
 
-class NextCharLSTM(nn.Module):
-    """LEAF's / FedEM's stacked LSTM for next-character prediction: token ids (B, T) ->
-    Embedding(vocab, embed) -> LSTM(embed -> hidden, ``layers`` stacked, batch first) -> the
-    last time step -> Linear(hidden, vocab) logits. The input ids may be any integer dtype
-    (the datasets keep them as uint8)."""
+@dataclass(frozen=True)
+class LSTMClassifierParams(LSTMParams):
+    embed: int = field(default=100, metadata={"min": 1, "help": "word embedding width (LEAF: 100 without GloVe)"})
+    hidden: int = field(default=100, metadata={"min": 1, "help": "LSTM hidden units per layer"})
+    dense: int = field(default=128, metadata={"min": 0, "help": "width of the linear layer before the output (0: none)"})
 
-    def __init__(self, vocab: int, p: LSTMParams):
+
+class TokenLSTM(nn.Module):
+    """A stacked LSTM over token ids (B, T): Embedding(vocab, embed) -> LSTM(embed -> hidden,
+    ``layers`` stacked, batch first) -> the last time step -> [Linear(hidden, dense)] ->
+    Linear(., classes) logits. The ids may be any integer dtype (datasets keep them small)."""
+
+    def __init__(self, vocab: int, classes: int, p: LSTMParams, dense: int = 0):
         super().__init__()
         self.embed = nn.Embedding(vocab, p.embed)
         self.lstm = nn.LSTM(p.embed, p.hidden, p.layers, bias=p.bias, batch_first=True)
-        self.out = nn.Linear(p.hidden, vocab, bias=p.bias)
+        self.dense = nn.Linear(p.hidden, dense, bias=p.bias) if dense else nn.Identity()
+        self.out = nn.Linear(dense or p.hidden, classes, bias=p.bias)
 
     def forward(self, x):
         h, _ = self.lstm(self.embed(x.long()))
-        return self.out(h[:, -1])
+        return self.out(self.dense(h[:, -1]))
 
 
-def next_char_lstm(params: LSTMParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """Stacked LSTM over a window of character ids; the vocabulary is the classes."""
+def _token_shape(name: str, input_shape: tuple[int, ...]) -> None:
     if len(input_shape) != 1:
-        raise ValueError(f"next_char_lstm needs windows of token ids (T,), the dataset gives {tuple(input_shape)}")
-    return NextCharLSTM(classes, params)
+        raise ValueError(f"{name} needs sequences of token ids (T,), the dataset gives {tuple(input_shape)}")
+
+
+def next_char_lstm(params: LSTMParams, input_shape: tuple[int, ...], classes: int, vocab: int) -> nn.Module:
+    """LEAF's / FedEM's next-character model: embedding 8, 2 x LSTM 256, linear to the
+    classes (the vocabulary)."""
+    _token_shape("next_char_lstm", input_shape)
+    return TokenLSTM(vocab, classes, params)
+
+
+def lstm_classifier(params: LSTMClassifierParams, input_shape: tuple[int, ...], classes: int, vocab: int) -> nn.Module:
+    """LEAF's Sent140 model: embedding 100 (trained here: LEAF's GloVe vectors need a
+    download), 2 x LSTM 100, a linear layer of 128 (no activation, as LEAF's), linear to the
+    classes."""
+    _token_shape("lstm_classifier", input_shape)
+    return TokenLSTM(vocab, classes, params, params.dense)
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,8 @@ def build(name: str, params, source) -> nn.Module:
         fits = ", ".join(n for n, s in MODELS.items() if s.inputs == kind)
         what = {"tokens": "token ids (characters or words)", "features": "float features"}[kind]
         raise ValueError(f"model {name} takes {spec.inputs}, the dataset gives {what}; models for it: {fits}")
+    if kind == "tokens":
+        return spec.build(params, source.input_shape, source.num_outputs, source.vocab_size)
     return spec.build(params, source.input_shape, source.num_outputs)
 
 
@@ -189,6 +211,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
                   CNNParams, femnist_cnn),
         ModelSpec("next_char_lstm", "LEAF/FedEM stacked LSTM: embed 8, 2 x LSTM 256, linear to the vocabulary "
-                  "(character windows, e.g. shakespeare)", LSTMParams, next_char_lstm, "tokens"),
+                  "(character windows: shakespeare, leaf_shakespeare)", LSTMParams, next_char_lstm, "tokens"),
+        ModelSpec("lstm_classifier", "LEAF's Sent140 LSTM: embed 100, 2 x LSTM 100, linear 128, classes "
+                  "(word ids: leaf_sent140)", LSTMClassifierParams, lstm_classifier, "tokens"),
     )
 }

@@ -226,7 +226,7 @@ from raysim.data import leaf
 from raysim.data.base import Splits
 built = []
 real = leaf._parse
-leaf._parse = lambda root: (built.append(1), real(root))[1]
+leaf._parse = lambda *a: (built.append(1), real(*a))[1]
 src = leaf.LeafFEMNIST(leaf.LeafParams(root={str(tree)!r}), 4, None, Splits(0.5, 0.25, 0.25), 3)
 c = src.client(2)
 print(len(built), float(c.test_x.sum()))

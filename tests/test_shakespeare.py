@@ -172,13 +172,13 @@ def test_errors_say_how_to_get_the_plays(tmp_path, monkeypatch):
 
 
 def test_next_char_lstm_shapes_and_parameter_count():
-    m = next_char_lstm(LSTMParams(), (80,), 100)
+    m = next_char_lstm(LSTMParams(), (80,), 100, 100)
     out = m(torch.randint(0, 100, (3, 80), dtype=torch.uint8))
     assert out.shape == (3, 100)
     h, e, v = 256, 8, 100
     lstm = 4 * h * (e + h) + 8 * h + 4 * h * (h + h) + 8 * h     # two layers, two bias vectors each
     assert sum(p.numel() for p in m.parameters()) == v * e + lstm + h * v + v
-    bare = next_char_lstm(LSTMParams(hidden=4, bias=False), (80,), 100)
+    bare = next_char_lstm(LSTMParams(hidden=4, bias=False), (80,), 100, 100)
     assert all("bias" not in n for n, _ in bare.named_parameters())
 
 
@@ -195,7 +195,7 @@ algorithm: {{name: fedavg}}
         config.load(path)
     src = source(tmp_path / "plays", 2)
     with pytest.raises(ValueError, match="next_char_lstm takes tokens"):
-        build("next_char_lstm", LSTMParams(), SimpleNamespace(input_kind="features", input_shape=(80,),
+        build("next_char_lstm", LSTMParams(), SimpleNamespace(input_kind="features", input_shape=(80,), vocab_size=0,
                                                               num_outputs=100))
     assert build("next_char_lstm", LSTMParams(hidden=4), src)(src.client(0).train_x[:2]).shape == (2, 100)
 

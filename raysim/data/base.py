@@ -44,7 +44,8 @@ class FederatedSource:
     input_shape: tuple[int, ...]   # per-sample shape, e.g. (150,) or (1, 28, 28)
     num_classes: int               # classification: classes; regression: target dimension
     task: str = "classification"   # a raysim.core.tasks.TASKS key
-    input_kind: str = "features"   # "features": float inputs; "tokens": integer ids < num_classes
+    input_kind: str = "features"   # "features": float inputs; "tokens": integer ids < vocab_size
+    vocab_size: int = 0            # tokens: the number of distinct ids
 
     @property
     def num_outputs(self) -> int:

