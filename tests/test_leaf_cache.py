@@ -131,7 +131,7 @@ def test_second_source_reads_the_cache_not_the_json(tree, monkeypatch):
 
     def no_parsing(*a, **k):
         raise AssertionError("parsed the JSON again")
-    monkeypatch.setattr(leaf, "_read_folder", no_parsing)
+    monkeypatch.setattr(leaf, "_decode", no_parsing)
     monkeypatch.setattr(leaf, "_parse", no_parsing)
 
     src = source(tree)

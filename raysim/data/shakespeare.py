@@ -266,13 +266,17 @@ class Shakespeare(FederatedSource):
         x, y = text.unfold(0, SEQ, 1)[:n], text[SEQ:].long()     # views: window i is text[i:i+80]
         if not self.p.leaf_split:
             return split_client(cid, x, y, self.splits, self.seed, input_dtype=torch.uint8)
-        n_train, _ = leaf_sizes(n, self.splits.train + self.splits.val)
-        start = n_train + SEQ - 1
-        n_val = int(round(self.splits.val * n_train))
-        perm = torch.from_numpy(generator(self.seed, "split", cid).permutation(n_train))
-        va, tr = perm[:n_val].sort().values, perm[n_val:].sort().values
-        if n_val == 0:
-            trx, try_ = x[:n_train], y[:n_train]
-        else:
-            trx, try_ = x[tr], y[tr]
-        return ClientData(cid, trx, try_, x[va], y[va], x[start:], y[start:])
+        return leaf_split(cid, x, y, self.splits, self.seed)
+
+
+def leaf_split(cid: int, x: torch.Tensor, y: torch.Tensor, splits: Splits, seed: int) -> ClientData:
+    """LEAF's split of a role's n windows (in text order): train the first ``leaf_sizes``
+    windows, test from ``n_train + 79`` on; ``splits.val`` of the train windows, drawn from
+    generator(seed, "split", cid), are validation instead. Slices of ``x`` stay views."""
+    n_train, _ = leaf_sizes(int(y.shape[0]), splits.train + splits.val)
+    start = n_train + SEQ - 1
+    n_val = int(round(splits.val * n_train))
+    perm = torch.from_numpy(generator(seed, "split", cid).permutation(n_train))
+    va, tr = perm[:n_val].sort().values, perm[n_val:].sort().values
+    trx, try_ = (x[:n_train], y[:n_train]) if n_val == 0 else (x[tr], y[tr])
+    return ClientData(cid, trx, try_, x[va], y[va], x[start:], y[start:])
