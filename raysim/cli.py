@@ -1,4 +1,4 @@
-"""The `raysim` command: run, validate, list.
+"""The `raysim` command: run, validate, list, data info.
 
 Exit codes: 0 success; 2 invalid input (scenario, override, missing data); 1 failure during the
 run; 130 interrupted.
@@ -46,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     v.add_argument("--variant", default=None, metavar="NAME")
     sub.add_parser("list", help="algorithms, datasets, models and partitioners")
+    d = sub.add_parser("data", help="look at a scenario's data")
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    i = dsub.add_parser("info", help="clients, split sizes and label histograms of a scenario's data")
+    i.add_argument("file", help="scenario YAML")
+    i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    i.add_argument("--variant", default=None, metavar="NAME")
+    i.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
+                   help="also draw sizes and label distributions into PNG (default: <scenario name>-data.png)")
+    i.add_argument("--show", type=int, default=10, metavar="N", help="clients listed one per line (default 10)")
     return p
 
 
@@ -70,6 +79,16 @@ def _dispatch(args) -> int:
                 print(f"  {name:<{width}}  {summary}")
         return EXIT_OK
     variants = config.load_variants(args.file, args.overrides, args.variant)
+    if args.command == "data":
+        from raysim.data import info
+        for variant, sc in variants:
+            found = info.describe(sc.data.dataset.name, config.make_source(sc))
+            print(info.text(found, args.show))
+            if args.plot is not None:
+                path = args.plot or f"{sc.name}-data.png"
+                info.plot(found, path)
+                print(f"figure written to {path}")
+        return EXIT_OK
     if args.command == "validate":
         for variant, sc in variants:
             label = f" [{variant}]" if variant else ""

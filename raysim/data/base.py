@@ -46,6 +46,7 @@ class FederatedSource:
     task: str = "classification"   # a raysim.core.tasks.TASKS key
     input_kind: str = "features"   # "features": float inputs; "tokens": integer ids < vocab_size
     vocab_size: int = 0            # tokens: the number of distinct ids
+    class_names: list[str] | None = None   # how a class id reads (characters), where not plain numbers
 
     @property
     def num_outputs(self) -> int:
@@ -58,6 +59,10 @@ class FederatedSource:
     def num_samples(self, cid: int) -> int:
         """Samples of client ``cid`` before the train/val/test split."""
         raise NotImplementedError
+
+    def client_name(self, cid: int) -> str | None:
+        """The client's name in the data (a writer, a role), where the data name clients."""
+        return None
 
     # Clients as mixtures of source distributions (partition kind ``mixture``): a clustered
     # method's models are scored on each source's held-out set, and its estimates compared

@@ -533,6 +533,10 @@ class LeafSource(FederatedSource):
         return self.fmt.classes(self.cache().meta)
 
     @property
+    def class_names(self) -> list[str] | None:
+        return [repr(c) for c in VOCAB] if isinstance(self.fmt, ShakespeareFormat) else None
+
+    @property
     def vocab_size(self) -> int:
         return self.fmt.vocab_size(self.cache().meta)
 
@@ -554,6 +558,9 @@ class LeafSource(FederatedSource):
         into the memory-mapped cache."""
         c = self.cache()
         return [(c.names[i], *c.rows(i)) for i in range(self.num_clients)]
+
+    def client_name(self, cid: int) -> str:
+        return self.cache().names[range(self.num_clients)[cid]]
 
     def num_samples(self, cid: int) -> int:
         c = self.cache()

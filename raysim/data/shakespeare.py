@@ -196,6 +196,7 @@ class Shakespeare(FederatedSource):
     task = "classification"
     input_kind = "tokens"
     vocab_size = len(VOCAB)
+    class_names = [repr(c) for c in VOCAB]
 
     def __init__(self, params: ShakespeareParams, clients: int, partition, splits: Splits, seed: int):
         self.p, self.splits, self.seed = params, splits, seed
@@ -249,6 +250,9 @@ class Shakespeare(FederatedSource):
         self._open()
         i, meta = int(self._chosen[cid]), self._cached.meta
         return {k: meta[m][i] for k, m in (("user", "users"), ("play", "plays"), ("role", "roles"), ("lines", "lines"))}
+
+    def client_name(self, cid: int) -> str:
+        return self.describe(cid)["user"]
 
     def _text(self, cid: int) -> torch.Tensor:
         self._open()
