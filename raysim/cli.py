@@ -1,4 +1,4 @@
-"""The `raysim` command: run, validate, list, data info.
+"""The `raysim` command: run, validate, list, data info, report.
 
 Exit codes: 0 success; 2 invalid input (scenario, override, missing data); 1 failure during the
 run; 130 interrupted.
@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
                    help="also draw sizes and label distributions into PNG (default: <scenario name>-data.png)")
     i.add_argument("--show", type=int, default=10, metavar="N", help="clients listed one per line (default 10)")
+    rp = sub.add_parser("report", help="figures of finished runs, written to a folder and logged to MLflow")
+    rp.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    rp.add_argument("--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    rp.add_argument("--out", default="report", help="folder for the figures (default ./report; one subfolder per run)")
+    rp.add_argument("--no-log", action="store_true", help="do not log the figures to the runs")
     return p
 
 
@@ -77,6 +82,12 @@ def _dispatch(args) -> int:
             width = max(len(n) for n, _ in items)
             for name, summary in items:
                 print(f"  {name:<{width}}  {summary}")
+        return EXIT_OK
+    if args.command == "report":
+        from raysim.report import report
+        made = report(args.run_ids, args.tracking_uri, args.out, log=not args.no_log)
+        for run_id, paths in made.items():
+            print(f"{run_id}: {', '.join(str(p) for p in paths) or 'no figure (nothing evaluated)'}")
         return EXIT_OK
     variants = config.load_variants(args.file, args.overrides, args.variant)
     if args.command == "data":
@@ -147,7 +158,8 @@ def _report(e: BaseException, verbose: bool) -> int:
     if isinstance(e, KeyboardInterrupt):
         print("raysim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if isinstance(e, (ScenarioError, DataError)):
+    from raysim.report import ReportError
+    if isinstance(e, (ScenarioError, DataError, ReportError)):
         print(f"raysim: {e}", file=sys.stderr)
         return EXIT_INPUT
     cause = _root_cause(e)

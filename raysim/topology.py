@@ -110,6 +110,13 @@ def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: st
     return g
 
 
+def scenario_graph(t, n: int, seed: int, key: int = 0) -> nx.Graph:
+    """The graph a gossip run uses: topology config ``t`` over ``n`` clients, drawn from
+    generator(seed, "topology", key) (key: the round for a graph redrawn each round, else 0)."""
+    from raysim import rng
+    return build(t.kind, n, rng.generator(seed, "topology", key), p=t.p, edges=t.edges, connect=t.connect)
+
+
 def edge_array(g: nx.Graph) -> np.ndarray:
     """(edges, 2) int64, each undirected edge once."""
     return np.array(list(g.edges()), dtype=np.int64).reshape(-1, 2)

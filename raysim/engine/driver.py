@@ -275,6 +275,12 @@ class RoundDriver:
             importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items() if g >= 0}
         out.update(self._cluster_report(importance, centers))
         self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.eval_ids}, self.server_state))
+        # each client's primary score (the distribution behind the mean and bottom decile)
+        metric = self.algo.task.metric
+        for prefix, ids in (("", [int(c) for c in self.eval_ids]), ("unseen_", unseen)):
+            scores = {c: results[c][0][metric] for c in sorted(ids) if results[c][1] > 0 and metric in results[c][0]}
+            if scores:
+                self.clusters[f"{prefix}client_{metric}"] = scores
         return out
 
     def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
@@ -320,8 +326,9 @@ class RoundDriver:
         return self._shares or None
 
     def report(self) -> dict[str, Any]:
-        """The last evaluation's report: a clustered method's cluster report and the
-        algorithm's own entries (``Algorithm.report``, e.g. SuPerFed's λ curve)."""
+        """The last evaluation's report: a clustered method's cluster report, the algorithm's
+        own entries (``Algorithm.report``, e.g. SuPerFed's λ curve), and each evaluated
+        client's primary score (``client_accuracy`` / ``client_mse``; ``unseen_client_...``)."""
         return self.clusters
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -43,8 +43,7 @@ class GossipDriver(RoundDriver):
         key = r if (t.resample and t.kind == "erdos_renyi") else 0
         if self.graph_round == key and self.W is not None:
             return self.W, False
-        g = topology.build(t.kind, self.sc.data.clients, rng.generator(self.sc.seed, "topology", key),
-                           p=t.p, edges=t.edges, connect=t.connect)
+        g = topology.scenario_graph(t, self.sc.data.clients, self.sc.seed, key)
         w = topology.mixing_matrix(g, t.mixing, t.fmmc_iters)
         if t.weighting == "samples":
             w = topology.sample_weighted(w, self.counts)

@@ -1,0 +1,97 @@
+"""`raysim report`: every figure drawn from real runs read back from MLflow (and logged to
+them), and from hand-made summaries for the methods whose runs are long (SuPerFed's λ curve,
+SosicFL's simplex, a clustered method's center/source table). Each PNG is opened and must be
+sized and not blank."""
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from raysim import cli, config, report
+from raysim.run import run as run_scenario
+
+from conftest import ROOT
+
+
+def looks_drawn(path, min_size=(400, 300)):
+    img = Image.open(path)
+    assert img.size[0] >= min_size[0] and img.size[1] >= min_size[1], (path, img.size)
+    px = np.asarray(img.convert("L"), dtype=float)
+    assert px.std() > 15 and (px < 128).mean() > 0.005, path        # lines and text, not a blank page
+
+
+def small(name, tmp_path, *extra):
+    sc = config.load(ROOT / "scenarios" / name, ["rounds=4", "eval.every=2", "data.clients=20",
+                                                 f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                                                 f"checkpoint.dir={tmp_path}/ck", *extra])
+    return run_scenario(sc, engine="serial", progress=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    return tmp, {"fedem": small("synthetic_fedem.yaml", tmp), "dfedem": small("synthetic_dfedem.yaml", tmp),
+                 "fedavg": small("synthetic_fedavg.yaml", tmp)}
+
+
+def test_report_draws_each_runs_figures_and_logs_them_to_mlflow(runs, tmp_path, capsys):
+    tmp, s = runs
+    ids = [s[k]["mlflow_run_id"] for k in ("fedem", "dfedem", "fedavg")]
+    out = tmp_path / "rep"
+    assert cli.main(["report", *ids, "--tracking-uri", f"sqlite:///{tmp}/m.db", "--out", str(out)]) == 0
+    names = {i: sorted(p.name for p in (out / i).glob("*.png")) for i in ids}
+    assert names[ids[0]] == ["accuracy.png", "clients.png", "mixture_weights.png"]
+    assert names[ids[1]] == ["accuracy.png", "clients.png", "consensus.png", "graph.png", "mixture_weights.png"]
+    assert names[ids[2]] == ["accuracy.png", "clients.png"]
+    for i in ids:
+        for n in names[i]:
+            looks_drawn(out / i / n)
+    looks_drawn(out / "compare_accuracy.png")
+    _, client = report.client_for(f"sqlite:///{tmp}/m.db")
+    logged = sorted(a.path for a in client.list_artifacts(ids[0], "report"))
+    assert logged == [f"report/{n}" for n in names[ids[0]]]
+    # the per-client scores behind the histogram: their test-weighted mean is the reported accuracy
+    final = s["fedem"]["final"]
+    scores = final["client_accuracy"]
+    assert len(scores) == 20 and min(scores.values()) >= 0
+    assert np.percentile(list(scores.values()), 10) == pytest.approx(final["bottom_decile_accuracy"])
+
+
+def test_report_of_an_unknown_run_is_one_line_and_exit_2(runs, capsys):
+    tmp, _ = runs
+    assert cli.main(["report", "0" * 32, "--tracking-uri", f"sqlite:///{tmp}/m.db"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no run {'0' * 32} in the tracking store" in err[0]
+
+
+def hand_summary(algorithm, final, history=None):
+    history = history or [{"round": r, "accuracy": 0.5 + 0.1 * r, "bottom_decile_accuracy": 0.3 + 0.1 * r,
+                           "eval_seconds": 0.1} for r in range(1, 4)]
+    return {"name": "hand", "algorithm": algorithm, "dataset": "d", "seed": 0, "final": final, "history": history}
+
+
+def test_superfed_sosicfl_and_cluster_figures(tmp_path):
+    lam = report.figures(hand_summary("superfed", {"lambda_curve": {"0.0": 0.6, "0.5": 0.7, "1.0": 0.65},
+                                                   "lambda_curve_std": {"0.0": 0.05, "0.5": 0.04, "1.0": 0.06}}),
+                         None, tmp_path / "lam")
+    assert [p.name for p in lam] == ["accuracy.png", "lambda_curve.png"]
+    rng = np.random.default_rng(0)
+    alpha = rng.dirichlet(np.ones(3), size=30)
+    simplex = {"alpha": {str(c): a.tolist() for c, a in enumerate(alpha)},
+               "cluster": {str(c): int(a.argmax()) for c, a in enumerate(alpha)},
+               "centres": np.eye(3).tolist(), "eta": 0.3}
+    sx = report.figures(hand_summary("sosicfl", {"simplex": simplex}), None, tmp_path / "sx")
+    assert [p.name for p in sx] == ["accuracy.png", "simplex.png"]
+    clus = report.figures(hand_summary("fedsoft", {
+        "importance": {str(c): [0.9, 0.1] if c < 5 else [0.2, 0.8] for c in range(12)},
+        "center_source": [[0.9, 0.2], [0.3, 0.8]], "association": [0, 1]}), None, tmp_path / "cl")
+    assert [p.name for p in clus] == ["accuracy.png", "clusters.png"]
+    for p in lam + sx + clus:
+        looks_drawn(p)
+    # a regression run: the metric is mse, its bottom decile the 90th percentile
+    mse = hand_summary("fedsoft", {"client_mse": {str(c): float(c) for c in range(20)}},
+                       [{"round": 1, "mse": 2.0, "bottom_decile_mse": 3.0, "eval_seconds": 0.1}])
+    assert report.metric_of(mse) == "mse"
+    assert [p.name for p in report.figures(mse, None, tmp_path / "mse")] == ["accuracy.png", "clients.png"]
+    json.dumps(mse)
