@@ -1,4 +1,4 @@
-"""The `raysim` command: run, validate, list, data info, report.
+"""The `raysim` command: run, validate, list, data info, report, compare.
 
 Exit codes: 0 success; 2 invalid input (scenario, override, missing data); 1 failure during the
 run; 130 interrupted.
@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the MLflow run RUN_ID from its last checkpoint")
     r.add_argument("--variant", default=None, metavar="NAME",
                    help="run only this variant of a sweep file (needed with --resume)")
+    r.add_argument("--seeds", default=None, metavar="LIST",
+                   help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
+                        "are nested under one parent MLflow run and compared at the end")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
     v = sub.add_parser("validate", help="check a scenario without running it")
@@ -60,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     rp.add_argument("--out", default="report", help="folder for the figures (default ./report; one subfolder per run)")
     rp.add_argument("--no-log", action="store_true", help="do not log the figures to the runs")
+    cp = sub.add_parser("compare", help="finished runs as one table (method x dataset, mean ± std over seeds)")
+    cp.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs (a sweep's parent stands for its runs)")
+    cp.add_argument("--experiment", default=None, metavar="NAME", help="every finished run of this MLflow experiment")
+    cp.add_argument("--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    cp.add_argument("--out", default="report", help="folder for compare.md and compare.csv (default ./report)")
     return p
 
 
@@ -89,7 +97,14 @@ def _dispatch(args) -> int:
         for run_id, paths in made.items():
             print(f"{run_id}: {', '.join(str(p) for p in paths) or 'no figure (nothing evaluated)'}")
         return EXIT_OK
-    variants = config.load_variants(args.file, args.overrides, args.variant)
+    if args.command == "compare":
+        from raysim.compare import compare
+        text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out)
+        print(text)
+        print(f"written to {md} and {cv}")
+        return EXIT_OK
+    seeds = config.seeds_of(args.file, getattr(args, "seeds", None)) if args.command == "run" else None
+    variants = config.load_variants(args.file, args.overrides, args.variant, seeds=seeds)
     if args.command == "data":
         from raysim.data import info
         for variant, sc in variants:
@@ -107,31 +122,55 @@ def _dispatch(args) -> int:
                   f"{sc.data.clients} clients, {sc.rounds} rounds)")
         return EXIT_OK
     if args.resume and len(variants) > 1:
-        raise config.ScenarioError(f"{args.file}: --resume continues one run; add --variant NAME")
+        raise config.ScenarioError(f"{args.file}: --resume continues one run; add --variant NAME"
+                                   + (" and --seeds SEED" if seeds else ""))
     from raysim.run import run
     summaries = {}
-    for variant, sc in variants:
-        summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
-                      summary_path=None if len(variants) > 1 else args.summary,
-                      verbose=args.verbose, progress=not args.quiet, resume_command=_resume_command(args, variant))
-        summaries[variant] = summary
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
-        print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
-        print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
-              f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
-              f"{summary['tracking_uri']}")
+    parent = None
+    if len(variants) > 1 and not args.resume:        # a sweep or seeded runs: nested under one parent
+        from raysim import tracking
+        name = f"{Path(args.file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+        parent = tracking.start_parent(variants[0][1], name, [(v, sc.seed) for v, sc in variants])
+    ok = False
+    try:
+        for variant, sc in variants:
+            tags = {"variant": variant} if variant else {}
+            if parent is not None:
+                tags["mlflow.parentRunId"] = parent[1]
+            summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
+                          summary_path=None if len(variants) > 1 else args.summary, verbose=args.verbose,
+                          progress=not args.quiet, resume_command=_resume_command(args, variant, sc.seed if seeds else None),
+                          tags=tags)
+            summaries[variant if not seeds else f"{variant or sc.name} seed {sc.seed}"] = summary
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
+            print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
+            print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
+                  f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
+                  f"{summary['tracking_uri']}")
+        ok = True
+    finally:
+        if parent is not None:
+            parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
     if len(variants) > 1:
         _print_sweep(summaries)
         if args.summary:
             Path(args.summary).write_text(json.dumps({"sweep": args.file, "variants": summaries}, indent=2))
+        if parent is not None:
+            from raysim.compare import cells, markdown, rows, select
+            print(markdown(*cells(rows(select(parent[0], [parent[1]], None)))))
+            print(f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
+                  + (f"  (with --tracking-uri {summaries[next(iter(summaries))]['tracking_uri']})"
+                     if variants[0][1].tracking.uri else ""))
     return EXIT_OK
 
 
-def _resume_command(args, variant: str | None) -> str:
+def _resume_command(args, variant: str | None, seed: int | None = None) -> str:
     """The command that continues this run, with ``{run_id}`` to fill in."""
     parts = ["raysim", "run", args.file]
     if variant is not None:
         parts += ["--variant", variant]
+    if seed is not None:
+        parts += ["--seeds", str(seed)]
     for item in args.overrides:
         parts += ["--set", item]
     if args.engine != "ray":
@@ -158,8 +197,9 @@ def _report(e: BaseException, verbose: bool) -> int:
     if isinstance(e, KeyboardInterrupt):
         print("raysim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    from raysim.compare import CompareError
     from raysim.report import ReportError
-    if isinstance(e, (ScenarioError, DataError, ReportError)):
+    if isinstance(e, (ScenarioError, DataError, ReportError, CompareError)):
         print(f"raysim: {e}", file=sys.stderr)
         return EXIT_INPUT
     cause = _root_cause(e)

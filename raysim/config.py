@@ -186,9 +186,28 @@ def read_yaml(path: str | Path) -> dict:
     return doc
 
 
+def seeds_of(path: str | Path, cli: str | None = None) -> list[int] | None:
+    """The seeds a command runs each variant with: ``--seeds 0,1,2`` (the command line wins),
+    else the file's ``seeds: [0, 1, 2]``; None when neither is given."""
+    where = "--seeds" if cli is not None else f"{path}: seeds"
+    value = cli if cli is not None else read_yaml(path).get("seeds")
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        seeds = [int(str(v).strip()) for v in (items if isinstance(items, list) else [items])]
+    except ValueError:
+        raise ScenarioError(f"{where}: {value!r} is not a list of integers, e.g. 0,1,2") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ScenarioError(f"{where}: {value!r}: give distinct integers >= 0, e.g. 0,1,2")
+    return seeds
+
+
 def load(path: str | Path, overrides: list[str] = (), check_data: bool = True) -> Scenario:
-    """Read, override and validate a scenario; raise ScenarioError on any problem."""
+    """Read, override and validate a scenario; raise ScenarioError on any problem. A file's
+    ``seeds`` list is for ``raysim run`` (one run per seed); here the scenario's ``seed`` holds."""
     raw = read_yaml(path)
+    raw.pop("seeds", None)
     if "sweep" in raw:
         raise ScenarioError(f"{path}: sweep: this file is a sweep; run it with `raysim run`, or pick one "
                             f"variant with --variant NAME")
@@ -198,17 +217,25 @@ def load(path: str | Path, overrides: list[str] = (), check_data: bool = True) -
 
 
 def load_variants(path: str | Path, overrides: list[str] = (), only: str | None = None,
-                  check_data: bool = True) -> list[tuple[str | None, Scenario]]:
+                  check_data: bool = True, seeds: list[int] | None = None) -> list[tuple[str | None, Scenario]]:
     """A scenario, or each variant of a sweep file: ``sweep: {NAME: {dotted.key: value, ...}}``
-    applies each variant's overrides (then the command line's) to the same base scenario."""
+    applies each variant's overrides (then the command line's) to the same base scenario.
+    With ``seeds``, every variant once per seed (variant-major order)."""
     raw = read_yaml(path)
+    raw.pop("seeds", None)
     sweep = raw.pop("sweep", None)
     if sweep is None:
         if only is not None:
             raise ScenarioError(f"{path}: --variant {only}: the file has no sweep section")
         for item in overrides:
             apply_override(raw, item, str(path))
-        return [(None, validate(raw, str(path), check_data=check_data))]
+        out = []
+        for s in seeds or [None]:
+            one = copy.deepcopy(raw)
+            if s is not None:
+                one["seed"] = s
+            out.append((None, validate(one, str(path), check_data=check_data and not out)))
+        return out
     if not isinstance(sweep, dict) or not sweep or not all(isinstance(v, dict) for v in sweep.values()):
         raise ScenarioError(f"{path}: sweep: expected a mapping of variant names to mappings of "
                             "dotted keys, e.g. {{ring: {{topology.kind: ring}}}}")
@@ -224,10 +251,14 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
         for item in overrides:
             apply_override(variant, item, str(path))
         variant["name"] = f"{variant.get('name', Path(path).stem)}-{name}"
-        try:
-            out.append((str(name), validate(variant, str(path), check_data=check_data)))
-        except ScenarioError as e:
-            raise ScenarioError(f"{e} (in sweep variant '{name}')") from None
+        for i, s in enumerate(seeds or [None]):
+            one = copy.deepcopy(variant)
+            if s is not None:
+                one["seed"] = s
+            try:
+                out.append((str(name), validate(one, str(path), check_data=check_data and i == 0)))
+            except ScenarioError as e:
+                raise ScenarioError(f"{e} (in sweep variant '{name}')") from None
     return out
 
 

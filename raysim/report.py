@@ -262,23 +262,35 @@ def figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]:
 
 
 def compare_figure(summaries: dict[str, dict], out: Path) -> Path | None:
+    """Every run's curve; runs of one name (seeds of one variant) drawn as their mean with a
+    ±std band over the rounds they share, the bottom decile dashed."""
+    groups: dict[str, list[dict]] = {}
+    for s in summaries.values():
+        groups.setdefault(s.get("name", "?"), []).append(s)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = 0
-    for run_id, s in summaries.items():
-        m = metric_of(s)
-        xs, ys = _evaluated(s, m)
-        if xs:
-            label = f"{s.get('name', run_id)} ({s.get('algorithm', '')}, seed {s.get('seed', '')})"
-            line, = ax.plot(xs, ys, marker=".", label=label)
-            bx, by = _evaluated(s, f"bottom_decile_{m}")
-            if bx:
-                ax.plot(bx, by, "--", color=line.get_color(), lw=0.8)
+    for name, runs in groups.items():
+        m = metric_of(runs[0])
+        color = None
+        for key, style in ((m, "-"), (f"bottom_decile_{m}", "--")):
+            curves = [dict(zip(*_evaluated(s, key))) for s in runs]
+            xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if not xs:
+                continue
+            ys = np.array([[c[x] for x in xs] for c in curves])
+            label = f"{name} ({runs[0].get('algorithm', '')}, {len(runs)} run{'s' if len(runs) > 1 else ''})"
+            line, = ax.plot(xs, ys.mean(0), style, marker="." if style == "-" else None,
+                            label=label if style == "-" else None, color=color)
+            color = line.get_color()
+            if len(runs) > 1:
+                ax.fill_between(xs, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1),
+                                color=color, alpha=0.15)
             drawn += 1
     if not drawn:
         plt.close(fig)
         return None
-    ax.set(xlabel="round", ylabel="metric (dashed: bottom decile)", title="runs compared")
+    ax.set(xlabel="round", ylabel="metric (dashed: bottom decile; band: ±std over seeds)", title="runs compared")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     out.mkdir(parents=True, exist_ok=True)
@@ -303,6 +315,24 @@ def client_for(uri: str | None):
 
 class ReportError(Exception):
     """A run that cannot be reported (unknown, or without its summary); one line."""
+
+
+def expand(client, run_ids: list[str]) -> list:
+    """The runs named (MLflow Run objects), a parent (a sweep's, or seeded runs') replaced by
+    its children in start order."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+    out = []
+    for rid in run_ids:
+        try:
+            run = client.get_run(rid)
+        except MlflowException:
+            raise ReportError(f"no run {rid} in the tracking store {client.tracking_uri}") from None
+        kids = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{rid}'",
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=50000,
+                                  order_by=["attributes.start_time ASC"])
+        out += kids if kids else [run]
+    return out
 
 
 def load(client, run_id: str) -> tuple[dict, dict | None]:
@@ -330,11 +360,13 @@ def load(client, run_id: str) -> tuple[dict, dict | None]:
 def report(run_ids: list[str], uri: str | None = None, out: str | Path = "report",
            log: bool = True) -> dict[str, list[Path]]:
     """Write each run's figures to ``out/<run id>/`` (and log them to the run under
-    ``report/``); with several runs also ``out/compare_accuracy.png``."""
+    ``report/``); with several runs also ``out/compare_accuracy.png``. A parent run (a sweep,
+    seeded runs) stands for its children."""
     uri, client = client_for(uri)
     out = Path(out)
     made: dict[str, list[Path]] = {}
     summaries = {}
+    run_ids = [r.info.run_id for r in expand(client, run_ids)]
     for run_id in run_ids:
         summary, scenario = load(client, run_id)
         summaries[run_id] = summary

@@ -76,9 +76,10 @@ def _import_tracking() -> None:
         pass
 
 
-def _new_tracker(sc: Scenario, resume: str | None, verbose: bool, resume_command: str | None):
+def _new_tracker(sc: Scenario, resume: str | None, verbose: bool, resume_command: str | None,
+                 tags: dict | None = None):
     from raysim.tracking import Tracker
-    tracker = Tracker(sc, resume, verbose)
+    tracker = Tracker(sc, resume, verbose, tags)
     if resume_command:
         tracker.note_resume(resume_command.format(run_id=tracker.run_id))
     return tracker
@@ -107,9 +108,10 @@ def _in_thread(fn, *args):
 
 def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
         summary_path: str | None = None, verbose: bool = False, progress: bool = True,
-        resume_command: str | None = None) -> dict:
+        resume_command: str | None = None, tags: dict[str, str] | None = None) -> dict:
     """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error
-    and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in)."""
+    and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in).
+    ``tags`` are set on a new MLflow run (a sweep's ``mlflow.parentRunId``, ``variant``)."""
     ckpt_path = None
     if resume:
         ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
@@ -131,13 +133,13 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     if pending is not None:
         # the MLflow run is created in a thread while this one waits for the hosts to boot;
         # a boot failure is raised below, once the run exists to be marked FAILED
-        tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command)
+        tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
         try:
             pending.wait()
         except BaseException as e:          # noqa: BLE001 - raised again below
             boot_error = e
     try:
-        tracker = tracker_ready() if pending is not None else _new_tracker(sc, resume, verbose, resume_command)
+        tracker = tracker_ready() if pending is not None else _new_tracker(sc, resume, verbose, resume_command, tags)
     except BaseException:
         if pending is not None:
             pending.close()

@@ -100,7 +100,8 @@ def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
 
 
 class Tracker:
-    def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False):
+    def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False,
+                 tags: dict[str, str] | None = None):
         self.sc = sc
         self.uri, self.client, exp = open_store(sc, verbose, create=not resume_run_id)
         if resume_run_id:
@@ -114,7 +115,7 @@ class Tracker:
         self.reap(exp.experiment_id)
         run = self.client.create_run(exp.experiment_id, run_name=sc.name, tags={
             "algorithm": sc.algorithm.name, "dataset": sc.data.dataset.name, "model": sc.model.name,
-            "scenario": os.path.basename(sc.path)})
+            "scenario": os.path.basename(sc.path), "seed": str(sc.seed), **(tags or {})})
         self.run_id = run.info.run_id
         self._start_heartbeat()
         params = flatten({k: v for k, v in sc.raw.items()})
@@ -225,6 +226,21 @@ class Tracker:
         if getattr(self, "_stop", None) is not None:
             self._stop.set()
         self.client.set_terminated(self.run_id, status=STATUS[outcome])
+
+
+def start_parent(sc: Scenario, name: str, runs: list[tuple[str | None, int]]) -> tuple[MlflowClient, str]:
+    """The parent run of a sweep or of seeded runs (each child carries its id as
+    ``mlflow.parentRunId``, so the MLflow UI nests them and ``raysim compare``/``report`` of
+    the parent read its children)."""
+    _, client, exp = open_store(sc)
+    run = client.create_run(exp.experiment_id, run_name=name, tags={
+        "raysim.parent": "1", "scenario": os.path.basename(sc.path), "algorithm": "sweep"})
+    variants = sorted({v for v, _ in runs if v is not None})
+    seeds = sorted({s for _, s in runs})
+    client.log_batch(run.info.run_id, params=[
+        mlflow.entities.Param("variants", ",".join(variants)[:6000] or "-"),
+        mlflow.entities.Param("seeds", ",".join(map(str, seeds))), mlflow.entities.Param("runs", str(len(runs)))])
+    return client, run.info.run_id
 
 
 def write_curve(folder: str, key: str, curve: dict, std: dict | None, title: str) -> list[str]:

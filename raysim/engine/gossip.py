@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim import rng, topology
+from raysim import topology
 from raysim.config import Scenario
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss

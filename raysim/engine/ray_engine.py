@@ -22,8 +22,7 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
-                                            PlacementGroupSchedulingStrategy)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raysim.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
