@@ -82,7 +82,7 @@ def test_beyond_max_host_losses_the_run_fails_with_the_cause_and_the_resume_comm
     (run,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
     rid = run.info.run_id
     assert run.info.status == "FAILED"
-    assert f"its last checkpoint, round 2," in proc.stderr
+    assert "its last checkpoint, round 2," in proc.stderr
     assert f"continue it with: raysim run {path} --set resources.max_host_losses=0 --resume {rid}" in proc.stderr
 
 

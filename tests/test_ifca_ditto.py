@@ -3,7 +3,6 @@ end-to-end learning on real digits."""
 import collections
 import math
 
-import numpy as np
 import pytest
 import torch
 

@@ -2,7 +2,6 @@
 source, and Ray's host actors receive it (its index arrays) from the object store."""
 import dataclasses
 
-import numpy as np
 import pytest
 
 from raysim import config

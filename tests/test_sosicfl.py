@@ -1,7 +1,6 @@
 """SosicFL: the preparation (LDA, clustering, subregions), the subregion sampler, the simplex
 step (eq. 8), the n-fold and per-client Dirichlet splits, the total variance, and end to end on
 real digits."""
-import json
 import math
 
 import numpy as np
@@ -11,7 +10,7 @@ from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
 from algorithms import simplex
-from algorithms.base import Received, UpdateStats
+from algorithms.base import UpdateStats
 from algorithms.sosicfl import SosicFL, SosicFLHyper
 from raysim import config
 from raysim.core.data import ClientData, Context

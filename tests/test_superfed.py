@@ -1,6 +1,5 @@
 """SuPerFed (MM, LM), APFL and pFedMe: hand-checked pieces on tiny inputs, the reductions to
 FedAvg, and end to end on a pathological split of real digits."""
-import json
 
 import numpy as np
 import pytest
