@@ -157,8 +157,12 @@ def test_sweep_runs_every_topology_and_prints_a_table(tmp_path):
     path = tracked(tmp_path, text)
     out = tmp_path / "sweep.json"
     proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(out))
-    table = proc.stdout.strip().splitlines()[-3:]
+    lines = proc.stdout.strip().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("variant"))
+    table = lines[at:at + 3]
     assert table[0].split()[:2] == ["variant", "accuracy"] and table[1].startswith("ring")
+    # then the comparison table of the parent's runs (both variants are D-FedEM: one row each)
+    assert "| fedem [ring] |" in proc.stdout and "| fedem [complete] |" in proc.stdout
     import json
     s = json.loads(out.read_text())
     assert list(s["variants"]) == ["ring", "complete"]
