@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import tempfile
+from pathlib import Path
 import threading
 import time
 from typing import Any
@@ -80,6 +81,15 @@ def store_lock(uri: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store's file
+    (``<folder of the .db>/mlruns``), so they do not land in whichever folder the first run
+    was started from; None (MLflow's choice) for other stores."""
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        return str(Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns")
+    return None
+
+
 def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
     """(tracking URI, client, the scenario's experiment): the store opened (a new SQLite
     database created and migrated, under ``store_lock``) and the experiment created unless
@@ -95,7 +105,7 @@ def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name(sc.tracking.experiment)     # creates a new store
         if create and exp is None:
-            exp = client.get_experiment(client.create_experiment(sc.tracking.experiment))
+            exp = client.get_experiment(client.create_experiment(sc.tracking.experiment, artifact_root(uri)))
     return uri, client, exp
 
 
