@@ -347,11 +347,21 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         ctx.fail(f"algorithm.{problem[0]}", problem[1])
 
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
+    model = _absolute_model_paths(model)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
                   algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc
+
+
+def _absolute_model_paths(model):
+    """A model's weights file made absolute at the driver (hosts build the model elsewhere)."""
+    import dataclasses
+    p = model.params
+    if dataclasses.is_dataclass(p) and isinstance(getattr(p, "weights", None), str) and p.weights:
+        return dataclasses.replace(model, params=dataclasses.replace(p, weights=os.path.abspath(p.weights)))
+    return model
 
 
 def _absolute_paths(dataset, checkpoint, tracking, topology):

@@ -177,6 +177,59 @@ def lstm_classifier(params: LSTMClassifierParams, input_shape: tuple[int, ...], 
 
 
 @dataclass(frozen=True)
+class TorchvisionParams:
+    weights: str = field(default="", metadata={
+        "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"})
+    norm: str = field(default="group", metadata={
+        "choices": ("group",), "help": "normalization layers: GroupNorm (no running statistics; Hsieh et al. 2020)"})
+    groups: int = field(default=2, metadata={"min": 1, "help": "GroupNorm groups (a layer with fewer channels uses their gcd)"})
+
+
+def _group_norm(groups: int):
+    return lambda channels: nn.GroupNorm(math.gcd(channels, groups), channels)
+
+
+def _load_weights(model: nn.Module, path: str, name: str) -> nn.Module:
+    """Copy every tensor of the state-dict file at ``path`` whose name and shape match the
+    model's (a classifier for another number of classes, and batch-norm running statistics,
+    are left out); ValueError when the file cannot be read or nothing matches."""
+    import pickle
+
+    import torch
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{name}: cannot load weights from {path}: {str(e).splitlines()[0]}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    own = model.state_dict()
+    matched = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape)}
+    if not matched:
+        raise ValueError(f"{name}: no tensor of {path} matches the model's names and shapes; is it a {name} state dict?")
+    model.load_state_dict(matched, strict=False)
+    return model
+
+
+def _torchvision(builder: str, params: TorchvisionParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    import torchvision
+    if len(input_shape) != 3 or input_shape[0] != 3:
+        raise ValueError(f"{builder} needs 3 x H x W images, the dataset gives {tuple(input_shape)}")
+    model = getattr(torchvision.models, builder)(weights=None, num_classes=classes,
+                                                 norm_layer=_group_norm(params.groups))
+    return _load_weights(model, params.weights, builder) if params.weights else model
+
+
+def mobilenet_v2(params: TorchvisionParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """torchvision's MobileNetV2 (FedEM's CIFAR model) with GroupNorm; ``weights`` from a local file."""
+    return _torchvision("mobilenet_v2", params, input_shape, classes)
+
+
+def resnet18(params: TorchvisionParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """torchvision's ResNet-18 with GroupNorm; ``weights`` from a local file."""
+    return _torchvision("resnet18", params, input_shape, classes)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     summary: str
@@ -210,6 +263,9 @@ MODELS: dict[str, ModelSpec] = {
                   SimpleCNNParams, simplecnn),
         ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
                   CNNParams, femnist_cnn),
+        ModelSpec("mobilenet_v2", "torchvision's MobileNetV2 (FedEM's CIFAR model), GroupNorm; weights from a local "
+                  "file", TorchvisionParams, mobilenet_v2),
+        ModelSpec("resnet18", "torchvision's ResNet-18, GroupNorm; weights from a local file", TorchvisionParams, resnet18),
         ModelSpec("next_char_lstm", "LEAF/FedEM stacked LSTM: embed 8, 2 x LSTM 256, linear to the vocabulary "
                   "(character windows: shakespeare, leaf_shakespeare)", LSTMParams, next_char_lstm, "tokens"),
         ModelSpec("lstm_classifier", "LEAF's Sent140 LSTM: embed 100, 2 x LSTM 100, linear 128, classes "

@@ -20,7 +20,7 @@ IID = PartitionCfg("iid", IIDParams())
 # ------------------------------------------------------------------------------- registries
 def test_registries_name_their_components_and_params_have_checkable_defaults():
     assert {"synthetic", "gaussian", "fashion_mnist"} <= set(DATASETS)
-    assert set(PARTITIONERS) == {"dirichlet", "shards", "iid", "mixture", "nfold", "client_dirichlet"}
+    assert set(PARTITIONERS) == {"dirichlet", "shards", "iid", "mixture", "nfold", "client_dirichlet", "pachinko"}
     assert DATASETS["fashion_mnist"].pooled and not DATASETS["synthetic"].pooled
     for spec in list(DATASETS.values()) + list(PARTITIONERS.values()):
         assert spec.summary and "\n" not in spec.summary

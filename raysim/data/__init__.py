@@ -15,6 +15,7 @@ from .fashion import FashionMNIST, FashionParams
 from .leaf import LeafFEMNIST, LeafParams, Sent140Params, leaf_source
 from .shakespeare import Shakespeare, ShakespeareParams
 from .mixture import MixtureParams, MixtureParts, RegressionMixture, RegressionParams, mixture
+from .vision import CIFAR10, CIFAR100, EMNIST, CifarParams, EmnistParams
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
 
 
@@ -34,6 +35,7 @@ class PartitionerSpec:
     summary: str
     Params: type
     fn: Callable              # (labels, num_clients, params, rng) -> [sorted int64 indices per client]
+    needs: tuple[str, ...] = ()   # the pooled source's attributes it also takes (coarse labels)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 "per account", Sent140Params, False, leaf_source("sent140")),
     DatasetSpec("leaf_synthetic", "LEAF's synthetic data in its JSON format (float features, classes from the "
                 "labels)", LeafParams, False, leaf_source("synthetic")),
+    DatasetSpec("cifar10", "CIFAR-10 (60 000 3x32x32 images, 10 classes) from its binary version, pooled",
+                CifarParams, True, CIFAR10),
+    DatasetSpec("cifar100", "CIFAR-100 (60 000 3x32x32 images, 100 classes in 20 superclasses) from its binary "
+                "version, pooled; partition pachinko for FedEM's split", CifarParams, True, CIFAR100),
+    DatasetSpec("emnist", "EMNIST from NIST's IDX files (split byclass: 62 classes, 814 255 images), pooled",
+                EmnistParams, True, EMNIST),
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
                 DigitsParams, True, Digits),
     DatasetSpec("regression_mixture", "FedSoft synthetic linear regression (Ruan & Joe-Wong 2022): clients mix "
@@ -78,6 +86,8 @@ PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
                     "(Huang et al. 2021; SosicFL's n-Fold)", _p.NFoldParams, _p.nfold),
     PartitionerSpec("client_dirichlet", "each client's label distribution ~ Dir(beta), equal sizes "
                     "(SosicFL's and Floco's Dirichlet)", _p.ClientDirichletParams, _p.client_dirichlet),
+    PartitionerSpec("pachinko", "Pachinko allocation over coarse and fine labels (Reddi et al. 2021; FedEM's "
+                    "CIFAR-100 split)", _p.PachinkoParams, _p.pachinko, ("coarse_labels",)),
     PartitionerSpec("mixture", "clients mix S sources (FedSoft's 10:90, 30:70, linear, random schemes); "
                     "source s = the pool rotated s·90° or label-permuted", MixtureParams, mixture),
 )}

@@ -201,9 +201,18 @@ class PooledSource(FederatedSource):
         if self._parts is None:
             from . import PARTITIONERS
             spec = PARTITIONERS[self.partition.kind]
+            extra = {}
+            for need in spec.needs:            # e.g. pachinko's coarse labels
+                value = getattr(self, need, None)
+                if value is None:
+                    from . import DATASETS
+                    fits = [n for n, d in DATASETS.items() if d.pooled and hasattr(d.build, need)]
+                    raise DataError(f"{self.name}: partition {self.partition.kind} needs {need.replace('_', ' ')}, "
+                                    f"which this dataset has not; datasets with them: {', '.join(fits)}")
+                extra[need.split("_")[0]] = value
             try:
                 self._parts = spec.fn(self._arrays[1], self.num_clients, self.partition.params,
-                                      generator(self.seed, "partition"))
+                                      generator(self.seed, "partition"), **extra)
             except ValueError as e:
                 raise DataError(f"{self.name}: partition {self.partition.kind}: {e}") from None
         return (*self._arrays, self._parts)

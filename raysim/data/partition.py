@@ -24,6 +24,13 @@ per client, drawing only from ``rng`` (so a fixed generator gives a fixed split)
   others``, the paper's definition) or over all classes (``spread: all``, the authors' later
   code, whose 70/30 split reads as 76 % primary for 5 folds). The client's group is its true
   cluster (``Grouped.groups``).
+- pachinko: the Pachinko allocation of Li & McCallum 2006 as Reddi et al. 2021 ("Adaptive
+  Federated Optimization") and FedEM split CIFAR-100 (needs a dataset with coarse labels):
+  each client draws a distribution over the coarse labels ~ Dir(alpha) and, per coarse label,
+  one over its fine labels ~ Dir(beta); each of its ⌊N / clients⌋ samples draws a coarse label,
+  then a fine one, then a sample of that label without replacement; an exhausted fine label
+  (then coarse label) leaves its distribution, which is renormalized. Samples left over after
+  every client is full are unused, as in FedEM's code.
 - client_dirichlet: each client's label distribution φ_k ~ Dir_L(β), equal client sizes
   (Yurochkin et al. 2019; the split SosicFL and Floco call Dirichlet). Samples are dealt as the
   authors' code does: a client with room left draws a class from its φ_k, renormalized over
@@ -248,3 +255,46 @@ def client_dirichlet(labels: np.ndarray, num_clients: int, params: ClientDirichl
             left[c] -= len(who)
     pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
     return _deal(pools, counts)
+
+
+@dataclass(frozen=True)
+class PachinkoParams:
+    alpha: float = field(default=0.4, metadata={"gt": 0.0, "help": "Dirichlet concentration over coarse labels (FedEM: 0.4)"})
+    beta: float = field(default=10.0, metadata={"gt": 0.0, "help": "Dirichlet concentration over a coarse label's fine labels (FedEM: 10)"})
+
+
+def _renormalized(w: np.ndarray, i: int) -> np.ndarray:
+    w = np.delete(w, i)
+    total = w.sum()
+    return w / total if total > 0 else np.full(len(w), 1.0 / max(len(w), 1))
+
+
+def pachinko(labels: np.ndarray, num_clients: int, params: PachinkoParams, rng: np.random.Generator,
+             coarse: np.ndarray) -> list[np.ndarray]:
+    """Pachinko allocation; ``coarse[f]`` is fine label f's coarse label."""
+    _check(len(labels), num_clients, num_clients)
+    n_per = len(labels) // num_clients
+    present = np.unique(labels)
+    pools = {int(f): list(rng.permutation(np.flatnonzero(labels == f))) for f in present}
+    fine_of = {int(c): [int(f) for f in present if coarse[f] == c] for c in np.unique(coarse[present])}
+    available = sorted(fine_of)
+    out = []
+    for _ in range(num_clients):
+        wc = rng.dirichlet(params.alpha * np.ones(len(available)))
+        wf = {c: rng.dirichlet(params.beta * np.ones(len(fine_of[c]))) for c in available}
+        taken = np.empty(n_per, dtype=np.int64)
+        for k in range(n_per):
+            ci = int(rng.choice(len(available), p=wc))
+            c = available[ci]
+            fi = int(rng.choice(len(fine_of[c]), p=wf[c]))
+            f = fine_of[c][fi]
+            taken[k] = pools[f].pop()
+            if not pools[f]:                            # fine label exhausted
+                fine_of[c].pop(fi)
+                wf[c] = _renormalized(wf[c], fi)
+                if not fine_of[c]:                      # and with it the coarse label
+                    available.pop(ci)
+                    del wf[c]
+                    wc = _renormalized(wc, ci)
+        out.append(np.sort(taken))
+    return out
