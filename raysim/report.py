@@ -268,7 +268,7 @@ def compare_figure(summaries: dict[str, dict], out: Path) -> Path | None:
     for s in summaries.values():
         groups.setdefault(s.get("name", "?"), []).append(s)
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 5.5))
     drawn = 0
     for name, runs in groups.items():
         m = metric_of(runs[0])
@@ -292,7 +292,7 @@ def compare_figure(summaries: dict[str, dict], out: Path) -> Path | None:
         return None
     ax.set(xlabel="round", ylabel="metric (dashed: bottom decile; band: ±std over seeds)", title="runs compared")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     out.mkdir(parents=True, exist_ok=True)
     return _save(fig, out / "compare_accuracy.png")
 
