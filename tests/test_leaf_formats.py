@@ -224,9 +224,29 @@ def test_tff_and_flower_errors_name_the_file_and_what_it_lacks(tmp_path):
                                         r"writer_id, image, character \(it has client, pixels\)"):
         src("leaf_femnist", tmp_path / "p", 1).prepare()
     write_tff(tmp_path / "t")
-    with pytest.raises(DataError, match="reads TensorFlow Federated's files for FEMNIST only"):
-        src("leaf_shakespeare", tmp_path / "t", 1).prepare()
+    with pytest.raises(DataError, match="reads TensorFlow Federated's FEMNIST and Shakespeare files only"):
+        src("leaf_sent140", tmp_path / "t", 1).prepare()
     (tmp_path / "t" / "fed_emnist_digitsonly_train.h5").write_bytes(b"")
     with pytest.raises(DataError, match=r"expected one file \*train\*.h5 .*found fed_emnist_digitsonly_train.h5, "
                                         r"fed_emnist_train.h5"):
         src("leaf_femnist", tmp_path / "t", 1).prepare()
+
+
+def test_tff_shakespeare_snippets_become_leafs_windows(tmp_path):
+    import h5py
+    from raysim.data.shakespeare import role_text
+    lines = {"train": ["To be, or not to be: that is the question:", "Whether 'tis nobler in the mind to suffer",
+                       "The slings and arrows of outrageous fortune,"],
+             "test": ["Or to take arms against a sea of troubles", "And by opposing end them. To die: to sleep;",
+                      "No more; and by a sleep to say we end"]}
+    (tmp_path / "sh").mkdir()
+    for sub, ls in lines.items():
+        with h5py.File(tmp_path / "sh" / f"shakespeare_{sub}.h5", "w") as h5:
+            h5.create_dataset("examples/HAMLET_HAMLET/snippets", data=[v.encode() for v in ls])
+    s = src("leaf_shakespeare", tmp_path / "sh", 1)
+    c = s.client(0)
+    for sub, x, y in (("train", c.train_x, c.train_y), ("test", c.test_x, c.test_y)):
+        text = role_text(lines[sub])
+        assert len(y) == len(text) - 80
+        got = sorted((text_of(a), text_of([b])) for a, b in zip(x, y))
+        assert got == sorted((text[i:i + 80], text[i + 80]) for i in range(len(text) - 80))

