@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -15,10 +15,18 @@ from . import cache
 from .base import DataError
 from .shakespeare import SEQ, to_ids
 
-if TYPE_CHECKING:
-    from .leaf import Format
-
 _SUBS = ("train", "test")
+
+
+class SampleFormat(Protocol):
+    """What a layout needs of a dataset's format (``raysim.data.leaf.Format``)."""
+
+    name: str
+    how: str
+
+    def x(self, raw, meta: dict) -> np.ndarray: ...
+
+    def y(self, raw) -> np.ndarray: ...
 
 
 def _load_json(f: Path, what: str) -> dict:
@@ -34,7 +42,7 @@ def _load_json(f: Path, what: str) -> dict:
 class JsonLayout:
     """LEAF's own output: ``train/*.json`` and ``test/*.json``."""
 
-    def __init__(self, root: Path, fmt: Format):
+    def __init__(self, root: Path, fmt: SampleFormat):
         self.root, self.fmt = root, fmt
         for sub in _SUBS:
             if not (root / sub).is_dir():
@@ -68,7 +76,7 @@ class TffLayout:
       lines; each split's lines are joined by LEAF's rule (``role_text``) and cut into
       80-character windows with the next character as target."""
 
-    def __init__(self, root: Path, fmt: Format):
+    def __init__(self, root: Path, fmt: SampleFormat):
         self.root, self.fmt = root, fmt
         if fmt.name not in ("femnist", "shakespeare"):
             raise DataError(f"leaf_{fmt.name}: {root} holds HDF5 files; raysim reads TensorFlow Federated's "
@@ -114,7 +122,7 @@ class ParquetLayout:
 
     COLUMNS = {"femnist": ("writer_id", "image", "character"), "shakespeare": ("character_id", "x", "y")}
 
-    def __init__(self, root: Path, fmt: Format):
+    def __init__(self, root: Path, fmt: SampleFormat):
         self.root, self.fmt = root, fmt
         if fmt.name not in self.COLUMNS:
             raise DataError(f"leaf_{fmt.name}: {root} holds parquet files; raysim reads Flower Datasets' "
@@ -172,7 +180,7 @@ def _one(root: Path, pattern: str, what: str) -> Path:
     return found[0]
 
 
-def layout(root: Path, fmt: Format):
+def layout(root: Path, fmt: SampleFormat):
     """The layout of the data under ``root``: LEAF's train/ and test/ folders, TFF's HDF5
     pair, or Flower Datasets' parquet files; DataError saying what was looked for."""
     if (root / "train").is_dir() or (root / "test").is_dir():
@@ -184,7 +192,7 @@ def layout(root: Path, fmt: Format):
     return JsonLayout(root, fmt)        # says which folder is missing and how to make it
 
 
-def _decode(chunks, fmt: Format, meta: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _decode(chunks, fmt: SampleFormat, meta: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Chunks of raw users -> user -> (inputs, int64 labels); a user met twice keeps the last."""
     what = f"leaf_{fmt.name}"
     users: dict[str, tuple[np.ndarray, np.ndarray]] = {}
