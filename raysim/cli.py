@@ -156,8 +156,8 @@ def _dispatch(args) -> int:
         if args.summary:
             Path(args.summary).write_text(json.dumps({"sweep": args.file, "variants": summaries}, indent=2))
         if parent is not None:
-            from raysim.compare import cells, markdown, rows, select
-            print(markdown(*cells(rows(select(parent[0], [parent[1]], None)))))
+            from raysim.compare import table
+            print(table(parent[0], [parent[1]])[0])
             print(f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
                   + (f"  (with --tracking-uri {summaries[next(iter(summaries))]['tracking_uri']})"
                      if variants[0][1].tracking.uri else ""))

@@ -145,6 +145,12 @@ def write_csv(path: Path, methods, datasets, table) -> None:
                                 " ".join(c.seeds), " ".join(c.run_ids)])
 
 
+def table(client, run_ids: list[str], experiment: str | None = None) -> tuple[str, tuple]:
+    """(the Markdown table, (methods, datasets, cells)) of the chosen runs."""
+    found = cells(rows(select(client, run_ids, experiment)))
+    return markdown(*found), found
+
+
 def compare(run_ids: list[str], experiment: str | None = None, uri: str | None = None,
             out: str | Path = "report") -> tuple[str, Path, Path]:
     """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``."""
@@ -152,11 +158,10 @@ def compare(run_ids: list[str], experiment: str | None = None, uri: str | None =
     if not run_ids and experiment is None:
         raise CompareError("give run ids (a sweep's parent stands for its runs) or --experiment NAME")
     _, client = client_for(uri)
-    methods, datasets, table = cells(rows(select(client, run_ids, experiment)))
-    text = markdown(methods, datasets, table)
+    text, found = table(client, run_ids, experiment)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md, cv = out / "compare.md", out / "compare.csv"
     md.write_text(text + "\n")
-    write_csv(cv, methods, datasets, table)
+    write_csv(cv, *found)
     return text, md, cv

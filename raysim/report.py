@@ -302,14 +302,13 @@ def compare_figure(summaries: dict[str, dict], out: Path) -> Path | None:
 
 
 def client_for(uri: str | None):
-    """An MlflowClient on ``uri``, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db."""
-    import logging
-
+    """(URI, MlflowClient) on ``uri``, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    (``raysim.tracking.resolve_uri``: the rule runs use)."""
     from mlflow.tracking import MlflowClient
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    from raysim.tracking import resolve_uri
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('mlflow.db')}"
+    uri = resolve_uri(uri)
     return uri, MlflowClient(uri)
 
 

@@ -90,17 +90,24 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+def resolve_uri(uri: str | None, verbose: bool = False) -> str:
+    """The tracking URI: ``uri``, else MLFLOW_TRACKING_URI, else MLflow's default
+    (``sqlite:///mlflow.db`` here); MLflow's INFO lines (database migrations, which would
+    break a progress bar) are silenced unless ``verbose``."""
+    if not verbose:
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        mlflow.set_tracking_uri(uri)
+    return mlflow.get_tracking_uri()
+
+
 def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
     """(tracking URI, client, the scenario's experiment): the store opened (a new SQLite
     database created and migrated, under ``store_lock``) and the experiment created unless
     ``create`` is false."""
-    if not verbose:      # MLflow's INFO lines (database migrations) would break the progress bar
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-    uri = sc.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        mlflow.set_tracking_uri(uri)
-    uri = mlflow.get_tracking_uri()
+    uri = resolve_uri(sc.tracking.uri, verbose)
     with store_lock(uri):
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name(sc.tracking.experiment)     # creates a new store

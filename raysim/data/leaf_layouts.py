@@ -13,7 +13,7 @@ import numpy as np
 
 from . import cache
 from .base import DataError
-from .shakespeare import SEQ, to_ids
+from .shakespeare import to_ids
 
 _SUBS = ("train", "test")
 
@@ -106,12 +106,12 @@ class TffLayout:
 
 def _windows(snippets) -> tuple[np.ndarray, np.ndarray]:
     """A role's lines (bytes or str) -> LEAF's windows as ids: (n, 80) uint8 and (n,) targets."""
-    from .shakespeare import role_text
+    import torch
+
+    from .shakespeare import role_text, windows
     lines = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(snippets).reshape(-1)]
-    ids = to_ids(role_text(lines))
-    n = max(len(ids) - SEQ, 0)
-    x = np.lib.stride_tricks.sliding_window_view(ids, SEQ)[:n] if n else np.zeros((0, SEQ), np.uint8)
-    return np.ascontiguousarray(x), ids[SEQ:SEQ + n].astype(np.int64)
+    x, y = windows(torch.from_numpy(to_ids(role_text(lines))))
+    return x.contiguous().numpy(), y.numpy()
 
 
 class ParquetLayout:

@@ -184,6 +184,15 @@ def _plan(root: Path, files: list[Path]) -> cache.Plan:
     return cache.Plan(meta, {"text": ((int(offsets[-1]),), np.uint8)}, fill)
 
 
+def windows(text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LEAF's samples of a text of ids: window i is ``text[i:i+80]`` (a view, (n, 80)) and its
+    target ``text[i+80]`` (int64), for every i < len(text) - 80."""
+    n = max(len(text) - SEQ, 0)
+    if n == 0:
+        return text.new_zeros((0, SEQ)), torch.zeros(0, dtype=torch.int64)
+    return text.unfold(0, SEQ, 1)[:n], text[SEQ:SEQ + n].long()
+
+
 def leaf_sizes(n: int, frac: float) -> tuple[int, int]:
     """(train, test) windows of LEAF's contiguous split of n windows; test starts 79 after train."""
     if n < 2:
@@ -265,9 +274,7 @@ class Shakespeare(FederatedSource):
         return self._length(int(self._chosen[cid])) - SEQ
 
     def client(self, cid: int) -> ClientData:
-        text = self._text(cid)
-        n = len(text) - SEQ
-        x, y = text.unfold(0, SEQ, 1)[:n], text[SEQ:].long()     # views: window i is text[i:i+80]
+        x, y = windows(self._text(cid))
         if not self.p.leaf_split:
             return split_client(cid, x, y, self.splits, self.seed, input_dtype=torch.uint8)
         return leaf_split(cid, x, y, self.splits, self.seed)
