@@ -6,14 +6,10 @@ run; 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
-import traceback
-from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from raysim.errors import EXIT_INPUT, EXIT_OK, explain
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,6 +17,16 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"raysim: error: {message}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", default=None, metavar="LIST",
                    help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
                         "are nested under one parent MLflow run and compared at the end")
+    r.add_argument("--concurrent", type=_positive, default=None, metavar="N",
+                   help="a sweep's or seeds' runs at once, side by side on Ray Tune (default: as many as the "
+                        "cluster holds; 1: one after another in this process)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
     v = sub.add_parser("validate", help="check a scenario without running it")
@@ -121,105 +130,17 @@ def _dispatch(args) -> int:
             print(f"{args.file}{label}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
                   f"{sc.data.clients} clients, {sc.rounds} rounds)")
         return EXIT_OK
-    if args.resume and len(variants) > 1:
-        raise config.ScenarioError(f"{args.file}: --resume continues one run; add --variant NAME"
-                                   + (" and --seeds SEED" if seeds else ""))
-    from raysim.run import run
-    summaries = {}
-    parent = None
-    if len(variants) > 1 and not args.resume:        # a sweep or seeded runs: nested under one parent
-        from raysim import tracking
-        name = f"{Path(args.file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
-        parent = tracking.start_parent(variants[0][1], name, [(v, sc.seed) for v, sc in variants])
-    ok = False
-    try:
-        for variant, sc in variants:
-            tags = {"variant": variant} if variant else {}
-            if parent is not None:
-                tags["mlflow.parentRunId"] = parent[1]
-            summary = run(sc, engine=args.engine, address=args.address, resume=args.resume,
-                          summary_path=None if len(variants) > 1 else args.summary, verbose=args.verbose,
-                          progress=not args.quiet, resume_command=_resume_command(args, variant, sc.seed if seeds else None),
-                          tags=tags)
-            summaries[variant if not seeds else f"{variant or sc.name} seed {sc.seed}"] = summary
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
-            print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
-            print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
-                  f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
-                  f"{summary['tracking_uri']}")
-        ok = True
-    finally:
-        if parent is not None:
-            parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
-    if len(variants) > 1:
-        _print_sweep(summaries)
-        if args.summary:
-            Path(args.summary).write_text(json.dumps({"sweep": args.file, "variants": summaries}, indent=2))
-        if parent is not None:
-            from raysim.compare import table
-            print(table(parent[0], [parent[1]])[0])
-            print(f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
-                  + (f"  (with --tracking-uri {summaries[next(iter(summaries))]['tracking_uri']})"
-                     if variants[0][1].tracking.uri else ""))
+    from raysim.sweep import run_command
+    run_command(args.file, variants, seeds, overrides=args.overrides, engine=args.engine, address=args.address,
+                resume=args.resume, summary=args.summary, verbose=args.verbose, progress=not args.quiet,
+                concurrent=args.concurrent)
     return EXIT_OK
 
 
-def _resume_command(args, variant: str | None, seed: int | None = None) -> str:
-    """The command that continues this run, with ``{run_id}`` to fill in."""
-    parts = ["raysim", "run", args.file]
-    if variant is not None:
-        parts += ["--variant", variant]
-    if seed is not None:
-        parts += ["--seeds", str(seed)]
-    for item in args.overrides:
-        parts += ["--set", item]
-    if args.engine != "ray":
-        parts += ["--engine", args.engine]
-    if args.address:
-        parts += ["--address", args.address]
-    return shlex.join(parts) + " --resume {run_id}"
-
-
-def _print_sweep(summaries: dict) -> None:
-    keys = ["accuracy", "bottom_decile_accuracy", "global_accuracy", "consensus_distance"]
-    keys = [k for k in keys if any(k in s["final"] or k in s["history"][-1] for s in summaries.values())]
-    width = max(len(str(v)) for v in summaries)
-    print(f"{'variant':<{width}}  " + "  ".join(f"{k:>22}" for k in keys) + f"  {'seconds':>8}")
-    for variant, s in summaries.items():
-        vals = [s["final"].get(k, s["history"][-1].get(k)) for k in keys]
-        print(f"{variant:<{width}}  " + "  ".join(f"{v:22.4g}" if v is not None else f"{'-':>22}" for v in vals)
-              + f"  {s['wall_seconds']:8.1f}")
-
-
 def _report(e: BaseException, verbose: bool) -> int:
-    from raysim.config import ScenarioError
-    from raysim.data import DataError
-    if isinstance(e, KeyboardInterrupt):
-        print("raysim: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    from raysim.compare import CompareError
-    from raysim.report import ReportError
-    if isinstance(e, (ScenarioError, DataError, ReportError, CompareError)):
-        print(f"raysim: {e}", file=sys.stderr)
-        return EXIT_INPUT
-    cause = _root_cause(e)
-    if isinstance(cause, (ScenarioError, DataError)):
-        print(f"raysim: {cause}", file=sys.stderr)
-        return EXIT_INPUT
-    if verbose:
-        traceback.print_exception(e)
-    msg = str(cause).strip().splitlines()
-    print(f"raysim: run failed: {type(cause).__name__}: {msg[-1] if msg else ''}"
-          + ("" if verbose else " (rerun with -v for the traceback)"), file=sys.stderr)
-    return EXIT_FAILED
-
-
-def _root_cause(e: BaseException) -> BaseException:
-    """Unwrap Ray's task errors to the user's exception where Ray keeps it."""
-    inner = getattr(e, "cause", None)
-    if isinstance(inner, BaseException):
-        return _root_cause(inner)
-    return e
+    code, line = explain(e, verbose)
+    print(f"raysim: {line}", file=sys.stderr)
+    return code
 
 
 def entry() -> None:

@@ -34,11 +34,11 @@ class CompareError(Exception):
 
 
 def select(client, run_ids: list[str], experiment: str | None) -> list:
-    """The runs to compare: the given ones (a parent expanded to its children) and every
-    finished run of ``experiment`` that is not a parent."""
+    """The runs to compare: the given ones (a parent expanded to its finished children) and
+    every finished run of ``experiment`` that is not a parent."""
     from raysim.report import expand, ReportError
     try:
-        runs = expand(client, run_ids)
+        runs = [r for r in expand(client, run_ids) if r.info.status == "FINISHED" or r.info.run_id in run_ids]
     except ReportError as e:
         raise CompareError(str(e)) from None
     if experiment is not None:

@@ -373,12 +373,19 @@ def _absolute_paths(dataset, checkpoint, tracking, topology):
         params = dataclasses.replace(params, root=os.path.abspath(params.root))
         dataset = dataclasses.replace(dataset, params=params)
     checkpoint = dataclasses.replace(checkpoint, dir=os.path.abspath(checkpoint.dir))
-    uri = tracking.uri
-    if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
-        tracking = dataclasses.replace(tracking, uri="sqlite:///" + os.path.abspath(uri[len("sqlite:///"):]))
+    if tracking.uri:
+        tracking = dataclasses.replace(tracking, uri=absolute_uri(tracking.uri))
     if topology is not None and topology.edges:
         topology = dataclasses.replace(topology, edges=os.path.abspath(topology.edges))
     return dataset, checkpoint, tracking, topology
+
+
+def absolute_uri(uri: str) -> str:
+    """A SQLite tracking URI with a relative path made absolute (here, at the driver); any
+    other URI as it is."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+    return uri
 
 
 def make_source(sc: Scenario):

@@ -316,9 +316,13 @@ class ReportError(Exception):
     """A run that cannot be reported (unknown, or without its summary); one line."""
 
 
+INDEX_TAG = "raysim.index"      # a sweep's run: its place in the sweep (variant-major, then seed)
+
+
 def expand(client, run_ids: list[str]) -> list:
     """The runs named (MLflow Run objects), a parent (a sweep's, or seeded runs') replaced by
-    its children in start order."""
+    its children in the sweep's order (their ``raysim.index``; runs side by side start in any
+    order), else in start order."""
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
     out = []
@@ -330,6 +334,8 @@ def expand(client, run_ids: list[str]) -> list:
         kids = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{rid}'",
                                   run_view_type=ViewType.ACTIVE_ONLY, max_results=50000,
                                   order_by=["attributes.start_time ASC"])
+        if kids and all(INDEX_TAG in k.data.tags for k in kids):
+            kids = sorted(kids, key=lambda k: int(k.data.tags[INDEX_TAG]))
         out += kids if kids else [run]
     return out
 

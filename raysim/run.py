@@ -227,7 +227,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         finally:
             tracker.finish(outcome)
             if outcome != "ok":
-                _tell_resume(tracker.run_id, outcome, sc, resume_command)
+                tell_resume(tracker.run_id, outcome, sc, resume_command)
 
 
 # keys that do not change results: a run may resume on other hosts, another cluster, elsewhere
@@ -238,7 +238,7 @@ def _results_part(raw: dict) -> dict:
     return {k: v for k, v in raw.items() if k not in FREE_ON_RESUME}
 
 
-def _tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:
+def tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:
     path = checkpoint.run_dir(sc.checkpoint.dir, run_id)
     where = "no checkpoint yet: it starts again from round 1"
     if checkpoint.exists(path):

@@ -38,7 +38,8 @@ DRIVER_TAG, BEAT_TAG, RESUME_TAG = "raysim.driver", "raysim.heartbeat", "raysim.
 
 
 def _alive(pid: int) -> bool:
-    """A raysim process with this id runs on this machine (the id not reused by another)."""
+    """A raysim process with this id runs on this machine (the id not reused by another): a
+    ``raysim`` command, or a Ray worker (a sweep's run in a Tune trial, titled ``ray::...``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -47,7 +48,8 @@ def _alive(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"raysim" in f.read()
+            cmdline = f.read()
+        return b"raysim" in cmdline or cmdline.startswith(b"ray::")
     except OSError:
         return True                 # no /proc: trust the signal check
 

@@ -60,9 +60,10 @@ def test_engine_reaches_algorithms_only_through_the_registry_and_the_contract():
                 assert mod in ("algorithms", "algorithms.base"), f"{f.relative_to(ROOT)} imports {mod}"
 
 
-def test_every_ray_call_lives_in_the_transport_module():
+def test_every_ray_call_lives_in_the_transport_modules():
+    """raysim/engine/ray_engine.py (hosts, rounds) and ray_sweep.py (a sweep's runs on Tune)."""
     for f in sources("raysim"):
-        if f.name == "ray_engine.py":
+        if f.parent.name == "engine" and f.name.startswith("ray_"):
             continue
         for mod in imports(f):
             assert not (mod == "ray" or mod.startswith("ray.")), f"{f.relative_to(ROOT)} imports {mod}"

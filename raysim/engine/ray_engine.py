@@ -41,6 +41,22 @@ KILL_ENV = "RAYSIM_KILL_HOST"
 
 
 _EMBEDDED = False      # this process started the Ray it uses (a local one: it cannot grow)
+# In a sweep's Tune trial (``ray_sweep``): the trial's placement group, already reserved with one
+# bundle per host from bundle ``first`` on; the hosts take those bundles (never a second group)
+_TRIAL: tuple[Any, int] | None = None
+
+
+def adopt_trial_placement(first: int) -> None:
+    """Run the hosts of this process's runs in the current placement group (a Tune trial's),
+    from bundle ``first`` on."""
+    global _TRIAL
+    _TRIAL = (ray.util.get_current_placement_group(), first)
+
+
+def _release(pg) -> None:
+    """Remove a placement group this process made (a trial's belongs to Tune)."""
+    if _TRIAL is None or pg is not _TRIAL[0]:
+        remove_placement_group(pg)
 
 
 def init(address: str | None, verbose: bool = False) -> None:
@@ -61,6 +77,11 @@ def init(address: str | None, verbose: bool = False) -> None:
         kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1")
     ray.init(address=address or "local", **kwargs)
     _EMBEDDED = address is None
+
+
+def embedded() -> bool:
+    """True when this process started the local Ray it uses (it cannot grow)."""
+    return _EMBEDDED
 
 
 def running() -> bool:
@@ -112,7 +133,7 @@ def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
     return dict(zip(keys, (from_numpy(v) for v in ray.get([parts[k] for k in keys]))))
 
 
-def _cause(err: BaseException) -> str:
+def cause_of(err: BaseException) -> str:
     """Ray's several-hundred-character reason, as a few words: out of memory (Ray's memory
     monitor, with its figures), the node gone, or the process dead (a SIGKILL — the kernel's
     OOM killer or a kill — or a crash; Ray cannot tell these apart)."""
@@ -222,18 +243,27 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
         source = ray.put(source)
     placement = placement or place(sc, source=ray.get(source))
     res = sc.resources
-    bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
-    pg = placement_group([dict(bundle) for _ in range(res.hosts)], strategy="SPREAD")
-    _wait_placed(sc, pg, say)
+    if _TRIAL is not None:
+        pg, first = _TRIAL
+    else:
+        pg, first = placement_group(host_bundles(sc), strategy="SPREAD"), 0
+        _wait_placed(sc, pg, say)
     actor = ray.remote(RayHost)
     threads = max(1, int(res.cpus_per_host))
     hosts = [
         actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
-                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, h))
+                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, first + h))
         .remote(h, sc, placement.clients(h), None, threads, source)
         for h in range(res.hosts)
     ]
     return pg, hosts, placement
+
+
+def host_bundles(sc: Scenario) -> list[dict[str, float]]:
+    """One placement-group bundle per host actor: its CPU (and GPU) share."""
+    res = sc.resources
+    bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
+    return [dict(bundle) for _ in range(res.hosts)]
 
 
 class RayTransport:
@@ -264,7 +294,7 @@ class RayTransport:
             try:
                 out.append(ray.get(ref))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
-                lost.append(f"host {h} lost: {_cause(err)}")
+                lost.append(f"host {h} lost: {cause_of(err)}")
         if lost:
             raise HostLost("; ".join(lost))
         return out
@@ -342,13 +372,16 @@ class RayTransport:
         for h in self.hosts:
             ray.kill(h)              # a dead one too: no error
         self.hosts = []
-        remove_placement_group(self.pg)
+        _release(self.pg)
 
 
-def _check_fits(sc: Scenario) -> None:
+def check_fits(sc: Scenario) -> None:
     """A local Ray started here cannot grow: asking more than it has is an input error; so is
     asking a cluster for more than its autoscaler may grow it to. Otherwise (the autoscaler's
-    limits not known, or within them) raysim waits for placement (``_wait_placed``)."""
+    limits not known, or within them) raysim waits for placement (``_wait_placed``). A Tune
+    trial's hosts are placed already."""
+    if _TRIAL is not None:
+        return
     res = sc.resources
     total = ray.cluster_resources()
     limits = None
@@ -383,7 +416,7 @@ class RayServer:
     def __init__(self, sc: Scenario, source=None, say=None):
         """``source``: the scenario's prepared data source (made here when not given); put in
         the object store once, for every host."""
-        _check_fits(sc)
+        check_fits(sc)
         self.sc = sc
         self.source = source if source is not None else prepared_source(sc)
         placement = place(sc, source=self.source)
@@ -394,7 +427,7 @@ class RayServer:
         pg, hosts, _ = self._started
         for h in hosts:
             ray.kill(h)
-        remove_placement_group(pg)
+        _release(pg)
 
     def wait(self) -> None:
         """Block until every host is up (its shards loaded); surface their errors."""

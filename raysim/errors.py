@@ -1,0 +1,41 @@
+"""Exit codes, and an error as the one line the command prints."""
+from __future__ import annotations
+
+import traceback
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class RunsFailed(Exception):
+    """Some runs of a side-by-side sweep failed, each already reported; one line, exit 1."""
+
+
+def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
+    """An error as (exit code, one line): bad input (2), interrupted (130), or a failure
+    during the run (1; with ``verbose`` its traceback is printed first)."""
+    from raysim.config import ScenarioError
+    from raysim.data import DataError
+    if isinstance(e, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    from raysim.compare import CompareError
+    from raysim.report import ReportError
+    if isinstance(e, (ScenarioError, DataError, ReportError, CompareError)):
+        return EXIT_INPUT, str(e)
+    if isinstance(e, RunsFailed):
+        return EXIT_FAILED, str(e)
+    cause = _root_cause(e)
+    if isinstance(cause, (ScenarioError, DataError)):
+        return EXIT_INPUT, str(cause)
+    if verbose:
+        traceback.print_exception(e)
+    msg = str(cause).strip().splitlines()
+    return EXIT_FAILED, (f"run failed: {type(cause).__name__}: {msg[-1] if msg else ''}"
+                         + ("" if verbose else " (rerun with -v for the traceback)"))
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """Unwrap Ray's task errors to the user's exception where Ray keeps it."""
+    inner = getattr(e, "cause", None)
+    if isinstance(inner, BaseException):
+        return _root_cause(inner)
+    return e

@@ -1,0 +1,226 @@
+"""``raysim run`` of a scenario, a sweep (``sweep:`` variants) or seeded runs (``--seeds``).
+
+Several runs are nested under one parent MLflow run (tags ``variant`` and ``seed``) and compared
+at the end. They run side by side on Ray Tune when the cluster holds more than one of them at
+a time (``raysim.engine.ray_sweep``: one trial per run, each reserving its own hosts), else one
+after another in this process; ``--concurrent N`` caps how many run at once (1: one after
+another). Either way every run is the run it would be alone: same metrics, same MLflow record,
+same checkpoints and ``--resume`` command. Side by side, a failed run does not stop the others;
+the command then exits 1 after the last one, naming each failed run and how to continue it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from raysim.config import Scenario, ScenarioError, absolute_uri
+from raysim.errors import RunsFailed
+from raysim.report import INDEX_TAG
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of the command: a variant (or None) at a seed."""
+    label: str                  # "variant", "variant seed 1", or the scenario's name
+    variant: str | None
+    sc: Scenario
+    tags: dict
+    resume_command: str         # with {run_id} to fill in
+    engine: str = "ray"
+    address: str | None = None
+    resume: str | None = None
+    summary_path: str | None = None
+    verbose: bool = False
+    progress: bool = True
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a side-by-side sweep (its unfinished runs marked KILLED); exit 130."""
+
+
+def resume_command(file: str, overrides: list[str], engine: str, address: str | None,
+                   variant: str | None, seed: int | None = None) -> str:
+    """The command that continues a run, with ``{run_id}`` to fill in."""
+    parts = ["raysim", "run", file]
+    if variant is not None:
+        parts += ["--variant", variant]
+    if seed is not None:
+        parts += ["--seeds", str(seed)]
+    for item in overrides:
+        parts += ["--set", item]
+    if engine != "ray":
+        parts += ["--engine", engine]
+    if address:
+        parts += ["--address", address]
+    return shlex.join(parts) + " --resume {run_id}"
+
+
+def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,
+                overrides: list[str], engine: str = "ray", address: str | None = None,
+                resume: str | None = None, summary: str | None = None, verbose: bool = False,
+                progress: bool = True, concurrent: int | None = None) -> dict:
+    """Run every (variant, scenario); returns {label: summary}. Raises the run's error (one
+    after another), RunsFailed or SweepInterrupted (side by side)."""
+    if resume and len(variants) > 1:
+        raise ScenarioError(f"{file}: --resume continues one run; add --variant NAME"
+                            + (" and --seeds SEED" if seeds else ""))
+    several = len(variants) > 1
+    parent, given_uri = None, variants[0][1].tracking.uri
+    if several:
+        from raysim import tracking
+        # one tracking store for every run, fixed here (trials start in folders of their own)
+        uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
+        variants = [(v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri)))
+                    for v, sc in variants]
+        name = f"{Path(file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+        parent = tracking.start_parent(variants[0][1], name, [(v, sc.seed) for v, sc in variants])
+    jobs = []
+    for i, (variant, sc) in enumerate(variants):
+        tags = {"variant": variant} if variant else {}
+        if parent is not None:
+            tags.update({"mlflow.parentRunId": parent[1], INDEX_TAG: str(i)})
+        label = variant if not seeds else f"{variant or sc.name} seed {sc.seed}"
+        jobs.append(Job(label or sc.name, variant, sc, tags,
+                        resume_command(file, overrides, engine, address, variant, sc.seed if seeds else None),
+                        engine, address, resume, None if several else summary, verbose, progress))
+    ok, unfinished = False, None
+    try:
+        at_once = _at_once(jobs, concurrent) if several and engine == "ray" else 1
+        if at_once == 1:
+            summaries = _one_after_another(jobs)
+        else:
+            summaries, unfinished = _side_by_side(jobs, at_once, parent)
+        ok = unfinished is None
+    finally:
+        if parent is not None:
+            parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
+    if several and summaries:
+        _print_sweep(summaries)
+        if summary:
+            Path(summary).write_text(json.dumps({"sweep": file, "variants": summaries}, indent=2))
+        from raysim.compare import table
+        print(table(parent[0], [parent[1]])[0])
+        print(f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
+              + (f"  (with --tracking-uri {given_uri})" if given_uri else ""))
+    if unfinished is not None:
+        raise unfinished
+    return summaries
+
+
+def run_job(job: Job) -> dict:
+    from raysim.run import run
+    return run(job.sc, engine=job.engine, address=job.address, resume=job.resume,
+               summary_path=job.summary_path, verbose=job.verbose, progress=job.progress,
+               resume_command=job.resume_command, tags=job.tags)
+
+
+def _finished(summary: dict, sc: Scenario) -> None:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
+    print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
+    print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
+          f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
+          f"{summary['tracking_uri']}", flush=True)
+
+
+def _one_after_another(jobs: list[Job]) -> dict:
+    summaries = {}
+    for job in jobs:
+        summaries[job.label] = run_job(job)
+        _finished(summaries[job.label], job.sc)
+    return summaries
+
+
+def _at_once(jobs: list[Job], concurrent: int | None) -> int | None:
+    """How many runs go side by side: 1 (one after another) when asked, or when the local Ray
+    raysim starts holds only one at a time; else ``concurrent`` (None: as many as fit, Tune
+    queueing the rest). Starts Ray and refuses at once a run that can never be placed."""
+    if concurrent == 1:
+        return 1
+    from raysim.engine import ray_engine, ray_sweep
+    print(f"raysim: {'starting a local Ray instance' if jobs[0].address is None else 'joining Ray at ' + jobs[0].address}"
+          f" for {len(jobs)} runs ...", file=sys.stderr, flush=True)
+    ray_engine.init(jobs[0].address, jobs[0].verbose)
+    for job in jobs:
+        ray_engine.check_fits(job.sc)
+    fit = ray_sweep.runs_at_once([j.sc for j in jobs])
+    if fit is not None and fit < 2:
+        return 1
+    return min(x for x in (concurrent, fit, len(jobs)) if x is not None)
+
+
+def run_trial_job(job: Job) -> dict:
+    """``run_job`` in a Tune trial: its summary, or its error as the exit code and the line
+    the command would print, with the run's MLflow id (found again by the driver)."""
+    from raysim.errors import explain
+    try:
+        return {"summary": run_job(job)}
+    except BaseException as e:          # noqa: BLE001 - reported by the driver
+        code, line = explain(e, job.verbose)
+        return {"error": line, "code": code}
+
+
+def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, BaseException | None]:
+    """The runs as Tune trials: the finished ones' summaries, and RunsFailed or
+    SweepInterrupted (to raise once they are shown) if some did not finish."""
+    from raysim.engine import ray_sweep
+    client, parent_id = parent
+    print(f"raysim: {len(jobs)} runs, up to {at_once} at a time on Ray Tune; each line below is one that ended",
+          file=sys.stderr, flush=True)
+    jobs = [dataclasses.replace(j, progress=False) for j in jobs]
+
+    def done(i: int, outcome) -> None:
+        if isinstance(outcome, dict) and "summary" in outcome:
+            _finished(outcome["summary"], jobs[i].sc)
+        else:
+            why = outcome["error"] if isinstance(outcome, dict) else outcome or "stopped"
+            print(f"raysim: {jobs[i].label}: {why}", file=sys.stderr, flush=True)
+
+    outcomes = ray_sweep.run_trials(jobs, [j.sc for j in jobs], run_trial_job, at_once, done)
+    summaries, failed, stopped = {}, [], []
+    for job, outcome in zip(jobs, outcomes):
+        if isinstance(outcome, dict) and "summary" in outcome:
+            summaries[job.label] = outcome["summary"]
+        else:
+            (stopped if outcome is None or (isinstance(outcome, dict) and outcome["code"] == 130) else failed).append(job)
+    for job in failed + stopped:
+        _close_child(client, parent_id, job, "failed" if job in failed else "killed")
+    if stopped:
+        return summaries, SweepInterrupted()
+    if failed:
+        return summaries, RunsFailed(f"{len(failed)} of {len(jobs)} runs failed: {', '.join(j.label for j in failed)}")
+    return summaries, None
+
+
+def _close_child(client, parent_id: str, job: Job, outcome: str) -> None:
+    """A run that did not finish: marked FAILED or KILLED in MLflow if its trial could not
+    (its process lost, or stopped), and its id, checkpoint and resume command printed."""
+    from raysim.run import STATUS_WORD, tell_resume
+    query = f"tags.mlflow.parentRunId = '{parent_id}' and tags.seed = '{job.sc.seed}'"
+    if job.variant is not None:
+        query += f" and tags.variant = '{job.variant}'"
+    exp = client.get_run(parent_id).info.experiment_id
+    for run in client.search_runs([exp], query, max_results=10):
+        status = run.info.status
+        if status == "RUNNING":
+            client.set_terminated(run.info.run_id, STATUS_WORD[outcome])
+        elif status == "FINISHED":          # ended just as the sweep stopped: its record is whole
+            continue
+        else:
+            outcome = {v: k for k, v in STATUS_WORD.items()}.get(status, outcome)
+        tell_resume(run.info.run_id, outcome, job.sc, job.resume_command)
+
+
+def _print_sweep(summaries: dict) -> None:
+    keys = ["accuracy", "bottom_decile_accuracy", "global_accuracy", "mse", "bottom_decile_mse",
+            "consensus_distance"]
+    keys = [k for k in keys if any(k in s["final"] or k in s["history"][-1] for s in summaries.values())]
+    width = max(len(str(v)) for v in summaries)
+    print(f"{'variant':<{width}}  " + "  ".join(f"{k:>22}" for k in keys) + f"  {'seconds':>8}")
+    for variant, s in summaries.items():
+        vals = [s["final"].get(k, s["history"][-1].get(k)) for k in keys]
+        print(f"{variant:<{width}}  " + "  ".join(f"{v:22.4g}" if v is not None else f"{'-':>22}" for v in vals)
+              + f"  {s['wall_seconds']:8.1f}")

@@ -1,0 +1,75 @@
+"""A sweep's runs side by side on Ray Tune: each the run it would be alone (the serial
+engine's metrics), started together when the Ray holds them, a failed one reported with its
+resume command while the others finish."""
+import re
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raysim import cli, report
+from tests.conftest import ROOT, write_scenario
+
+pytestmark = pytest.mark.ray
+
+# FedSoft's synthetic regression; lr 5 diverges within a few rounds (|1 - lr·λ_max| > 1), lr
+# 0.05 learns. One host of half a CPU a run: four runs fit the 2 CPUs of a local Ray at once.
+SWEEP = """
+name: side
+seed: 0
+seeds: [0, 1]
+rounds: 6
+data:
+  dataset: regression_mixture
+  clients: 8
+  partition: {{kind: mixture, scheme: "10:90", sources: 2, min_size: 30, max_size: 40, holdout: 100}}
+model: {{name: linear, bias: false}}
+algorithm: {{name: fedavg, lr: 0.05, batch_size: 10}}
+eval: {{every: 2}}
+resources: {{hosts: 1, cpus_per_host: 0.5}}
+tracking: {{uri: 'sqlite:///{tmp}/m.db'}}
+checkpoint: {{every: 2, dir: '{tmp}/ck'}}
+sweep:
+  ok: {{}}
+  diverge: {{algorithm.lr: 5.0}}
+"""
+
+
+def test_sweep_runs_side_by_side_with_the_metrics_of_runs_alone_and_reports_a_failed_one(tmp_path):
+    path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", path, "-q"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=400)
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    assert "4 runs, up to 4 at a time on Ray Tune" in err and "Traceback" not in err
+    assert "raysim: 2 of 4 runs failed: diverge seed 0, diverge seed 1" in err
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+                 if r.data.tags.get("raysim.parent") == "1"]
+    assert parent.info.status == "FAILED"
+    kids = {(k.data.tags["variant"], k.data.tags["seed"]): k for k in report.expand(client, [parent.info.run_id])}
+    assert sorted(kids) == [("diverge", "0"), ("diverge", "1"), ("ok", "0"), ("ok", "1")]
+    # each failed run: the cause, its FAILED record and the command that continues it
+    for seed in ("0", "1"):
+        bad = kids["diverge", seed]
+        assert bad.info.status == "FAILED"
+        assert re.search(rf"raysim: diverge seed {seed}: run failed: Diverged: training diverged in round \d+", err)
+        assert (f"continue it with: raysim run {path} --variant diverge --seeds {seed} --resume "
+                f"{bad.info.run_id}") in err
+    # the finished runs are the runs alone: the serial engine, one run, in this process
+    for seed in ("0", "1"):
+        good = kids["ok", seed]
+        assert good.info.status == "FINISHED"
+        alone = tmp_path / f"alone{seed}.json"
+        assert cli.main(["run", path, "--variant", "ok", "--seeds", seed, "--engine", "serial", "-q",
+                         "--summary", str(alone), "--set", f"tracking.uri=sqlite:///{tmp_path}/alone.db"]) == 0
+        import json
+        want = json.loads(alone.read_text())["final"]
+        assert good.data.metrics["mse"] == want["mse"]
+        assert good.data.metrics["bottom_decile_mse"] == want["bottom_decile_mse"]
+    # side by side: every run started before any had ended
+    runs = list(kids.values())
+    assert max(r.info.start_time for r in runs) < min(r.info.end_time for r in runs)
+    # the finished runs' table is printed all the same
+    assert re.search(r"\| fedavg( \[ok\])? \|", proc.stdout), proc.stdout
