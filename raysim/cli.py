@@ -80,17 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
+    """The command; ``early_ray`` (the console command): ``run`` starts Ray while it
+    validates the scenario (a process that goes on after a refusal should not)."""
     args = build_parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        return _dispatch(args, early_ray)
     except SystemExit:
         raise
     except BaseException as e:          # noqa: BLE001 - map every error to an exit code
         return _report(e, getattr(args, "verbose", False))
 
 
-def _dispatch(args) -> int:
+def _dispatch(args, early_ray: bool = False) -> int:
+    if early_ray and args.command == "run" and args.engine == "ray":
+        from raysim.engine import ray_start
+        print(f"raysim: {'joining Ray at ' + args.address if args.address else 'starting a local Ray instance'} ...",
+              file=sys.stderr, flush=True)
+        ray_start.start_in_background(args.address, args.verbose)
     from raysim import config
     if args.command == "list":
         from raysim.setup import describe_registries
@@ -149,12 +156,12 @@ def entry() -> None:
     torch, Ray and MLflow takes seconds more; every result is written by then (MLflow calls are
     synchronous), so raysim stops Ray itself (``stop_for_exit``) and leaves without the
     interpreter's teardown."""
-    rc = main()
+    rc = main(early_ray=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    if "raysim.engine.ray_engine" in sys.modules:
-        from raysim.engine import ray_engine
-        ray_engine.stop_for_exit()
+    if "raysim.engine.ray_start" in sys.modules:
+        from raysim.engine import ray_start
+        ray_start.stop_for_exit()
     os._exit(rc)
 
 

@@ -55,14 +55,14 @@ class DeferredInterrupt:
 
 def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
-    from raysim.engine import ray_engine
+    from raysim.engine import ray_engine, ray_start
     what = f"{sc.resources.hosts} host actors"
-    if not ray_engine.running():
+    if not ray_start.running():
         what = (f"joining Ray at {address}" if address else "starting a local Ray instance") + f" and {what}"
     else:
         what = f"starting {what}"
     print(f"raysim: {what} ...", file=sys.stderr, flush=True)
-    ray_engine.init(address, verbose)
+    ray_start.init(address, verbose)
     return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -140,10 +140,11 @@ def _at_once(jobs: list[Job], concurrent: int | None) -> int | None:
     queueing the rest). Starts Ray and refuses at once a run that can never be placed."""
     if concurrent == 1:
         return 1
-    from raysim.engine import ray_engine, ray_sweep
-    print(f"raysim: {'starting a local Ray instance' if jobs[0].address is None else 'joining Ray at ' + jobs[0].address}"
-          f" for {len(jobs)} runs ...", file=sys.stderr, flush=True)
-    ray_engine.init(jobs[0].address, jobs[0].verbose)
+    from raysim.engine import ray_engine, ray_start, ray_sweep
+    if not ray_start.running():
+        print(f"raysim: {'starting a local Ray instance' if jobs[0].address is None else 'joining Ray at ' + jobs[0].address}"
+              f" for {len(jobs)} runs ...", file=sys.stderr, flush=True)
+    ray_start.init(jobs[0].address, jobs[0].verbose)
     for job in jobs:
         ray_engine.check_fits(job.sc)
     fit = ray_sweep.runs_at_once([j.sc for j in jobs])

@@ -385,3 +385,21 @@ def test_leaf_femnist_errors_say_how_to_make_the_data(tmp_path):
     src = build_source("leaf_femnist", DATASETS["leaf_femnist"].Params(root=str(tmp_path)), 1, None, Splits(), 0)
     with pytest.raises(DataError, match="not a LEAF JSON file"):
         src.client(0)
+
+
+def test_digits_read_from_scikit_learns_file_equal_its_loader_without_importing_sklearn_datasets():
+    import subprocess
+    import sys
+    from sklearn.datasets import load_digits as sk_load_digits
+    from raysim.data.synthetic import load_digits
+    x, y = load_digits()
+    want_x, want_y = sk_load_digits(return_X_y=True)
+    assert x.shape == (1797, 64) and np.array_equal(x, want_x) and np.array_equal(y, want_y)
+    assert x.dtype == want_x.dtype and y.dtype == want_y.dtype
+    # the point of reading the file: a host loading the digits imports neither scikit-learn's
+    # datasets module nor what it drags in (SciPy's statistics, pandas)
+    code = ("import sys; from raysim.data.synthetic import load_digits; load_digits(); "
+            "print(sorted(m for m in ('sklearn.datasets', 'scipy.stats', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "[]"

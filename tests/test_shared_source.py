@@ -34,14 +34,14 @@ def test_serial_engine_partitions_once_for_the_driver_and_every_host(tmp_path, m
 def test_ray_hosts_use_the_drivers_partition(tmp_path):
     import ray
 
-    from raysim.engine import ray_engine
+    from raysim.engine import ray_engine, ray_start
     sc = digits(tmp_path)
     source = prepared_source(sc)
     own = [len(p) for p in source._parts]
     # a partition the hosts could not compute themselves: the clients' index arrays reversed
     source._parts = source._parts[::-1]
     assert own != own[::-1]
-    ray_engine.init(None)
+    ray_start.init(None)
     try:
         pg, hosts, placement = ray_engine.start_hosts(sc, source)
         got = {}
@@ -55,4 +55,4 @@ def test_ray_hosts_use_the_drivers_partition(tmp_path):
             ray.kill(h)
         ray.util.remove_placement_group(pg)
     finally:
-        ray_engine.shutdown()
+        ray_start.shutdown()

@@ -11,11 +11,9 @@
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost, Placement, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
+from raysim.engine.ray_start import embedded
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
 
@@ -40,7 +39,6 @@ PLACEMENT_TIMEOUT_S = 120      # a local Ray (checked to fit beforehand)
 KILL_ENV = "RAYSIM_KILL_HOST"
 
 
-_EMBEDDED = False      # this process started the Ray it uses (a local one: it cannot grow)
 # In a sweep's Tune trial (``ray_sweep``): the trial's placement group, already reserved with one
 # bundle per host from bundle ``first`` on; the hosts take those bundles (never a second group)
 _TRIAL: tuple[Any, int] | None = None
@@ -57,73 +55,6 @@ def _release(pg) -> None:
     """Remove a placement group this process made (a trial's belongs to Tune)."""
     if _TRIAL is None or pg is not _TRIAL[0]:
         remove_placement_group(pg)
-
-
-def init(address: str | None, verbose: bool = False) -> None:
-    """Start an embedded Ray (address None) or join a cluster ("auto" or HOST:PORT)."""
-    global _EMBEDDED
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    kwargs: dict[str, Any] = dict(
-        logging_level=logging.INFO if verbose else logging.ERROR,
-        log_to_driver=verbose,
-        configure_logging=True,
-    )
-    if address is None:
-        # always a fresh local Ray: Ray would otherwise join one already running on this
-        # machine (joining one is what --address auto says)
-        kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1")
-    ray.init(address=address or "local", **kwargs)
-    _EMBEDDED = address is None
-
-
-def embedded() -> bool:
-    """True when this process started the local Ray it uses (it cannot grow)."""
-    return _EMBEDDED
-
-
-def running() -> bool:
-    """True once this process has started or joined Ray (later sweep variants reuse it)."""
-    return ray.is_initialized()
-
-
-def shutdown() -> None:
-    """Leave Ray (and stop it, if this process started it) now, without the half-second
-    pause Ray's exit hook takes."""
-    if ray.is_initialized():
-        ray.shutdown()
-
-
-def stop_for_exit() -> None:
-    """For a process about to exit with every result written: leave Ray at once. A local Ray
-    this process started is stopped by SIGKILL to each of its processes and their children
-    (workers, agents) together, where ``ray.shutdown`` stops them one after another, giving
-    each up to a second (about 1.4 s on 2 cores). Ray's own complaint about its raylet dying
-    is not shown (standard error is closed first)."""
-    if not ray.is_initialized():
-        return
-    node = ray._private.worker._global_node
-    if not _EMBEDDED or node is None:
-        ray.shutdown()
-        return
-    import psutil
-    victims = []
-    for infos in node.all_processes.values():
-        for info in infos:
-            try:
-                p = psutil.Process(info.process.pid)
-                victims += [p, *p.children(recursive=True)]
-            except psutil.Error:
-                pass
-    sys.stderr.flush()
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-    for p in victims:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
@@ -220,7 +151,7 @@ def _wait_placed(sc: Scenario, pg, say=None) -> None:
     """Wait until the placement group is placed. A local Ray was checked beforehand (it
     cannot grow); on a cluster, raysim waits up to ``resources.placement_timeout_s`` while an
     autoscaler adds nodes, saying once what it waits for."""
-    limit = PLACEMENT_TIMEOUT_S if _EMBEDDED else sc.resources.placement_timeout_s
+    limit = PLACEMENT_TIMEOUT_S if embedded() else sc.resources.placement_timeout_s
     ready, _ = ray.wait([pg.ready()], timeout=min(5.0, limit))
     if not ready and say is not None:
         say(f"raysim: waiting for the cluster to place {_resources_text(sc)}; an autoscaling cluster "
@@ -385,7 +316,7 @@ def check_fits(sc: Scenario) -> None:
     res = sc.resources
     total = ray.cluster_resources()
     limits = None
-    if not _EMBEDDED:         # the most an autoscaler may grow the cluster to (None: not known)
+    if not embedded():        # the most an autoscaler may grow the cluster to (None: not known)
         try:
             limits = ray._private.state.state.get_max_resources_from_cluster_config()
         except Exception:     # noqa: BLE001 - a private API; without it, wait for placement
@@ -397,7 +328,7 @@ def check_fits(sc: Scenario) -> None:
         have = max(total.get(key, 0.0), float((limits or {}).get(key, 0)))
         if need > have + 1e-9:
             name = "cpus_per_host" if key == "CPU" else "gpus_per_host"
-            where = "the local Ray has" if _EMBEDDED else "the cluster can grow to"
+            where = "the local Ray has" if embedded() else "the cluster can grow to"
             raise ScenarioError(f"{sc.path}: resources.{name}: {res.hosts} hosts x {per:g} {key} = "
                                 f"{need:g} {key}, but {where} {have:g}; lower resources.hosts "
                                 f"or resources.{name}")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import ray
 
 from raysim.config import Scenario
-from raysim.engine import ray_engine
+from raysim.engine import ray_engine, ray_start
 
 SERVER_SHARE = 0.001   # the server bundle's claim on the driver's node: a pin, not a CPU
 
@@ -28,7 +28,7 @@ SERVER_SHARE = 0.001   # the server bundle's claim on the driver's node: a pin, 
 def runs_at_once(scenarios: list[Scenario]) -> int | None:
     """How many of these runs the Ray this process joined holds at once, judged by the largest
     run's CPU and GPU; None on a cluster raysim did not start (an autoscaler may grow it)."""
-    if not ray_engine.embedded():
+    if not ray_start.embedded():
         return None
     total = ray.cluster_resources()
     fits = []
