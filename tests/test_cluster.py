@@ -79,3 +79,37 @@ def test_asking_a_local_ray_for_more_than_it_has_is_an_input_error(tmp_path):
         f"resources.cpus_per_host: {cpus + 1} hosts x 1 CPU = {cpus + 1} CPU, but the local Ray has {cpus}; "
         "lower resources.hosts or resources.cpus_per_host")
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("case", ["refused", "finished"])
+def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refused_or_run(tmp_path, case):
+    """`raysim run` starts Ray in a background thread while it validates the scenario: a
+    scenario refused meanwhile (exit 2, one line) and a finished run both leave no Ray process
+    (the processes of this command's Ray, workers included, inherit its RAY_TMPDIR)."""
+    import tempfile
+    import time
+    import psutil
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
+    text = TINY + ("bogus_key: 1\n" if case == "refused" else "")
+    path = tracked(tmp_path, text)
+    proc = raysim("run", path, "-q", env={"RAY_TMPDIR": ray_tmp}, check=False)
+    if case == "refused":
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "bogus_key" in proc.stderr.strip().splitlines()[-1]
+        assert not (tmp_path / "mlflow.db").exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+    deadline = time.time() + 10
+
+    def left():
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if p.environ().get("RAY_TMPDIR") == ray_tmp:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+    while left() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not left(), [" ".join(p.info["cmdline"])[:120] for p in left()]
