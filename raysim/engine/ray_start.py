@@ -13,6 +13,10 @@ from typing import Any
 import ray
 
 _EMBEDDED = False      # this process started the Ray it uses (a local one: it cannot grow)
+# imported by every worker of a local Ray as it starts (the raylet's preload_python_modules):
+# the workers Ray starts with itself import torch and the host code while the driver still
+# validates and Ray still starts, and the host actors then take those workers, booted
+PRELOAD = ("raysim.engine.ray_engine", "algorithms")
 # a start begun by ``start_in_background``: (its thread, set when done, its error if any)
 _EARLY: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
 
@@ -37,7 +41,8 @@ def init(address: str | None, verbose: bool = False) -> None:
     if address is None:
         # always a fresh local Ray: Ray would otherwise join one already running on this
         # machine (joining one is what --address auto says)
-        kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1")
+        kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1",
+                      _system_config={"preload_python_modules": list(PRELOAD)})
     ray.init(address=address or "local", **kwargs)
     _EMBEDDED = address is None
 
