@@ -35,7 +35,7 @@ def runs_at_once(scenarios: list[Scenario]) -> int | None:
     for key, per in (("CPU", "cpus_per_host"), ("GPU", "gpus_per_host")):
         need = max(getattr(sc.resources, per) * sc.resources.hosts for sc in scenarios)
         if need > 0:
-            fits.append(int(total.get(key, 0.0) // need + 1e-9))
+            fits.append(int(total.get(key, 0.0) / need + 1e-9))
     return max(1, min(fits))
 
 
