@@ -32,6 +32,21 @@ def test_run_on_a_two_node_cluster_matches_serial(tmp_path, cluster):
     assert [h["train_loss"] for h in multi["history"]] == [h["train_loss"] for h in serial["history"]]
 
 
+def test_seeds_on_a_cluster_run_side_by_side_each_with_its_hosts_over_the_nodes(tmp_path, cluster):
+    # two seeds of 2 hosts x 1 CPU: the 3 CPUs of the cluster hold one run at a time, Tune
+    # queues the other; each run's hosts take its trial's bundles; the same metrics as alone
+    from mlflow.tracking import MlflowClient
+    path = tracked(tmp_path, TINY.replace("cpus_per_host: 0.5", "cpus_per_host: 1") + "seeds: [0, 1]\n")
+    proc = raysim("run", path, "-q", "--address", cluster.address)
+    assert "2 runs, up to 2 at a time on Ray Tune" in proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("raysim").experiment_id], "tags.seed = '1'")
+    (seed1,) = [r for r in runs if r.data.tags.get("raysim.parent") != "1"]
+    assert seed1.info.status == "FINISHED"
+    alone = summary_of(tmp_path, path, "--engine", "serial", "--seeds", "1", name="alone.json")
+    assert seed1.data.metrics["accuracy"] == alone["final"]["accuracy"]
+
+
 def test_asking_more_than_the_cluster_places_waits_then_says_what_is_missing(tmp_path, cluster):
     # a cluster may grow (an autoscaler adds nodes): raysim waits for placement, says what it
     # waits for, and after resources.placement_timeout_s stops with what is missing (exit 2)
