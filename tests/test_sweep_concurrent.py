@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from raysim import cli, report
-from tests.conftest import ROOT, write_scenario
+from tests.conftest import write_scenario
 
 pytestmark = pytest.mark.ray
 

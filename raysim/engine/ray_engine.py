@@ -64,7 +64,7 @@ def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
     return dict(zip(keys, (from_numpy(v) for v in ray.get([parts[k] for k in keys]))))
 
 
-def cause_of(err: BaseException) -> str:
+def _cause(err: BaseException) -> str:
     """Ray's several-hundred-character reason, as a few words: out of memory (Ray's memory
     monitor, with its figures), the node gone, or the process dead (a SIGKILL — the kernel's
     OOM killer or a kill — or a crash; Ray cannot tell these apart)."""
@@ -225,7 +225,7 @@ class RayTransport:
             try:
                 out.append(ray.get(ref))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
-                lost.append(f"host {h} lost: {cause_of(err)}")
+                lost.append(f"host {h} lost: {_cause(err)}")
         if lost:
             raise HostLost("; ".join(lost))
         return out
