@@ -4,11 +4,12 @@ start can begin before torch and the engine are imported.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 
@@ -17,6 +18,11 @@ _EMBEDDED = False      # this process started the Ray it uses (a local one: it c
 # the workers Ray starts with itself import torch and the host code while the driver still
 # validates and Ray still starts, and the host actors then take those workers, booted
 PRELOAD = ("raysim.engine.ray_engine", "algorithms")
+# a local Ray's head processes raysim never uses (the methods of Ray's Node that start them):
+# the API server (dashboard, job submission, state API), which Ray's start waits on until it
+# has written its address (about 2.5 s of a 6-s start on 2 cores), and the autoscaler's
+# monitor (a local Ray cannot grow); the log monitor too unless worker logs are shown (-v)
+LEAN_SKIPS = ("start_api_server", "start_monitor")
 # a start begun by ``start_in_background``: (its thread, set when done, its error if any)
 _EARLY: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
 
@@ -43,8 +49,35 @@ def init(address: str | None, verbose: bool = False) -> None:
         # machine (joining one is what --address auto says)
         kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1",
                       _system_config={"preload_python_modules": list(PRELOAD)})
-    ray.init(address=address or "local", **kwargs)
+        with _lean_head(LEAN_SKIPS + (() if verbose else ("start_log_monitor",))):
+            ray.init(address="local", **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
     _EMBEDDED = address is None
+
+
+@contextlib.contextmanager
+def _lean_head(skips: tuple[str, ...]) -> Iterator[None]:
+    """While a local Ray starts here, the head-node processes named by ``skips`` (methods of
+    Ray's private ``Node``) are not started. ``ray.init`` has no option for them: it always
+    starts the API server, the autoscaler's monitor and the log monitor. On a Ray without one
+    of those methods that one is simply started; the class is restored afterwards. Without
+    the API server, a local Ray that raysim starts has no dashboard, state API (``ray list``)
+    or job submission: for those, start one with ``ray start --head`` and run with
+    ``--address auto``."""
+    from ray._private.node import Node
+    saved = {name: Node.__dict__[name] for name in skips if name in Node.__dict__}
+    for name in saved:
+        setattr(Node, name, _not_started)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Node, name, method)
+
+
+def _not_started(self, *args, **kwargs) -> None:
+    return None
 
 
 def start_in_background(address: str | None, verbose: bool = False) -> None:
