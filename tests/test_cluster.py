@@ -128,3 +128,33 @@ def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refuse
     while left() and time.time() < deadline:
         time.sleep(0.2)
     assert not left(), [" ".join(p.info["cmdline"])[:120] for p in left()]
+
+
+def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monitor():
+    """Ray's start waits on its API server (dashboard, state API) until it has written its
+    address; raysim's local Ray has none, nor the autoscaler's monitor (it cannot grow) nor,
+    without -v, the log monitor. It runs tasks all the same, and Ray's Node is restored after
+    the start (a cluster started later in the process is whole)."""
+    import psutil
+    import ray
+    from ray._private.node import Node
+    from raysim.engine import ray_start
+    before = {name: Node.__dict__[name] for name in (*ray_start.LEAN_SKIPS, "start_log_monitor")}
+    ray_start.init(None)
+    try:
+        @ray.remote
+        def square(x):
+            return x * x
+        assert ray.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
+        started = []              # what this process started, and what those started
+        for p in psutil.Process().children(recursive=True):
+            try:
+                started += [a.rsplit("/", 1)[-1] for a in p.cmdline()]
+            except psutil.Error:
+                pass
+        assert "gcs_server" in started and "raylet" in started, started
+        for skipped in ("dashboard.py", "monitor.py", "log_monitor.py"):
+            assert skipped not in started, started
+    finally:
+        ray_start.shutdown()
+    assert {name: Node.__dict__[name] for name in before} == before
