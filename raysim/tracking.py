@@ -122,6 +122,7 @@ class Tracker:
     def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False,
                  tags: dict[str, str] | None = None):
         self.sc = sc
+        self._pending: list = []        # rounds queued for MLflow's writer thread (log_round)
         self.uri, self.client, exp = open_store(sc, verbose, create=not resume_run_id)
         if resume_run_id:
             run = self.client.get_run(resume_run_id)       # raises if unknown
@@ -149,17 +150,28 @@ class Tracker:
             self.client.log_artifact(self.run_id, resolved, "scenario")
 
     def log_round(self, record: dict[str, float]) -> None:
+        """Queue the round's metrics for MLflow's own asynchronous logging (``log_batch`` with
+        ``synchronous=False``: one writer thread, queued batches merged), so a round does not
+        wait on the store (about 12 ms a round on a local SQLite store on 2 cores: 12 s of a
+        1000-round run). ``flush`` waits for them and raises a failed write."""
         step = int(record["round"])
         now = int(time.time() * 1000)
         metrics = [mlflow.entities.Metric(k, float(v), now, step) for k, v in record.items()
                    if k != "round" and isinstance(v, (int, float)) and math.isfinite(v)]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        self._pending.append(self.client.log_batch(self.run_id, metrics=metrics, synchronous=False))
+
+    def flush(self) -> None:
+        """Wait until every queued round is written (raises the store's error, once)."""
+        pending, self._pending = self._pending, []
+        for operation in pending:
+            operation.wait()
 
     def log_summary(self, summary: dict) -> None:
         """summary.json, and for a clustered method ``clusters/center_source.csv`` (row c:
         center c's score per source, the association below) and ``clusters/importance.csv``
         (each client's estimated weights beside its true shares); every ``*_curve`` of the
         report (SuPerFed's ``lambda_curve``) as ``curves/<name>.csv`` and ``.png``."""
+        self.flush()
         final = summary.get("final", {})
         with tempfile.TemporaryDirectory() as tmp:
             p = os.path.join(tmp, "summary.json")
@@ -242,8 +254,17 @@ class Tracker:
         self.client.set_tag(self.run_id, RESUME_TAG, command)
 
     def finish(self, outcome: str) -> None:
+        """Write the queued rounds, then end the run with the outcome's status (a finished run
+        whose rounds could not be written is FAILED, with the store's error)."""
         if getattr(self, "_stop", None) is not None:
             self._stop.set()
+        try:
+            self.flush()
+        except Exception:
+            if outcome == "ok":
+                self.client.set_terminated(self.run_id, status=STATUS["failed"])
+                raise
+            # a failed or killed run keeps its own cause; the rounds it could not write are lost
         self.client.set_terminated(self.run_id, status=STATUS[outcome])
 
 

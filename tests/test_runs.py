@@ -183,6 +183,47 @@ def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
     assert len(ids) == 3 and {r.info.run_id for r in runs} == ids
 
 
+@pytest.mark.parametrize("store", ["slow", "broken"])
+def test_rounds_are_logged_without_waiting_on_the_store_and_written_by_the_end(tmp_path, monkeypatch, store):
+    """A round's metrics go to MLflow's own writer thread: with a store that takes 0.3 s a
+    write, three rounds are handed over in well under one write, and when the run finishes
+    every round is in the store. A store that cannot write them fails a finished run (FAILED,
+    the store's error raised); a run failing for its own cause keeps that cause."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from raysim import config
+    from raysim.tracking import Tracker
+    write = SqlAlchemyStore.log_batch
+
+    def slow(self, run_id, metrics, params, tags):
+        if metrics:
+            time.sleep(0.3)
+            if store == "broken":
+                raise MlflowException("disk full")
+        return write(self, run_id, metrics, params, tags)
+    monkeypatch.setattr(SqlAlchemyStore, "log_batch", slow)
+    sc = config.load(tracked(tmp_path, TINY))
+    tracker = Tracker(sc)
+    t0 = time.perf_counter()
+    for r in (1, 2, 3):
+        tracker.log_round({"round": r, "accuracy": r / 10, "train_loss": 1.0 / r})
+    assert time.perf_counter() - t0 < 0.25
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    if store == "slow":
+        tracker.finish("ok")
+        history = client.get_metric_history(tracker.run_id, "accuracy")
+        assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+        assert client.get_run(tracker.run_id).info.status == "FINISHED"
+        return
+    with pytest.raises(MlflowException, match="disk full"):
+        tracker.finish("ok")
+    assert client.get_run(tracker.run_id).info.status == "FAILED"
+    again = Tracker(sc)
+    again.log_round({"round": 1, "accuracy": 0.1})
+    again.finish("failed")                          # no store error over the run's own cause
+    assert client.get_run(again.run_id).info.status == "FAILED"
+
+
 def test_divergence_stops_the_run_naming_the_round_and_clients_and_keeps_the_last_good_checkpoint(tmp_path):
     # FedAvg with lr 5 on least squares (FedSoft's synthetic regression): |1 - lr·λ_max| > 1,
     # so the weights grow geometrically and the loss overflows within a few rounds
