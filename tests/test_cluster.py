@@ -130,7 +130,7 @@ def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refuse
     assert not left(), [" ".join(p.info["cmdline"])[:120] for p in left()]
 
 
-def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monitor():
+def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monitor(monkeypatch):
     """Ray's start waits on its API server (dashboard, state API) until it has written its
     address; raysim's local Ray has none, nor the autoscaler's monitor (it cannot grow) nor,
     without -v, the log monitor. It runs tasks all the same, and Ray's Node is restored after
@@ -139,19 +139,25 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     import ray
     from ray._private.node import Node
     from raysim.engine import ray_start
+    import tempfile
     before = {name: Node.__dict__[name] for name in (*ray_start.LEAN_SKIPS, "start_log_monitor")}
+    # this Ray's own folder: another Ray of this process (the module's cluster) is not looked at
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     ray_start.init(None)
     try:
         @ray.remote
         def square(x):
             return x * x
         assert ray.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
-        started = []              # what this process started, and what those started
+        started = []              # what this process started for this Ray (its folder in the arguments)
         for p in psutil.Process().children(recursive=True):
             try:
-                started += [a.rsplit("/", 1)[-1] for a in p.cmdline()]
+                args = p.cmdline()
             except psutil.Error:
-                pass
+                continue
+            if any(ray_tmp in a for a in args):
+                started += [a.rsplit("/", 1)[-1] for a in args]
         assert "gcs_server" in started and "raylet" in started, started
         for skipped in ("dashboard.py", "monitor.py", "log_monitor.py"):
             assert skipped not in started, started
