@@ -151,8 +151,8 @@ class Tracker:
 
     def log_round(self, record: dict[str, float]) -> None:
         """Queue the round's metrics for MLflow's own asynchronous logging (``log_batch`` with
-        ``synchronous=False``: one writer thread, queued batches merged), so a round does not
-        wait on the store (about 12 ms a round on a local SQLite store on 2 cores: 12 s of a
+        ``synchronous=False``: MLflow's queue and writer threads), so a round does not wait on
+        the store (about 12 ms a round on a local SQLite store on 2 cores: 12 s of a
         1000-round run). ``flush`` waits for them and raises a failed write."""
         step = int(record["round"])
         now = int(time.time() * 1000)
