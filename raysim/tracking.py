@@ -172,36 +172,30 @@ class Tracker:
         """The writer thread: what has queued up since its last write goes in one ``log_batch``
         (at most 1000 metrics each, MLflow's limit); the first error is kept for ``flush``.
         Ends at a None."""
-        while True:
+        done = False
+        while not done:
             batch = [self._queue.get()]
             while batch[-1] is not None:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            done = batch[-1] is None
             metrics = [m for ms in batch if ms is not None for m in ms]
             try:
                 for i in range(0, len(metrics), 1000):
                     self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
             except Exception as e:          # noqa: BLE001 - raised by flush, in the run's thread
                 self._error = self._error or e
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
-            if batch[-1] is None:
-                return
 
-    def flush(self, stop: bool = False) -> None:
-        """Wait until every round handed over is written; raise the store's error (once).
-        ``stop``: end the writer thread too."""
+    def flush(self) -> None:
+        """Wait until every round handed over is written, ending the writer thread (the next
+        ``log_round`` starts another); raise the store's error (once)."""
         if self._writer is None:
             return
-        if stop:
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
-        else:
-            self._queue.join()
+        self._queue.put(None)
+        self._writer.join()
+        self._writer = None
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -299,7 +293,7 @@ class Tracker:
         if getattr(self, "_stop", None) is not None:
             self._stop.set()
         try:
-            self.flush(stop=True)
+            self.flush()
         except Exception:
             if outcome == "ok":
                 self.client.set_terminated(self.run_id, status=STATUS["failed"])

@@ -185,7 +185,7 @@ def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
 
 @pytest.mark.parametrize("store", ["slow", "broken"])
 def test_rounds_are_logged_without_waiting_on_the_store_and_written_by_the_end(tmp_path, monkeypatch, store):
-    """A round's metrics go to MLflow's own writer thread: with a store that takes 0.3 s a
+    """A round's metrics go to the run's writer thread: with a store that takes 0.3 s a
     write, three rounds are handed over in well under one write, and when the run finishes
     every round is in the store. A store that cannot write them fails a finished run (FAILED,
     the store's error raised); a run failing for its own cause keeps that cause."""
