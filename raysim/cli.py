@@ -1,7 +1,8 @@
 """The `raysim` command: run, validate, list, data info, report, compare.
 
-Exit codes: 0 success; 2 invalid input (scenario, override, missing data); 1 failure during the
-run; 130 interrupted.
+Exit codes: 0 success; 2 invalid input (scenario, override, missing data, an unreachable
+tracking store or unwritable output); 1 failure during the run; 130 interrupted (Ctrl-C); 143
+terminated (SIGTERM).
 """
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"raysim: error: {message}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
+
+
+def _run_id(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty run id; give the id of the MLflow run to continue")
+    return text.strip()
 
 
 def _positive(text: str) -> int:
@@ -41,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", choices=("ray", "serial"), default="ray",
                    help="ray (default) or serial: every host in this process, the reference engine")
     r.add_argument("--summary", default=None, metavar="PATH", help="write the run summary as JSON")
-    r.add_argument("--resume", default=None, metavar="RUN_ID",
+    r.add_argument("--resume", default=None, metavar="RUN_ID", type=_run_id,
                    help="continue the MLflow run RUN_ID from its last checkpoint")
     r.add_argument("--variant", default=None, metavar="NAME",
                    help="run only this variant of a sweep file (needed with --resume)")
@@ -84,6 +91,8 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
     """The command; ``early_ray`` (the console command): ``run`` starts Ray while it
     validates the scenario (a process that goes on after a refusal should not)."""
     args = build_parser().parse_args(argv)
+    from raysim.signals import forward_sigterm
+    forward_sigterm()
     try:
         return _dispatch(args, early_ray)
     except SystemExit:
@@ -93,6 +102,9 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
 
 
 def _dispatch(args, early_ray: bool = False) -> int:
+    if args.command == "run":
+        from raysim.preflight import check_run
+        check_run(args.file, args.overrides, args.summary, args.resume)
     if early_ray and args.command == "run" and args.engine == "ray":
         from raysim.engine import ray_start
         print(f"raysim: {'joining Ray at ' + args.address if args.address else 'starting a local Ray instance'} ...",

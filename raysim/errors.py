@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import traceback
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
 class RunsFailed(Exception):
@@ -11,12 +11,14 @@ class RunsFailed(Exception):
 
 
 def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
-    """An error as (exit code, one line): bad input (2), interrupted (130), or a failure
-    during the run (1; with ``verbose`` its traceback is printed first)."""
+    """An error as (exit code, one line): bad input (2), interrupted (130; 143 when a SIGTERM
+    stopped it), or a failure during the run (1; with ``verbose`` its traceback is printed
+    first)."""
     from raysim.config import ScenarioError
     from raysim.data import DataError
     if isinstance(e, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted"
+        from raysim.signals import terminated
+        return (EXIT_TERMINATED, "terminated (SIGTERM)") if terminated() else (EXIT_INTERRUPTED, "interrupted")
     from raysim.compare import CompareError
     from raysim.report import ReportError
     if isinstance(e, (ScenarioError, DataError, ReportError, CompareError)):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -15,6 +14,7 @@ from tqdm import tqdm
 from raysim.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost
+from raysim.signals import DeferredInterrupt
 
 # Test hook: raise after this round completes (after its checkpoint), to prove crash handling.
 FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
@@ -23,34 +23,6 @@ FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
 PAUSE_ENV = "RAYSIM_PAUSE_AFTER_ROUND"
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
-
-
-class DeferredInterrupt:
-    """Ctrl-C during a run stops it between rounds: the first SIGINT asks for a stop after the
-    round in progress (which is then checkpointed), a second one stops at once. An interrupt
-    landing inside a library call (an MLflow transaction, a Ray call) would otherwise surface
-    as that library's error. Installed only where Python's own handler is in force (a shell's
-    background job, which ignores SIGINT, keeps ignoring it)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = None
-
-    def install(self) -> None:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nraysim: interrupted: stopping after this round (Ctrl-C again to stop now)",
-              file=sys.stderr, flush=True)
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
@@ -168,14 +140,21 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         shown: dict[str, str] = {}
         losses = 0
         while len(history) < sc.rounds:
+            done = len(history)
             try:
                 record = server.step()
                 r = int(record["round"])
+                history.append(record)
+                tracker.log_round(record)       # a round redone after a loss is not logged again
                 every = sc.checkpoint.every
                 if (every and r % every == 0) or r == sc.rounds or stop.requested:
+                    # the rounds a checkpoint covers are in the store before it is committed:
+                    # a driver killed just after it loses no round's metrics
+                    tracker.flush()
                     _save(server, path, sc)
             except HostLost as err:
-                done = len(history)
+                if stop.requested:          # a SIGTERM to the whole job took the hosts too
+                    raise KeyboardInterrupt from err
                 while True:                 # start over on fresh hosts (they may be lost too)
                     losses += 1
                     why = str(getattr(err, "cause", err))
@@ -196,8 +175,10 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                     bar.n = back
                     bar.refresh()
                 continue
-            history.append(record)
-            tracker.log_round(record)
+            except Exception as err:
+                if stop.requested:          # the round is abandoned; the last checkpoint stands
+                    raise KeyboardInterrupt from err
+                raise
             shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
             bar.set_postfix(shown, refresh=False)
             bar.update(1)

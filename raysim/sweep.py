@@ -39,7 +39,8 @@ class Job:
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a side-by-side sweep (its unfinished runs marked KILLED); exit 130."""
+    """Ctrl-C (or SIGTERM) stopped a side-by-side sweep (its unfinished runs marked KILLED); exit
+    130 (143)."""
 
 
 def resume_command(file: str, overrides: list[str], engine: str, address: str | None,
@@ -186,7 +187,7 @@ def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, B
         if isinstance(outcome, dict) and "summary" in outcome:
             summaries[job.label] = outcome["summary"]
         else:
-            (stopped if outcome is None or (isinstance(outcome, dict) and outcome["code"] == 130) else failed).append(job)
+            (stopped if outcome is None or (isinstance(outcome, dict) and outcome["code"] in (130, 143)) else failed).append(job)
     for job in failed + stopped:
         _close_child(client, parent_id, job, "failed" if job in failed else "killed")
     if stopped:

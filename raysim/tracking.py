@@ -30,7 +30,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from raysim.config import Scenario
+from raysim.config import Scenario, ScenarioError
 
 STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0
@@ -53,6 +53,39 @@ def _alive(pid: int) -> bool:
         return b"raysim" in cmdline or cmdline.startswith(b"ray::")
     except OSError:
         return True                 # no /proc: trust the signal check
+
+
+def driver_gone(tags: dict, now: float) -> str | None:
+    """Why a RUNNING run's driver is gone (its process no longer alive on this host, or no
+    heartbeat for ``STALE_S``), or None while it may still be running."""
+    if DRIVER_TAG not in tags:
+        return None
+    host, _, pid = tags[DRIVER_TAG].rpartition(":")
+    beat = float(tags.get(BEAT_TAG, 0) or 0)
+    if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        return f"its driver (pid {pid} on {host}) is gone"
+    if now - beat > STALE_S:
+        return f"its driver on {host} last signalled {now - beat:.0f}s ago"
+    return None
+
+
+def resumable_run(client: MlflowClient, run_id: str, uri: str):
+    """The MLflow run ``--resume RUN_ID`` continues; ScenarioError (exit 2, the run left as it
+    is) when there is no such run, when it is FINISHED (its record is complete: resuming would
+    only rewrite it), or when its driver still runs it."""
+    from mlflow.exceptions import MlflowException
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ScenarioError(f"--resume {run_id}: no such MLflow run in {uri}") from None
+    status = run.info.status
+    if status == "FINISHED":
+        raise ScenarioError(f"--resume {run_id}: the run is FINISHED, nothing to continue (its record is left "
+                            "as it is); start a new run without --resume")
+    if status == "RUNNING" and DRIVER_TAG in run.data.tags and driver_gone(run.data.tags, time.time()) is None:
+        raise ScenarioError(f"--resume {run_id}: the run is still RUNNING (driver {run.data.tags[DRIVER_TAG]}); "
+                            "stop it first (Ctrl-C or SIGTERM)")
+    return run
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -127,9 +160,12 @@ class Tracker:
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self.uri, self.client, exp = open_store(sc, verbose, create=not resume_run_id)
+        self._logged: set[tuple[str, int]] = set()     # (metric, round) already in the store
         if resume_run_id:
-            run = self.client.get_run(resume_run_id)       # raises if unknown
+            run = resumable_run(self.client, resume_run_id, self.uri)
             self.run_id = run.info.run_id
+            self._logged = {(key, m.step) for key in run.data.metrics
+                            for m in self.client.get_metric_history(self.run_id, key)}
             self.client.update_run(self.run_id, status="RUNNING")
             self._start_heartbeat()
             if exp is not None:
@@ -158,11 +194,17 @@ class Tracker:
         1000-round run; a network round trip each with a tracking server). ``flush`` waits
         until they are written. MLflow's own ``log_batch(synchronous=False)`` was measured
         first: its ``set_terminated`` joins its writer thread, which waits up to a second on
-        its queue, about 0.9 s added to the end of every run."""
+        its queue, about 0.9 s added to the end of every run.
+
+        Each round is logged once: a round redone after a lost host or a resume (the same
+        values: client work is a pure function of the state) is not written again where the
+        store already has it."""
         step = int(record["round"])
         now = int(time.time() * 1000)
         metrics = [mlflow.entities.Metric(k, float(v), now, step) for k, v in record.items()
-                   if k != "round" and isinstance(v, (int, float)) and math.isfinite(v)]
+                   if k != "round" and isinstance(v, (int, float)) and math.isfinite(v)
+                   and (k, step) not in self._logged]
+        self._logged.update((m.key, step) for m in metrics)
         if self._writer is None:
             self._writer = threading.Thread(target=self._write, name="raysim-mlflow-writer", daemon=True)
             self._writer.start()
@@ -264,15 +306,8 @@ class Tracker:
         for run in self.client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
                                            max_results=1000):
             rid, tags = run.info.run_id, run.data.tags
-            if rid == getattr(self, "run_id", None) or DRIVER_TAG not in tags:
-                continue
-            host, _, pid = tags[DRIVER_TAG].rpartition(":")
-            beat = float(tags.get(BEAT_TAG, 0) or 0)
-            if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
-                why = f"its driver (pid {pid} on {host}) is gone"
-            elif now - beat > STALE_S:
-                why = f"its driver on {host} last signalled {now - beat:.0f}s ago"
-            else:
+            why = driver_gone(tags, now)
+            if rid == getattr(self, "run_id", None) or why is None:
                 continue
             self.client.set_tag(rid, "raysim.failure", why)
             self.client.set_terminated(rid, status="FAILED")
