@@ -109,7 +109,7 @@ def test_checkpoint_is_one_file_per_host_and_an_atomic_manifest(tmp_path, monkey
     assert [h["file"] for h in doc["hosts"]] == ["host-0.pt", "host-1.pt", "host-2.pt"]
     for h, entry in enumerate(doc["hosts"]):           # each host wrote exactly its own clients
         assert entry["clients"] == d.transport.placement.clients(h)
-        assert sorted(checkpoint.load(folder / doc["folder"] / entry["file"])) == entry["clients"]
+        assert sorted(checkpoint.load(folder / doc["folder"] / entry["file"])["states"]) == entry["clients"]
     assert sorted(c for e in doc["hosts"] for c in e["clients"]) == list(range(12))
     assert "clients" not in checkpoint.load(folder / doc["folder"] / "server.pt")   # no gathered models
     d.step()

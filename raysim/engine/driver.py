@@ -31,7 +31,7 @@ class Transport(Protocol):
     def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]]) -> list[tuple]: ...
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]) -> list[dict]: ...
-    def save_clients(self, folder: str, rdir: str, token: str) -> list[dict]: ...
+    def save_clients(self, folder: str, rdir: str, token: str, head: dict) -> list[dict]: ...
     def load_clients(self, folder: str, doc: dict, token: str) -> None: ...
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int: ...
     def shutdown(self) -> None: ...
@@ -334,21 +334,26 @@ class RoundDriver:
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, folder: str, extra: dict | None = None) -> None:
         """Checkpoint this round into ``folder`` (``raysim.engine.checkpoint``): the hosts write
-        their clients' states, this driver the server state and history, then the manifest."""
+        their clients' states, this driver the server state, history and the hosts' entries,
+        then the manifest. A failed write leaves the last complete round in place."""
+        head = checkpoint.header(folder, self.round)
         token = checkpoint.token(folder)
         rdir = checkpoint.round_folder(folder, self.round)
-        hosts = self.transport.save_clients(str(folder), str(rdir), token)
-        checkpoint.save(rdir / checkpoint.SERVER, {
-            **(extra or {}),
-            "round": self.round,
-            "server": state_to_tree(self.server_state),
-            "history": self.history,
-        })
-        checkpoint.commit(folder, self.round, hosts)
+        with checkpoint.writing(folder, rdir):
+            hosts = self.transport.save_clients(str(folder), str(rdir), token, head)
+            server = checkpoint.save(rdir / checkpoint.SERVER, {
+                **(extra or {}),
+                **head,
+                "hosts": hosts,
+                "server": state_to_tree(self.server_state),
+                "history": self.history,
+            })
+            checkpoint.commit(folder, head, server, hosts)
 
     def restore(self, folder: str) -> int:
-        doc = checkpoint.manifest(folder)
-        ck = checkpoint.server_part(folder)
+        """Go on from the checkpoint in ``folder``, every file verified as it is read (a
+        damaged one raises ``checkpoint.CheckpointError``)."""
+        doc, ck = checkpoint.read(folder)
         self.round = int(ck["round"])
         t = type(self.server_state)
         self.server_state = tree_to_state(t, ck["server"]) if is_dataclass(t) else ck["server"]

@@ -229,24 +229,25 @@ class Host:
             if tree["server"] is not None:
                 self.servers[cid] = to_device(tree_to_state(self._server_type, tree["server"]), self.device)
 
-    def write_states(self, folder: str, path: str, token: str) -> tuple[list[int], Any]:
-        """Write this host's clients' states to ``path`` (in checkpoint folder ``folder``);
-        returns (their ids, None), or (their ids, the states) when this process does not see
-        the folder (the server writes them)."""
+    def write_states(self, folder: str, path: str, token: str, head: dict) -> tuple[dict | None, Any]:
+        """Write this host's clients' states to ``path`` (in checkpoint folder ``folder``;
+        ``head``: ``checkpoint.header``); returns (its manifest entry, None), or (None, the
+        states) when this process does not see the folder (the server writes them)."""
         trees = self.get_states()
         if checkpoint.visible(folder, token):
-            checkpoint.save(path, trees)
-            return sorted(trees), None
-        return sorted(trees), trees
+            return checkpoint.write_host(path, head, trees), None
+        return None, trees
 
-    def read_states(self, folder: str, paths: list[str], token: str, given: dict[int, Any] | None = None) -> bool:
-        """Restore this host's clients from the checkpoint files ``paths`` (each read whole,
-        this host's clients kept), or from ``given``; False when this process does not see
-        the folder (the server reads them and calls again with ``given``)."""
+    def read_states(self, folder: str, doc: dict, token: str, given: dict[int, Any] | None = None) -> bool:
+        """Restore this host's clients from the host files of manifest ``doc`` that hold them
+        (each verified and read whole, this host's clients kept), or from ``given``; False when
+        this process does not see the folder (the server reads them and calls again with
+        ``given``). A client the manifest lists is never started afresh: a state missing from
+        its file raises ``checkpoint.CheckpointError``."""
         if given is None:
             if not checkpoint.visible(folder, token):
                 return False
-            given = checkpoint.read_clients(paths, self.cids)
+            given = checkpoint.read_clients(folder, doc, self.cids)
         self.set_states(given)
         return True
 

@@ -130,13 +130,13 @@ class RayHost(Host):
         self._fault("gossip_mix", getattr(self, "_mix_round", -1))
         return super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
 
-    def write_states(self, folder: str, path: str, token: str):
+    def write_states(self, folder: str, path: str, token: str, head: dict):
         """As Host's; states this process cannot write stay in its object store (a ref)."""
-        cids, trees = super().write_states(folder, path, token)
-        return cids, None if trees is None else ray.put(to_numpy(trees))
+        entry, trees = super().write_states(folder, path, token, head)
+        return entry, None if trees is None else ray.put(to_numpy(trees))
 
-    def read_states(self, folder: str, paths: list[str], token: str, given=None) -> bool:
-        return super().read_states(folder, paths, token, None if given is None else from_numpy(given))
+    def read_states(self, folder: str, doc: dict, token: str, given=None) -> bool:
+        return super().read_states(folder, doc, token, None if given is None else from_numpy(given))
 
 
 def _resources_text(sc: Scenario) -> str:
@@ -273,27 +273,27 @@ class RayTransport:
         ref = ray.put(to_numpy(mean))
         return self._gather([h.consensus.remote(ref) for h in self.hosts])
 
-    def save_clients(self, folder: str, rdir: str, token: str) -> list[dict]:
-        """Each host writes its own file; a host that does not see the folder (no shared file
-        system) leaves its states in its object store and they are written here, one host's
-        at a time."""
-        names = [checkpoint.host_file(h) for h in range(self.num_hosts)]
-        out = self._gather([h.write_states.remote(folder, f"{rdir}/{n}", token) for h, n in zip(self.hosts, names)])
+    def save_clients(self, folder: str, rdir: str, token: str, head: dict) -> list[dict]:
+        """Each host writes its own file and returns its entry (file, size, SHA-256, clients);
+        a host that does not see the folder (no shared file system) leaves its states in its
+        object store and they are written here, one host's at a time."""
+        paths = [f"{rdir}/{checkpoint.host_file(h)}" for h in range(self.num_hosts)]
+        out = self._gather([h.write_states.remote(folder, p, token, head) for h, p in zip(self.hosts, paths)])
         entries = []
-        for name, (cids, ref) in zip(names, out):
+        for path, (entry, ref) in zip(paths, out):
             if ref is not None:
-                checkpoint.save(f"{rdir}/{name}", from_numpy(ray.get(ref)))
+                entry = checkpoint.write_host(path, head, from_numpy(ray.get(ref)))
                 del ref
-            entries.append({"file": name, "clients": cids})
+            entries.append(entry)
         return entries
 
     def load_clients(self, folder: str, doc: dict, token: str) -> None:
         cids = [self.placement.clients(h) for h in range(self.num_hosts)]
-        paths = [checkpoint.files_for(doc, folder, c) for c in cids]
-        done = self._gather([h.read_states.remote(folder, p, token) for h, p in zip(self.hosts, paths)])
-        for h, ok, p, c in zip(self.hosts, done, paths, cids):
+        parts = [checkpoint.holding(doc, c) for c in cids]
+        done = self._gather([h.read_states.remote(folder, p, token) for h, p in zip(self.hosts, parts)])
+        for h, ok, p, c in zip(self.hosts, done, parts, cids):
             if not ok:                        # read here for it, one host at a time
-                given = ray.put(to_numpy(checkpoint.read_clients(p, c)))
+                given = ray.put(to_numpy(checkpoint.read_clients(folder, p, c)))
                 self._gather([h.read_states.remote(folder, p, token, given)])
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:

@@ -78,22 +78,20 @@ class LocalTransport:
         for h in self.hosts:
             h.set_states(trees)
 
-    def save_clients(self, folder: str, rdir: str, token: str) -> list[dict]:
+    def save_clients(self, folder: str, rdir: str, token: str, head: dict) -> list[dict]:
         """Each host writes its clients' states to ``rdir/host-H.pt``; the manifest's entries."""
         entries = []
         for h, host in enumerate(self.hosts):
-            name = checkpoint.host_file(h)
-            cids, trees = host.write_states(folder, f"{rdir}/{name}", token)
-            if trees is not None:
-                checkpoint.save(f"{rdir}/{name}", trees)
-            entries.append({"file": name, "clients": cids})
+            path = f"{rdir}/{checkpoint.host_file(h)}"
+            entry, trees = host.write_states(folder, path, token, head)
+            entries.append(entry if trees is None else checkpoint.write_host(path, head, trees))
         return entries
 
     def load_clients(self, folder: str, doc: dict, token: str) -> None:
         for host in self.hosts:
-            paths = checkpoint.files_for(doc, folder, host.cids)
-            if not host.read_states(folder, paths, token):
-                host.read_states(folder, paths, token, checkpoint.read_clients(paths, host.cids))
+            part = checkpoint.holding(doc, host.cids)
+            if not host.read_states(folder, part, token):
+                host.read_states(folder, part, token, checkpoint.read_clients(folder, part, host.cids))
 
     def message_nbytes(self, message: Any, by_host: list[dict[int, int]]) -> int:
         return message_nbytes(message, by_host)
