@@ -21,13 +21,11 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
         return (EXIT_TERMINATED, "terminated (SIGTERM)") if terminated() else (EXIT_INTERRUPTED, "interrupted")
     from raysim.compare import CompareError
     from raysim.report import ReportError
-    if isinstance(e, (ScenarioError, DataError, ReportError, CompareError)):
-        return EXIT_INPUT, str(e)
+    cause = _root_cause(e)      # a Ray task's error is also an instance of its cause, with Ray's text
+    if isinstance(cause, (ScenarioError, DataError, ReportError, CompareError)):
+        return EXIT_INPUT, str(cause)
     if isinstance(e, RunsFailed):
         return EXIT_FAILED, str(e)
-    cause = _root_cause(e)
-    if isinstance(cause, (ScenarioError, DataError)):
-        return EXIT_INPUT, str(cause)
     if verbose:
         traceback.print_exception(e)
     msg = str(cause).strip().splitlines()

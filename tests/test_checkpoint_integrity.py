@@ -243,3 +243,12 @@ def test_resume_of_a_damaged_checkpoint_exits_2_with_one_line(made, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"raysim: {tmp_path}/ck/{rid}/round-00000005/server.pt: "
                                                 "SHA-256 differs from the manifest's (file damaged or replaced)"]
+
+
+def test_damage_found_by_a_ray_host_is_still_one_line():
+    """A host actor's CheckpointError reaches the driver as Ray's task error (an instance of
+    CheckpointError too, whose text is Ray's traceback): the one line is the cause's."""
+    from ray.exceptions import RayTaskError
+    line = "ck/run-a/round-00000004/host-0.pt: SHA-256 differs from the manifest's (file damaged or replaced)"
+    err = RayTaskError("RayHost.read_states", "Traceback (most recent call last):\n  ...", CheckpointError(line))
+    assert explain(err.as_instanceof_cause()) == (EXIT_INPUT, line)
