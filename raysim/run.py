@@ -89,6 +89,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
         if not checkpoint.exists(ckpt_path):
             raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {resume} at {ckpt_path}")
+        checkpoint.verify(ckpt_path)       # every file, before a run or host is touched
         stored = checkpoint.server_part(ckpt_path).get("scenario")
         if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
             raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with "

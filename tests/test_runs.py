@@ -118,10 +118,15 @@ def test_crash_marks_failed_keeps_checkpoint_and_resume_is_identical(tmp_path):
 def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
     path = tracked(tmp_path, TINY)
     proc = raysim("run", path, "--resume", "0123abc", check=False)
-    assert proc.returncode == 2 and "no checkpoint for run 0123abc" in proc.stderr
+    assert proc.returncode == 2 and "--resume 0123abc: no such MLflow run" in proc.stderr
     s = summary_of(tmp_path, path, "--engine", "serial")
+    MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").update_run(s["mlflow_run_id"], status="FAILED")
     proc = raysim("run", path, "--resume", s["mlflow_run_id"], "--set", "algorithm.lr=0.5", check=False)
     assert proc.returncode == 2 and "differs" in proc.stderr
+    import shutil                # a failed run whose checkpoint is gone
+    shutil.rmtree(tmp_path / "ck" / s["mlflow_run_id"])
+    proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], check=False)
+    assert proc.returncode == 2 and f"no checkpoint for run {s['mlflow_run_id']}" in proc.stderr
 
 
 def test_interrupt_marks_killed_and_resumes(tmp_path):
