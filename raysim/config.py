@@ -14,11 +14,14 @@ from pathlib import Path
 
 import yaml
 
-from raysim.schema import (Component, Ctx, ScenarioError, check_range, coerce, component,
+from raysim.schema import (SEED, Component, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 
 
 # ----------------------------------------------------------------------------- schema
+TIMEOUT_MAX = 1e6        # seconds (11.6 days); Ray's waits overflow on vast timeouts
+
+
 @dataclass(frozen=True)
 class SamplingCfg:
     fraction: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0,
@@ -42,15 +45,16 @@ class ResourcesCfg:
     cpus_per_host: float = field(default=1.0, metadata={"gt": 0.0})
     gpus_per_host: float = field(default=0.0, metadata={"min": 0.0})
     host_timeout_s: float | None = field(default=None, metadata={
-        "gt": 0.0, "help": "a host call not answered within this many seconds counts as a lost host (null: wait)"})
+        "gt": 0.0, "max": TIMEOUT_MAX,
+        "help": "a host call not answered within this many seconds counts as a lost host (null: wait)"})
     max_host_losses: int = field(default=3, metadata={
         "min": 0, "help": "lost hosts a run survives (each rolls back to the last checkpoint); then it fails"})
     placement: str = field(default="samples", metadata={
         "choices": ("samples", "round_robin"),
         "help": "clients over hosts: samples (balance the hosts' samples, deterministic) or round_robin (c mod hosts)"})
     placement_timeout_s: float = field(default=900.0, metadata={
-        "gt": 0.0, "help": "on a cluster (--address), how long to wait for the hosts to be placed "
-                           "(an autoscaling cluster adds nodes meanwhile)"})
+        "gt": 0.0, "max": TIMEOUT_MAX, "help": "on a cluster (--address), how long to wait for the hosts to be "
+                                               "placed (an autoscaling cluster adds nodes meanwhile)"})
 
 
 @dataclass(frozen=True)
@@ -194,12 +198,16 @@ def seeds_of(path: str | Path, cli: str | None = None) -> list[int] | None:
     if value is None:
         return None
     items = value.split(",") if isinstance(value, str) else value
+    ctx = Ctx(where)
     try:
-        seeds = [int(str(v).strip()) for v in (items if isinstance(items, list) else [items])]
-    except ValueError:
+        seeds = [coerce(ctx, "", int, v.strip() if isinstance(v, str) else v)
+                 for v in (items if isinstance(items, list) else [items])]
+    except ScenarioError:
         raise ScenarioError(f"{where}: {value!r} is not a list of integers, e.g. 0,1,2") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+    if not seeds or len(set(seeds)) != len(seeds):
         raise ScenarioError(f"{where}: {value!r}: give distinct integers >= 0, e.g. 0,1,2")
+    for s in seeds:
+        check_range(ctx, "", SEED, s)
     return seeds
 
 
@@ -277,7 +285,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
             ctx.fail(required, "missing required section")
     name = coerce(ctx, "name", str, raw.get("name", Path(file).stem))
     seed = coerce(ctx, "seed", int, raw.get("seed", 0))
-    check_range(ctx, "seed", {"min": 0}, seed)
+    check_range(ctx, "seed", SEED, seed)
     rounds = coerce(ctx, "rounds", int, raw["rounds"])
     check_range(ctx, "rounds", {"min": 1}, rounds)
 
@@ -322,7 +330,12 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if sampling.count is not None and sampling.count > train_clients:
         ctx.fail("sampling.count", f"{sampling.count} is more than the {train_clients} training clients")
     resources = load_dataclass(ctx, "resources", ResourcesCfg, raw.get("resources"))
+    if resources.hosts > clients:
+        ctx.fail("resources.hosts", f"{resources.hosts} hosts for {clients} clients; give at most {clients} "
+                 "(a host holds one client or more)")
     tracking = load_dataclass(ctx, "tracking", TrackingCfg, raw.get("tracking"))
+    if not tracking.experiment.strip():
+        ctx.fail("tracking.experiment", "empty; give the MLflow experiment's name, e.g. raysim")
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
     if ev.clients is not None and ev.clients > 1 and ev.clients != int(ev.clients):
         ctx.fail("eval.clients", f"{ev.clients:g}: a count (above 1) must be a whole number; a fraction is at most 1")
@@ -398,16 +411,28 @@ def make_source(sc: Scenario):
 
 
 def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
-    """Open the data source (files present and well-formed) and build the model once."""
+    """Open the data source (files present and well-formed), build the model once and, with
+    a topology, its first graph."""
+    from raysim import topology
     from raysim.data import DataError
     from raysim.models import build as build_model
+
+    if sc.topology is not None:
+        try:
+            topology.check_scenario(sc.topology, sc.data.clients, sc.seed)
+        except topology.TopologyError as e:
+            ctx.fail("topology", str(e))
 
     try:
         source = make_source(sc)
         source.client(0)
     except DataError as e:
         ctx.fail("data", str(e))
+    except MemoryError as e:
+        ctx.fail("data", f"more than this machine's memory ({e}); lower the data's sizes")
     try:
         build_model(sc.model.name, sc.model.params, source)
     except ValueError as e:
         ctx.fail("model.name", str(e))
+    except (RuntimeError, MemoryError) as e:        # torch's allocator refused it
+        ctx.fail("model", f"cannot be built ({str(e).splitlines()[0]}); lower its sizes")

@@ -27,7 +27,7 @@ class LinearParams:
 
 @dataclass(frozen=True)
 class MLPParams:
-    hidden: tuple[int, ...] = field(default=(200, 200), metadata={"help": "hidden layer widths"})
+    hidden: tuple[int, ...] = field(default=(200, 200), metadata={"min": 1, "help": "hidden layer widths"})
     bias: bool = field(default=True, metadata={"help": "false: bias-free layers"})
     init: str = _init_field()
 

@@ -3,14 +3,30 @@
 Generic: any frozen dataclass whose fields are annotated with int, float, bool, str, tuple[...]
 or unions with None, and whose ``metadata`` may give ``min``/``max`` (inclusive), ``gt``/``lt``
 (strict) and ``choices``. Classes may also declare ``CHOICES``, ``POSITIVE`` and ``NONNEGATIVE``.
+
+Numbers follow the field's type, not YAML's: YAML 1.1 reads ``1e-3`` (no dot, no exponent
+sign) as a string, so a number field takes a string written as a number (ASCII digits only); an
+integer field takes a float with an integral value. Beyond their own bounds, integers must fit
+int64 (numpy's and torch's index type) and floats float32 (what the models compute in).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
+import re
 import types
 import typing
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+
+INT_MIN, INT_MAX = -2**63, 2**63 - 1                    # int64
+FLOAT_MAX = 3.4028234663852886e+38                      # float32's largest
+SEED = {"min": 0, "max": 2**32 - 1}       # rng derives every generator from a seed's low 32 bits
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 class ScenarioError(Exception):
@@ -66,16 +82,22 @@ def coerce(ctx: Ctx, path: str, t, value):
         if not isinstance(value, bool):
             ctx.fail(path, f"{value!r} is not true/false")
         return value
-    if t is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            ctx.fail(path, f"{value!r} is not an integer")
-        return value
-    if t is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            ctx.fail(path, f"{value!r} is not a number")
-        if value != value or value in (float("inf"), float("-inf")):
+    if t in (int, float):
+        number = value
+        if isinstance(value, str) and _NUMBER.fullmatch(value):
+            number = int(value) if value.lstrip("+-").isdigit() else float(value)
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            ctx.fail(path, f"{value!r} is not {_type_name(t)}")
+        if isinstance(number, float) and not math.isfinite(number):
             ctx.fail(path, f"{value!r} is not a finite number")
-        return float(value)
+        if t is float:
+            try:
+                return float(number)
+            except OverflowError:            # an integer beyond even float64
+                ctx.fail(path, f"{_show(number)} is out of range; it must be within ±{FLOAT_MAX}")
+        if isinstance(number, float) and not number.is_integer():
+            ctx.fail(path, f"{value!r} is not an integer")
+        return int(number)
     if t is str:
         if not isinstance(value, str):
             ctx.fail(path, f"{value!r} is not a string")
@@ -83,21 +105,30 @@ def coerce(ctx: Ctx, path: str, t, value):
     raise TypeError(f"unsupported schema type {t!r} at {path}")
 
 
+def _show(v) -> str:
+    """A number for a message: a huge integer (say 1e30 given for an int) as 1.000e+30."""
+    return format(Decimal(v), ".4g") if isinstance(v, int) and abs(v) > INT_MAX else repr(v)
+
+
 def check_range(ctx: Ctx, path: str, meta, value) -> None:
+    """``value`` (a number, or each of a tuple's) within ``meta``'s bounds and its type's."""
     if value is None:
         return
-    vals = value if isinstance(value, tuple) else (value,)
-    for v in vals:
-        if isinstance(v, str):
+    many = isinstance(value, tuple)
+    for i, v in enumerate(value if many else (value,)):
+        if isinstance(v, (str, bool)):
             continue
-        if "min" in meta and v < meta["min"]:
-            ctx.fail(path, f"{value!r} is out of range; it must be >= {meta['min']}")
-        if "gt" in meta and v <= meta["gt"]:
-            ctx.fail(path, f"{value!r} is out of range; it must be > {meta['gt']}")
-        if "max" in meta and v > meta["max"]:
-            ctx.fail(path, f"{value!r} is out of range; it must be <= {meta['max']}")
-        if "lt" in meta and v >= meta["lt"]:
-            ctx.fail(path, f"{value!r} is out of range; it must be < {meta['lt']}")
+        if isinstance(v, int):
+            lo = max(INT_MIN, math.ceil(meta.get("min", INT_MIN)), math.floor(meta.get("gt", INT_MIN - 1)) + 1)
+            hi = min(INT_MAX, math.floor(meta.get("max", INT_MAX)), math.ceil(meta.get("lt", INT_MAX + 1)) - 1)
+            ok, allowed = lo <= v <= hi, f"an integer from {lo} to {hi}"
+        else:
+            low = [(op, meta[k]) for k, op in (("min", ">="), ("gt", ">")) if k in meta] or [(">=", -FLOAT_MAX)]
+            high = [(op, meta[k]) for k, op in (("max", "<="), ("lt", "<")) if k in meta] or [("<=", FLOAT_MAX)]
+            ok = all(_OPS[op](v, b) for op, b in low + high)
+            allowed = " and ".join(f"{op} {b}" for op, b in low + high)
+        if not ok:
+            ctx.fail(f"{path}[{i}]" if many else path, f"{_show(v)} is out of range; it must be {allowed}")
     if "choices" in meta and value not in meta["choices"]:
         ctx.fail(path, f"{value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
 

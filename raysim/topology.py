@@ -22,6 +22,7 @@ do not converge in useful time).
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -67,22 +68,28 @@ def torus(n: int) -> nx.Graph:
 
 
 def from_edges(path: str | Path, n: int) -> nx.Graph:
-    """A file of lines ``i j`` (client ids, 0-based; '#' starts a comment)."""
+    """A file of lines ``i j`` (client ids 0..n-1 in ASCII digits, a space or a comma between;
+    '#' starts a comment; a self loop ``i i`` adds nothing: every client keeps its self-weight)."""
     g = nx.Graph()
     g.add_nodes_from(range(n))
     p = Path(path)
     if not p.is_file():
         raise TopologyError(f"edges: no such file {path}")
-    for k, line in enumerate(p.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+    allowed = f"each line holds two client ids from 0 to {n - 1} (ASCII digits) or a '#' comment"
+    for k, raw in enumerate(p.read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8").split("#", 1)[0].strip()
+        except UnicodeDecodeError:
+            raise TopologyError(f"edges: {path} line {k}: not UTF-8 text; {allowed}") from None
         if not line:
             continue
         parts = line.replace(",", " ").split()
-        if len(parts) != 2 or not all(x.isdigit() for x in parts):
-            raise TopologyError(f"edges: {path} line {k}: expected two client ids, got {line!r}")
+        if len(parts) != 2 or not all(re.fullmatch("[0-9]+", x) for x in parts):
+            raise TopologyError(f"edges: {path} line {k}: {line[:40]!r} is not two client ids; {allowed}")
         i, j = int(parts[0]), int(parts[1])
         if i >= n or j >= n:
-            raise TopologyError(f"edges: {path} line {k}: client id {max(i, j)} >= {n} clients")
+            raise TopologyError(f"edges: {path} line {k}: client id {max(i, j)} is not one of the {n} "
+                                f"clients (data.clients); {allowed}")
         if i != j:
             g.add_edge(i, j)
     return g
@@ -105,7 +112,8 @@ def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: st
     else:
         raise TopologyError(f"unknown topology {kind!r}")
     if n > 1 and not nx.is_connected(g):
-        raise TopologyError(f"{kind}: the graph is not connected ({nx.number_connected_components(g)} "
+        what = f"edges {edges}" if kind == "edges" else kind
+        raise TopologyError(f"{what}: the graph is not connected ({nx.number_connected_components(g)} "
                             "components); gossip could never reach consensus")
     return g
 
@@ -115,6 +123,14 @@ def scenario_graph(t, n: int, seed: int, key: int = 0) -> nx.Graph:
     generator(seed, "topology", key) (key: the round for a graph redrawn each round, else 0)."""
     from raysim import rng
     return build(t.kind, n, rng.generator(seed, "topology", key), p=t.p, edges=t.edges, connect=t.connect)
+
+
+def check_scenario(t, n: int, seed: int) -> None:
+    """What a gossip run with topology config ``t`` would refuse, found before it starts
+    (TopologyError): FMMC's size limit, and its first graph, drawn as the run draws it."""
+    if t.mixing == "fmmc":
+        _fmmc_fits(n)
+    scenario_graph(t, n, seed)
 
 
 def edge_array(g: nx.Graph) -> np.ndarray:
@@ -171,14 +187,18 @@ def spectral_gap(w, counts: np.ndarray | None = None) -> float:
     return 1.0 - slem(w, counts)
 
 
+def _fmmc_fits(n: int) -> None:
+    if n > FMMC_MAX:
+        raise TopologyError(f"fmmc: {n} clients is beyond {FMMC_MAX} (each iteration is a dense "
+                            f"{n} x {n} eigen-decomposition); use mixing: metropolis")
+
+
 def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> sp.csr_array:
     """Fastest-mixing Markov chain by projected subgradient descent on the edge weights
     (Boyd, Diaconis & Xiao 2004, §5): start from Metropolis, step along −g/‖g‖ by step/√k,
     project onto {w >= 0, Σ_{edges at i} w <= 1}; keep the best iterate."""
     n = g.number_of_nodes()
-    if n > FMMC_MAX:
-        raise TopologyError(f"fmmc: {n} clients is beyond {FMMC_MAX} (each iteration is a dense "
-                            f"{n} x {n} eigen-decomposition); use mixing: metropolis")
+    _fmmc_fits(n)
     edges = edge_array(g)
     if n <= 1 or len(edges) == 0:
         return sp.csr_array(sp.eye_array(n))

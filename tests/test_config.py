@@ -35,12 +35,12 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
     ("algorithm.lr=fast", "algorithm.lr", "not a number"),
     ("algorithm.lr=-1", "algorithm.lr", "must be > 0"),
     ("algorithm.lr_schedule=cosine", "algorithm.lr_schedule", "choose one of constant, step"),
-    ("sampling.fraction=1.5", "sampling.fraction", "must be <= 1.0"),
+    ("sampling.fraction=1.5", "sampling.fraction", "must be > 0.0 and <= 1.0"),
     ("sampling.fraction=0", "sampling.fraction", "must be > 0.0"),
-    ("data.clients=0", "data.clients", "must be >= 1"),
+    ("data.clients=0", "data.clients", "must be an integer from 1 to 9223372036854775807"),
     ("data.clients=2.5", "data.clients", "not an integer"),
     ("rounds=true", "rounds", "not an integer"),
-    ("resources.hosts=-2", "resources.hosts", "must be >= 1"),
+    ("resources.hosts=-2", "resources.hosts", "must be an integer from 1 to"),
     ("data.dataset=cifar", "data.dataset", "choose one of"),
     ("model.name=resnet", "model.name", "choose one of linear, mlp, twonn, twocnn, simplecnn, femnist_cnn"),
     ("colour=blue", "colour", "unknown section"),
@@ -50,7 +50,7 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
     ("algorithm.stacking=sometimes", "algorithm.stacking", "choose one of auto, always, never"),
         ("algorithm.optimizer=lbfgs", "algorithm.optimizer", "choose one of sgd, adam"),
     ("topology={kind: ring, weighting: size}", "topology.weighting", "choose one of uniform, samples"),
-    ("topology={kind: ring, mixing: fmmc, fmmc_iters: 0}", "topology.fmmc_iters", "must be >= 1"),
+    ("topology={kind: ring, mixing: fmmc, fmmc_iters: 0}", "topology.fmmc_iters", "must be an integer from 1 to"),
 ])
 def test_bad_values_name_the_key(tmp_path, override, key, words):
     msg = error_of(tmp_path, TINY, [override])

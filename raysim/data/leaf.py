@@ -300,12 +300,13 @@ def _parse(root: Path, fmt: Format | None = None, lay=None) -> tuple[list[str], 
     shapes = {a[0].shape[1:] for part in users.values() for a in part.values() if len(a[0])}
     if len(shapes) > 1:
         raise DataError(f"leaf_{fmt.name}: {root}'s users have inputs of different shapes {sorted(shapes)}")
-    labels = [int(a[1].max()) for part in users.values() for a in part.values() if len(a[1])]
+    ys = [a[1] for part in users.values() for a in part.values() if len(a[1])]
+    low, high = min((int(y.min()) for y in ys), default=0), max((int(y.max()) for y in ys), default=0)
     if isinstance(fmt, SyntheticFormat):
-        meta.update(dim=int(next(iter(shapes))[0]) if shapes else 0, classes=max(labels, default=0) + 1)
-    if labels and (max(labels) >= fmt.classes(meta) or min(int(a[1].min()) for part in users.values()
-                                                            for a in part.values() if len(a[1])) < 0):
-        raise DataError(f"leaf_{fmt.name}: {root} holds label {max(labels)}, expected 0..{fmt.classes(meta) - 1}")
+        meta.update(dim=int(next(iter(shapes))[0]) if shapes else 0, classes=high + 1)
+    if low < 0 or high >= fmt.classes(meta):
+        raise DataError(f"leaf_{fmt.name}: {root} holds label {low if low < 0 else high}, "
+                        f"expected 0..{fmt.classes(meta) - 1}")
     offsets = {sub: np.concatenate([[0], np.cumsum([len(users[sub][n][1]) if n in users[sub] else 0
                                                     for n in names])]).astype(np.int64) for sub in _SUBS}
     return names, offsets, users, meta

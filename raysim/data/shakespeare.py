@@ -51,6 +51,7 @@ import torch
 
 from raysim.core.data import ClientData
 from raysim.rng import generator
+from raysim.schema import SEED
 
 from . import cache
 from .base import DataError, FederatedSource, Splits, split_client
@@ -73,7 +74,7 @@ class ShakespeareParams:
     leaf_split: bool = field(default=True, metadata={
         "help": "LEAF's split: first 80 % of windows train, test after a 79-window gap; false: random by data.splits"})
     max_chars: int = field(default=0, metadata={"min": 0, "help": "cut each role's text to this many characters (0: all)"})
-    role_seed: int = field(default=0, metadata={"min": 0, "help": "seed of the fixed order in which roles become clients"})
+    role_seed: int = field(default=0, metadata={**SEED, "help": "seed of the fixed order in which roles become clients"})
 
 
 def plays_root(root: str) -> Path:
