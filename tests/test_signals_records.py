@@ -73,13 +73,13 @@ def test_a_second_sigterm_stops_at_once_and_the_last_checkpoint_resumes(tmp_path
 
 
 KILL_AFTER_COMMIT = """
-import os, signal, sys
+import json, os, signal, sys
 from raysim.engine import checkpoint
 from raysim import cli
 commit = checkpoint.commit
-def commit_then_die(folder, round_, *args, **kwargs):
-    commit(folder, round_, *args, **kwargs)
-    if round_ == int(sys.argv[1]):
+def commit_then_die(folder, *args, **kwargs):
+    commit(folder, *args, **kwargs)
+    if json.loads((checkpoint.Path(folder) / checkpoint.MANIFEST).read_text())["round"] == int(sys.argv[1]):
         os.kill(os.getpid(), signal.SIGKILL)     # the driver dies the instant the checkpoint is in
 checkpoint.commit = commit_then_die
 sys.exit(cli.main(sys.argv[2:]))
