@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -330,6 +330,8 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if sampling.count is not None and sampling.count > train_clients:
         ctx.fail("sampling.count", f"{sampling.count} is more than the {train_clients} training clients")
     resources = load_dataclass(ctx, "resources", ResourcesCfg, raw.get("resources"))
+    if resources.hosts > clients and "hosts" not in (raw.get("resources") or {}):
+        resources = replace(resources, hosts=clients)     # the default on fewer clients
     if resources.hosts > clients:
         ctx.fail("resources.hosts", f"{resources.hosts} hosts for {clients} clients; give at most {clients} "
                  "(a host holds one client or more)")
