@@ -4,11 +4,16 @@ start can begin before torch and the engine are imported.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import sys
+
+if __name__ == "__main__" and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)             # a worker of raysim's local Ray (``_worker``): no imports from here
+
+import contextlib
+import logging
 import threading
+from pathlib import Path
 from typing import Any, Iterator
 
 import ray
@@ -23,6 +28,14 @@ PRELOAD = ("raysim.engine.ray_engine", "algorithms")
 # has written its address (about 2.5 s of a 6-s start on 2 cores), and the autoscaler's
 # monitor (a local Ray cannot grow); the log monitor too unless worker logs are shown (-v)
 LEAN_SKIPS = ("start_api_server", "start_monitor")
+# a local Ray that raysim starts serves this machine only: each of its processes (GCS, raylet,
+# object manager, workers, agents, metrics) listens on loopback. Ray binds them so when the
+# node's address is 127.0.0.1, as on macOS and Windows, where its ENABLE_RAY_CLUSTER is off;
+# elsewhere ray.init turns 127.0.0.1 into the machine's network address, so that constant is
+# off while raysim's Ray starts. A reachable head: ``ray start --head``, then --address.
+LOOPBACK = "127.0.0.1"
+# the script of Ray's Python workers, which a worker of raysim's local Ray runs (``_worker``)
+_DEFAULT_WORKER = os.path.join(os.path.dirname(ray.__file__), "_private", "workers", "default_worker.py")
 # a start begun by ``start_in_background``: (its thread, set when done, its error if any)
 _EARLY: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
 
@@ -47,37 +60,107 @@ def init(address: str | None, verbose: bool = False) -> None:
     if address is None:
         # always a fresh local Ray: Ray would otherwise join one already running on this
         # machine (joining one is what --address auto says)
-        kwargs.update(include_dashboard=False, dashboard_host="127.0.0.1",
+        kwargs.update(include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
                       _system_config={"preload_python_modules": list(PRELOAD)})
-        with _lean_head(LEAN_SKIPS + (() if verbose else ("start_log_monitor",))):
+        with _patched(_local_start_patches(verbose)):
             ray.init(address="local", **kwargs)
+        _private_files(ray._private.worker._global_node)
     else:
         ray.init(address=address, **kwargs)
     _EMBEDDED = address is None
 
 
-@contextlib.contextmanager
-def _lean_head(skips: tuple[str, ...]) -> Iterator[None]:
-    """While a local Ray starts here, the head-node processes named by ``skips`` (methods of
-    Ray's private ``Node``) are not started. ``ray.init`` has no option for them: it always
-    starts the API server, the autoscaler's monitor and the log monitor. On a Ray without one
-    of those methods that one is simply started; the class is restored afterwards. Without
-    the API server, a local Ray that raysim starts has no dashboard, state API (``ray list``)
-    or job submission: for those, start one with ``ray start --head`` and run with
-    ``--address auto``."""
+def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
+    """What differs while raysim starts a local Ray, as (owner, name, stand-in). The head-node
+    processes raysim never uses (methods of Ray's private ``Node``; ``ray.init`` has no option
+    for them: it always starts the API server, the autoscaler's monitor and the log monitor;
+    without the API server there is no dashboard, state API (``ray list``) or job submission:
+    for those, start one with ``ray start --head`` and run with ``--address auto``); Ray's
+    ENABLE_RAY_CLUSTER, off (the node's address stays 127.0.0.1: see ``LOOPBACK``); the chmod
+    0o777 Ray gives each folder it makes (``_keep_private``), here and in each Python worker,
+    which makes the session's folders again as it starts (its script is this file's
+    ``_worker``); and the writing of a new token file (``_write_token_privately``)."""
+    import importlib
     from ray._private.node import Node
-    saved = {name: Node.__dict__[name] for name in skips if name in Node.__dict__}
-    for name in saved:
-        setattr(Node, name, _not_started)
+
+    def module(name: str) -> Any:               # None where this Ray lacks it
+        with contextlib.suppress(ImportError):
+            return importlib.import_module(name)
+    skips = LEAN_SKIPS + (() if verbose else ("start_log_monitor",))
+    patches = [*((Node, name, _not_started) for name in skips),
+               (module("ray._private.ray_constants"), "ENABLE_RAY_CLUSTER", False),
+               (module("ray._common.utils"), "try_make_directory_shared", _keep_private),
+               (module("ray._private.authentication.authentication_token_setup"), "generate_and_save_token",
+                _write_token_privately)]
+    if os.path.isfile(_DEFAULT_WORKER):
+        patches.append((Node, "__init__", _with_worker_path(vars(Node)["__init__"])))
+    return [(owner, name, new) for owner, name, new in patches if owner is not None]
+
+
+@contextlib.contextmanager
+def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """While a local Ray starts here, each (owner, name) is its stand-in; one that this Ray
+    lacks is left alone (a method: that process is simply started); all are restored after."""
+    present = [(owner, name, new, vars(owner)[name]) for owner, name, new in patches if name in vars(owner)]
+    for owner, name, new, _ in present:
+        setattr(owner, name, new)
     try:
         yield
     finally:
-        for name, method in saved.items():
-            setattr(Node, name, method)
+        for owner, name, _, old in present:
+            setattr(owner, name, old)
 
 
 def _not_started(self, *args, **kwargs) -> None:
     return None
+
+
+def _with_worker_path(init: Any) -> Any:
+    """Ray's ``Node.__init__``, the script of its Python workers being this file."""
+    def __init__(self, ray_params, *args, **kwargs) -> None:
+        ray_params.update_if_absent(worker_path=os.path.abspath(__file__))
+        init(self, ray_params, *args, **kwargs)
+    return __init__
+
+
+def _keep_private(path: str) -> None:
+    """Ray's ``try_make_directory_shared`` (chmod 0o777, which lets any user of the machine
+    remove or replace what is in there) for the folders of raysim's local Ray: its session
+    folder and those below are this user's only (0700), so the ones its agents then open to
+    everyone are out of reach too; Ray's temporary folder, shared by every Ray on the machine,
+    gets the sticky bit as well (0o1777, like /tmp). Another user's folder is left as it is."""
+    from ray._common.utils import get_default_ray_temp_dir
+    shared = os.path.realpath(path) == os.path.realpath(get_default_ray_temp_dir())
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, 0o1777 if shared else 0o700)
+
+
+def _write_token_privately() -> None:
+    """Ray's ``generate_and_save_token`` for raysim's local Ray: the same new token in the
+    same file (~/.ray/auth_token), created readable by this user only (0600, its folder 0700);
+    Ray's own is created 0644."""
+    from ray._private.authentication import authentication_token_setup as setup
+    path = setup._get_default_token_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(setup.generate_new_authentication_token())
+
+
+def _private_files(node: Any) -> None:
+    """After raysim's local Ray has started: no folder of its session is writable by others
+    (its agents make theirs 0o777, in their own processes), and Ray's token file, wherever it
+    came from, is this user's only (0600 in a 0700 folder)."""
+    def tighten(path: str | Path, keep: int) -> None:
+        with contextlib.suppress(OSError):          # gone, or another user's
+            st = os.stat(path)
+            if st.st_mode & 0o7777 & ~keep and st.st_uid == os.getuid():
+                os.chmod(path, st.st_mode & 0o7777 & keep)
+    for folder, _, _ in os.walk(node.get_session_dir_path()):
+        tighten(folder, ~0o022)
+    token = Path.home() / ".ray" / "auth_token"          # Ray's default; RAY_AUTH_TOKEN_PATH is the user's
+    if token.exists():
+        tighten(token.parent, 0o700)
+        tighten(token, 0o600)
 
 
 def start_in_background(address: str | None, verbose: bool = False) -> None:
@@ -130,9 +213,13 @@ def stop_for_exit() -> None:
     this process started is stopped by SIGKILL to each of its processes and their children
     (workers, agents) together, where ``ray.shutdown`` stops them one after another, giving
     each up to a second (about 1.4 s on 2 cores). Ray's own complaint about its raylet dying
-    is not shown (standard error is closed first). A start still under way is left to die
-    with the process (its processes are bound to its thread)."""
+    is not shown (standard error is closed first). A start still under way (a scenario
+    refused meanwhile) is stopped the same way: its GCS and raylet would die with the process
+    (they are bound to its thread), but the agents the raylet has started would not, for
+    about 10 s."""
     if not ray.is_initialized():
+        if _EARLY is not None and not _EARLY[1].is_set():
+            _kill_descendants()
         return
     node = ray._private.worker._global_node
     if not _EMBEDDED or node is None:
@@ -154,3 +241,38 @@ def stop_for_exit() -> None:
             p.kill()
         except psutil.Error:
             pass
+
+
+def _kill_descendants() -> None:
+    """SIGKILL to every process below this one (a Ray start under way: a refused scenario
+    starts nothing else). Each is stopped (SIGSTOP) as it is found, so none starts another
+    (or leaves an orphan) meanwhile, then all go together."""
+    import psutil
+    found: set[psutil.Process] = set()
+    while fresh := {p for p in psutil.Process().children(recursive=True) if p not in found}:
+        for p in fresh:
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+        found |= fresh
+    sys.stderr.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)        # the start's complaints, if any
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def _worker() -> None:
+    """A Python worker of raysim's local Ray: Ray's own (``default_worker.py``, run as it
+    would be), whose start makes the session's folders again, here private (``_keep_private``)
+    instead of 0o777."""
+    import runpy
+    with contextlib.suppress(ImportError):          # a Ray whose helper is elsewhere: as Ray has it
+        from ray._common import utils
+        utils.try_make_directory_shared = _keep_private
+    sys.argv[0] = _DEFAULT_WORKER
+    sys.path.insert(0, os.path.dirname(_DEFAULT_WORKER))
+    runpy.run_path(_DEFAULT_WORKER, run_name="__main__")
+
+
+if __name__ == "__main__":
+    _worker()
