@@ -12,6 +12,7 @@ if __name__ == "__main__" and sys.path[0] == os.path.dirname(os.path.abspath(__f
 
 import contextlib
 import logging
+import signal
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -57,6 +58,10 @@ def init(address: str | None, verbose: bool = False) -> None:
         log_to_driver=verbose,
         configure_logging=True,
     )
+    # ray.init in the main thread installs Ray's SIGTERM handler (exit at once); the command's
+    # own (raysim.signals: SIGTERM stops a run like Ctrl-C) is put back
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     if address is None:
         # always a fresh local Ray: Ray would otherwise join one already running on this
         # machine (joining one is what --address auto says)
@@ -67,6 +72,8 @@ def init(address: str | None, verbose: bool = False) -> None:
         _private_files(ray._private.worker._global_node)
     else:
         ray.init(address=address, **kwargs)
+    if callable(sigterm) and getattr(sigterm, "__module__", "") == "raysim.signals":
+        signal.signal(signal.SIGTERM, sigterm)
     _EMBEDDED = address is None
 
 
