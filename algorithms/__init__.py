@@ -14,13 +14,14 @@ from .fedsoft import FedSoft
 from .ifca import IFCA
 from .local import Local
 from .pfedme import PFedMe
+from .scaffold import Scaffold
 from .floco import Floco, FlocoPlus
 from .sosicfl import SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
-                                                           Floco, FlocoPlus)}
+                                                           Floco, FlocoPlus, Scaffold)}
 
 
 def get(name: str) -> type[Algorithm]:

@@ -4,9 +4,12 @@ import sys
 
 import pytest
 
+from algorithms import REGISTRY
 from raysim import cli, config
 from raysim.config import ScenarioError
 from tests.conftest import TINY, write_scenario
+
+NAMES = ", ".join(REGISTRY)     # the refusal lists every registered algorithm, in registry order
 
 
 def load_text(tmp_path, text, overrides=()):
@@ -30,7 +33,7 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("override, key, words", [
-    ("algorithm.name=fedavgg", "algorithm.name", "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl, superfed-mm, superfed-lm, apfl, pfedme, sosicfl, sosicfl+, floco, floco+"),
+    ("algorithm.name=fedavgg", "algorithm.name", "choose one of " + NAMES),
     ("algorithm.lrr=0.1", "algorithm.lrr", "unknown key"),
     ("algorithm.lr=fast", "algorithm.lr", "not a number"),
     ("algorithm.lr=-1", "algorithm.lr", "must be > 0"),
@@ -106,7 +109,7 @@ def test_cli_exit_code_2_one_line_no_traceback(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert lines[0] == (f"raysim: {path}: algorithm.name: 'fedavgg' is not one of the choices; "
-                        "choose one of fedavg, fedprox, local, fedavg+, fedem, ifca, ditto, fedsoft, cfl, superfed-mm, superfed-lm, apfl, pfedme, sosicfl, sosicfl+, floco, floco+")
+                        "choose one of " + NAMES)
 
 
 def test_cli_validate_and_list(tmp_path, capsys):
@@ -115,7 +118,7 @@ def test_cli_validate_and_list(tmp_path, capsys):
     assert "ok (fedavg on synthetic, 12 clients, 3 rounds)" in capsys.readouterr().out
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in ("fedavg", "fedprox", "local", "fedavg+", "synthetic", "gaussian", "fashion_mnist",
+    for name in (*REGISTRY, "synthetic", "gaussian", "fashion_mnist",
                  "linear", "mlp", "femnist_cnn", "dirichlet", "shards", "iid"):
         assert f"  {name} " in out
 

@@ -86,7 +86,9 @@ class Objective:
 
 class Supervised(Objective):
     """The task's loss, weighted per sample (1 by default), plus (mu/2)·‖w − anchor‖² where a
-    job has the constants ``mu`` and ``anchor`` (FedProx, Ditto's personal model, ...).
+    job has the constants ``mu`` and ``anchor`` (FedProx, Ditto's personal model, ...), plus
+    ⟨linear, w⟩ where it has the constant ``linear`` (one tensor per parameter): a gradient
+    correction, since it adds ``linear`` to every step's gradient (SCAFFOLD's c − c_i).
     ``model_params``: the model's parameters the job's parameters stand for this step (by
     default themselves; SosicFL's: the simplex point Σ α_m θ_m of the step's draw α)."""
 
@@ -102,6 +104,8 @@ class Supervised(Objective):
         if "mu" in consts:
             sq = sum(((p - a) ** 2).flatten(1).sum(1) for p, a in zip(params, consts["anchor"]))
             loss = loss + 0.5 * consts["mu"] * sq
+        if "linear" in consts:
+            loss = loss + sum((p * l).flatten(1).sum(1) for p, l in zip(params, consts["linear"]))
         return loss, (per.detach() * batch.valid).sum(1)
 
 
