@@ -22,8 +22,9 @@ A round, as the engine runs it:
 5. ``aggregate``: the server state from the sum of the replies.
 
 Evaluation: ``evaluate`` returns a client's metrics as a dict (personalized, global, per
-cluster, ...); the engine reports, for each, the mean weighted by test size and the bottom
-decile. A clustered method also names its cluster models (``centers``), which the engine scores
+cluster, ...), normally ``task.scores`` of some outputs (the one place where accuracy, top-5,
+ECE and test loss are computed); the engine reports, for each, the mean weighted by test size,
+the std over clients and the bottom decile. A clustered method also names its cluster models (``centers``), which the engine scores
 on every source's held-out set when the data are a mixture of sources, and each client's
 estimated weights of them (``importance``). Unseen clients (``eval.unseen_fraction``) first ``personalize`` with the shared parts
 frozen. ``train``, ``evaluate`` and ``personalize`` may each yield jobs.
@@ -48,7 +49,7 @@ from raysim.core.loop import Batch, Fitted, Job, Objective, Settings, Supervised
 from raysim.core.mixing import flatten, unflatten
 from raysim.core.optim import OPTIMIZERS
 from raysim.core.replies import ByKey, PerClient, Weighted
-from raysim.core.tasks import Task, lower_is_better
+from raysim.core.tasks import Task, lower_is_better, mean_std
 
 
 @dataclass(frozen=True)
@@ -326,4 +327,4 @@ def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[to
 __all__ = ["Algorithm", "Batch", "ByKey", "ClientData", "Context", "Fitted", "Job", "LocalTraining", "Message",
            "Objective", "PerClient", "Received", "StatsRequest", "Supervised", "Tracked", "UpdateStats", "Weighted",
            "flatten", "head_index", "interpolate",
-           "lower_is_better", "means_by_key", "params_of", "unflatten"]
+           "lower_is_better", "mean_std", "means_by_key", "params_of", "unflatten"]

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, Objective, interpolate, lower_is_better, params_of
+from .base import Algorithm, Objective, interpolate, lower_is_better, mean_std, params_of
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -218,11 +218,7 @@ class SuPerFedMM(FedAvg):
             vals = [(m[key], n) for c, (m, n) in sorted(results.items()) if n > 0 and key in m]
             if not vals:
                 return {}
-            v = np.array([a for a, _ in vals], dtype=np.float64)
-            w = np.array([b for _, b in vals], dtype=np.float64)
-            mu = float((v * w).sum() / w.sum())
-            mean[f"{t:g}"] = mu
-            std[f"{t:g}"] = float(np.sqrt((w * (v - mu) ** 2).sum() / w.sum()))
+            mean[f"{t:g}"], std[f"{t:g}"] = mean_std([a for a, _ in vals], [b for _, b in vals])
         return {"lambda_curve": mean, "lambda_curve_std": std}
 
     personalize = Algorithm.personalize_by_training

@@ -79,11 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     rp.add_argument("--out", default="report", help="folder for the figures (default ./report; one subfolder per run)")
     rp.add_argument("--no-log", action="store_true", help="do not log the figures to the runs")
-    cp = sub.add_parser("compare", help="finished runs as one table (method x dataset, mean ± std over seeds)")
+    cp = sub.add_parser("compare", help="finished runs as one table (method x dataset, mean ± std over seeds or clients)")
     cp.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs (a sweep's parent stands for its runs)")
     cp.add_argument("--experiment", default=None, metavar="NAME", help="every finished run of this MLflow experiment")
     cp.add_argument("--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     cp.add_argument("--out", default="report", help="folder for compare.md and compare.csv (default ./report)")
+    cp.add_argument("--metrics", default=None, metavar="M1,M2",
+                    help="columns: metrics the runs logged, e.g. accuracy,top5_accuracy,ece,test_loss,"
+                         "global_accuracy,best_accuracy (default: accuracy, or mse)")
+    cp.add_argument("--over", default="seeds", choices=("seeds", "clients"),
+                    help="± the std over seeds (default) or over clients (as the papers; averaged over seeds)")
     return p
 
 
@@ -127,7 +132,8 @@ def _dispatch(args, early_ray: bool = False) -> int:
         return EXIT_OK
     if args.command == "compare":
         from raysim.compare import compare
-        text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out)
+        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+        text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over)
         print(text)
         print(f"written to {md} and {cv}")
         return EXIT_OK

@@ -2,6 +2,12 @@
 final metric and its bottom decile as mean ± std over seeds; printed, and written as Markdown
 and CSV.
 
+``metrics`` picks the columns (any metric the runs logged: ``accuracy``, ``top5_accuracy``,
+``ece``, ``test_loss``, ``global_accuracy``, ``best_accuracy``, ``mse``, ...; default the
+primary one, accuracy or mse). ``over``: ``seeds`` (default) gives the mean ± sample std over
+seeds; ``clients`` gives the papers' mean ± std over clients (each run's ``<metric>_std``, the
+test-size-weighted population std), both averaged over the seeds of a cell.
+
 Runs are chosen by id (a sweep's or seeded run's parent stands for its children), or as every
 finished run of an MLflow experiment. A row is a method: the algorithm, with the sweep variant
 when the run is one; a column a dataset. Runs of the same row and column are the seeds of one
@@ -27,6 +33,10 @@ class Row:
     metric: str
     value: float
     bottom: float | None
+    client_std: float | None = None
+
+
+OVER = ("seeds", "clients")
 
 
 class CompareError(Exception):
@@ -57,20 +67,29 @@ def select(client, run_ids: list[str], experiment: str | None) -> list:
     return out
 
 
-def rows(runs) -> list[Row]:
+def rows(runs, metrics: list[str] | None = None) -> list[Row]:
+    """One row per run and metric (``metrics``; default: the run's accuracy, or mse)."""
     out = []
     for r in runs:
         m = r.data.metrics
-        metric = "accuracy" if "accuracy" in m else "mse" if "mse" in m else None
-        if metric is None:
+        primary = "accuracy" if "accuracy" in m else "mse" if "mse" in m else None
+        if primary is None:
             continue                      # never evaluated
         tags = r.data.tags
         algorithm, variant = tags.get("algorithm", "?"), tags.get("variant")
         method = algorithm + (f" [{variant}]" if variant and variant != algorithm else "")
-        out.append(Row(r.info.run_id, method, tags.get("dataset", "?"), tags.get("seed", r.data.params.get("seed", "?")),
-                       metric, float(m[metric]), float(m[f"bottom_decile_{metric}"])
-                       if f"bottom_decile_{metric}" in m else None))
+        for metric in metrics or [primary]:
+            if metric not in m:
+                continue
+            get = lambda k: float(m[k]) if k in m else None      # noqa: E731
+            out.append(Row(r.info.run_id, method, tags.get("dataset", "?"),
+                           tags.get("seed", r.data.params.get("seed", "?")), metric, float(m[metric]),
+                           get(f"bottom_decile_{metric}"), get(f"{metric}_std")))
     if not out:
+        if metrics and any(r.data.metrics for r in runs):
+            have = sorted({k for r in runs for k in r.data.metrics if not k.startswith("bottom_decile_")
+                           and not k.endswith("_std")})
+            raise CompareError(f"none of the chosen runs logged {', '.join(metrics)} (they have: {', '.join(have)})")
         raise CompareError("none of the chosen runs has an evaluation to compare")
     return out
 
@@ -87,81 +106,106 @@ class Cell:
     run_ids: list[str]
 
 
-def cells(found: list[Row]) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
-    """(methods, datasets, {(method, dataset): Cell}); std is the sample std over seeds (0 for one)."""
+def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[str, str]], dict]:
+    """(methods, columns: (dataset, metric), {(method, dataset, metric): Cell}). ``over``
+    seeds: the mean and sample std over seeds (0 for one); clients: the mean over seeds of each
+    run's mean and of its std over clients (None where the run logged none, e.g. ``best_*``).
+    The bottom decile is its mean and sample std over seeds either way."""
+    if over not in OVER:
+        raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     methods = list(dict.fromkeys(r.method for r in found))
-    datasets = list(dict.fromkeys(r.dataset for r in found))
+    columns = list(dict.fromkeys((r.dataset, r.metric) for r in found))
+    sd = lambda a: float(np.std(a, ddof=1)) if len(a) > 1 else 0.0     # noqa: E731
     table = {}
     for m in methods:
-        for d in datasets:
-            group = [r for r in found if r.method == m and r.dataset == d]
+        for d, metric in columns:
+            group = [r for r in found if r.method == m and r.dataset == d and r.metric == metric]
             if not group:
                 continue
             v = np.array([r.value for r in group])
             b = [r.bottom for r in group if r.bottom is not None]
-            sd = lambda a: float(np.std(a, ddof=1)) if len(a) > 1 else 0.0     # noqa: E731
-            table[m, d] = Cell(group[0].metric, float(v.mean()), sd(v), float(np.mean(b)) if b else None,
-                               sd(np.array(b)) if b else None, len(group), [r.seed for r in group],
-                               [r.run_id for r in group])
-    return methods, datasets, table
+            if over == "seeds":
+                std = sd(v)
+            else:
+                c = [r.client_std for r in group if r.client_std is not None]
+                std = float(np.mean(c)) if len(c) == len(group) else None
+            table[m, d, metric] = Cell(metric, float(v.mean()), std, float(np.mean(b)) if b else None,
+                                       sd(np.array(b)) if b else None, len(group), [r.seed for r in group],
+                                       [r.run_id for r in group])
+    return methods, columns, table
+
+
+def percent(metric: str) -> bool:
+    """Shown in %: accuracies (top-1, top-5, global, best, ...)."""
+    return "accuracy" in metric.split("_")
 
 
 def _fmt(metric: str, mean: float | None, std: float | None) -> str:
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "-"
-    if metric == "accuracy":
-        return f"{100 * mean:.1f} ± {100 * std:.1f}"
-    return f"{mean:.4g} ± {std:.2g}"
+    if percent(metric):
+        return f"{100 * mean:.1f}" + ("" if std is None else f" ± {100 * std:.1f}")
+    return f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}")
 
 
-def markdown(methods, datasets, table) -> str:
-    head = "| method | " + " | ".join(f"{d} (avg / bottom decile)" for d in datasets) + " |"
-    lines = [head, "|" + "---|" * (len(datasets) + 1)]
+def markdown(methods, columns, table, over: str = "seeds") -> str:
+    one = len({metric for _, metric in columns}) == 1
+    head = "| method | " + " | ".join(f"{d}{'' if one else ' ' + metric} (avg / bottom decile)"
+                                      for d, metric in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 1)]
     for m in methods:
         row = []
-        for d in datasets:
-            c = table.get((m, d))
+        for d, metric in columns:
+            c = table.get((m, d, metric))
             row.append("-" if c is None else f"{_fmt(c.metric, c.mean, c.std)} / "
                        f"{_fmt(c.metric, c.bottom_mean, c.bottom_std)} (n={c.n})")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     metric = {c.metric for c in table.values()}
-    unit = "accuracy in %" if metric == {"accuracy"} else ", ".join(sorted(metric))
+    shown = sorted(x for x in metric if percent(x))
+    unit = (("accuracy" if shown == ["accuracy"] else ", ".join(shown)) + " in %") if shown else ""
+    unit = "; ".join(u for u in (unit, ", ".join(sorted(metric - set(shown)))) if u)
     lines.append("")
-    lines.append(f"Mean ± std over seeds (n runs per cell); {unit}; bottom decile: the 10th percentile of "
+    what = ("Mean ± std over seeds (n runs per cell)" if over == "seeds" else
+            "Mean ± std over clients (weighted by test size), each averaged over the n runs (seeds) of a cell")
+    lines.append(f"{what}; {unit}; bottom decile: the 10th percentile of "
                  "the clients' scores (90th for an error).")
     return "\n".join(lines)
 
 
-def write_csv(path: Path, methods, datasets, table) -> None:
+def write_csv(path: Path, methods, columns, table, over: str = "seeds") -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "dataset", "metric", "mean", "std", "bottom_decile_mean", "bottom_decile_std",
-                    "n", "seeds", "run_ids"])
+                    "n", "seeds", "run_ids", "std_over"])
         for m in methods:
-            for d in datasets:
-                c = table.get((m, d))
+            for d, metric in columns:
+                c = table.get((m, d, metric))
                 if c is not None:
-                    w.writerow([m, d, c.metric, c.mean, c.std, c.bottom_mean, c.bottom_std, c.n,
-                                " ".join(c.seeds), " ".join(c.run_ids)])
+                    w.writerow([m, d, c.metric, c.mean, "" if c.std is None else c.std, c.bottom_mean,
+                                c.bottom_std, c.n, " ".join(c.seeds), " ".join(c.run_ids), over])
 
 
-def table(client, run_ids: list[str], experiment: str | None = None) -> tuple[str, tuple]:
-    """(the Markdown table, (methods, datasets, cells)) of the chosen runs."""
-    found = cells(rows(select(client, run_ids, experiment)))
-    return markdown(*found), found
+def table(client, run_ids: list[str], experiment: str | None = None, metrics: list[str] | None = None,
+          over: str = "seeds") -> tuple[str, tuple]:
+    """(the Markdown table, (methods, columns, cells)) of the chosen runs."""
+    found = cells(rows(select(client, run_ids, experiment), metrics), over)
+    return markdown(*found, over), found
 
 
 def compare(run_ids: list[str], experiment: str | None = None, uri: str | None = None,
-            out: str | Path = "report") -> tuple[str, Path, Path]:
+            out: str | Path = "report", metrics: list[str] | None = None,
+            over: str = "seeds") -> tuple[str, Path, Path]:
     """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``."""
     from raysim.report import client_for
     if not run_ids and experiment is None:
         raise CompareError("give run ids (a sweep's parent stands for its runs) or --experiment NAME")
+    if over not in OVER:
+        raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     _, client = client_for(uri)
-    text, found = table(client, run_ids, experiment)
+    text, found = table(client, run_ids, experiment, metrics, over)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md, cv = out / "compare.md", out / "compare.csv"
     md.write_text(text + "\n")
-    write_csv(cv, *found)
+    write_csv(cv, *found, over)
     return text, md, cv

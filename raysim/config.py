@@ -37,6 +37,9 @@ class EvalCfg:
     clients: float | None = field(default=None, metadata={"gt": 0.0, "help": (
         "training clients evaluated: all (null), a fraction (≤ 1) or a count (> 1), one seeded sample "
         "kept for the whole run so the curves compare")})
+    target: float | None = field(default=None, metadata={"min": 0.0, "help": (
+        "time-to-accuracy: the summary's target_round and target_seconds are the first round (and "
+        "the rounds' seconds up to it) whose mean accuracy reaches it (mse: falls to it)")})
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 import threading
@@ -245,20 +246,59 @@ FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accura
          "unseen_bottom_decile_accuracy", "test_loss", "mse", "bottom_decile_mse", "train_mse",
          "train_accuracy", "unseen_mse", "global_mse", "local_accuracy", "local_mse",
          "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen", "cluster_ari")
-BEST = ("accuracy", "global_accuracy")     # also reported as their best over evaluations (best_*)
+
+
+def means(record: dict) -> list[str]:
+    """The metrics of an evaluation that are means over clients: those reported with their std
+    beside them (``driver.summarize``)."""
+    return [k for k in record if f"{k}_std" in record]
+
+
+def best_over(evaluated: list[dict]) -> dict[str, float]:
+    """ACC(T) for every mean (SosicFL: max_t): ``best_<metric>``, its best over the evaluations
+    (the largest, the smallest for a metric where lower is better: losses, errors, ECE)."""
+    from raysim.core.tasks import lower_is_better
+    out = {}
+    for k in means(evaluated[-1]) if evaluated else []:
+        vals = [h[k] for h in evaluated if k in h and math.isfinite(h[k])]
+        if vals:
+            out[f"best_{k}"] = (min if lower_is_better(k) else max)(vals)
+    return out
+
+
+def time_to_target(history: list[dict], metric: str, target: float) -> dict[str, float]:
+    """Time-to-accuracy (``eval.target``): the first evaluated round whose mean ``metric``
+    reaches ``target`` (>=, or <= where lower is better), ``target_round``, and the seconds the
+    rounds took up to and including it (their ``round_seconds`` summed: training and evaluation,
+    without start-up and checkpoints), ``target_seconds``; {} when never reached."""
+    from raysim.core.tasks import lower_is_better
+    seconds = 0.0
+    for h in history:
+        seconds += h.get("round_seconds", 0.0)
+        v = h.get(metric)
+        if v is not None and (v <= target if lower_is_better(metric) else v >= target):
+            return {"target_round": int(h["round"]), "target_seconds": seconds}
+    return {}
 
 
 def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, clusters: dict | None = None) -> dict:
-    """The run's summary; ``final`` holds the last evaluation's headline metrics and, for a
-    clustered method, its cluster report: ``center_source`` (row c: center c's score on each
-    source), ``association`` (each source's best center), ``importance`` and ``true_shares``
-    ({client id: weights})."""
+    """The run's summary; ``final`` holds the last evaluation's headline metrics, every mean
+    over clients with its ``_std``, ``bottom_decile_`` and ``best_`` (ACC(T)), the time to
+    ``eval.target`` (``target_round``, ``target_seconds``) and, for a clustered method, its
+    cluster report: ``center_source`` (row c: center c's score on each source),
+    ``association`` (each source's best center), ``importance`` and ``true_shares`` ({client
+    id: weights})."""
     evaluated = [h for h in history if "eval_seconds" in h]
     last = evaluated[-1] if evaluated else {}
     final: dict = {k: last[k] for k in FINAL if k in last}
-    for k in BEST:                          # the best evaluation, as SosicFL's ACC(T) = max_t
-        if k in last:
-            final[f"best_{k}"] = max(h[k] for h in evaluated if k in h)
+    for k in means(last):
+        final.update({name: last[name] for name in (k, f"{k}_std", f"bottom_decile_{k}") if name in last})
+    final.update(best_over(evaluated))
+    if sc.eval.target is not None:
+        from raysim.core.tasks import TASKS
+        metric = next((t.metric for t in TASKS.values() if t.metric in last), None)
+        if metric is not None:
+            final.update(time_to_target(history, metric, sc.eval.target))
     for key, value in (clusters or {}).items():
         final[key] = {str(c): v for c, v in value.items()} if isinstance(value, dict) else value
     return {

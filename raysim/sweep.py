@@ -120,7 +120,12 @@ def run_job(job: Job) -> dict:
 
 
 def _finished(summary: dict, sc: Scenario) -> None:
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items() if isinstance(v, float))
+    from raysim.run import FINAL
+    # the headline metrics, ACC(T) and the time to eval.target (every mean, std and best is in
+    # the summary file)
+    shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary["final"].items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and (k in FINAL or k in ("best_accuracy", "best_mse", "target_round", "target_seconds")))
     print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
     print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
           f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "

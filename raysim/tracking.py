@@ -246,9 +246,14 @@ class Tracker:
         """summary.json, and for a clustered method ``clusters/center_source.csv`` (row c:
         center c's score per source, the association below) and ``clusters/importance.csv``
         (each client's estimated weights beside its true shares); every ``*_curve`` of the
-        report (SuPerFed's ``lambda_curve``) as ``curves/<name>.csv`` and ``.png``."""
-        self.flush()
+        report (SuPerFed's ``lambda_curve``) as ``curves/<name>.csv`` and ``.png``. The
+        summary's scalars not logged with the rounds (``best_*``, ``target_round``,
+        ``target_seconds``) are logged as metrics at the last round's step."""
         final = summary.get("final", {})
+        if summary.get("history"):
+            self.log_round({"round": summary["history"][-1]["round"],
+                            **{k: v for k, v in final.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}})
+        self.flush()
         with tempfile.TemporaryDirectory() as tmp:
             p = os.path.join(tmp, "summary.json")
             with open(p, "w") as f:

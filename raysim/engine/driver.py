@@ -18,7 +18,7 @@ import torch
 from raysim import rng
 from raysim.config import Scenario, make_source
 from raysim.core.replies import Accumulator
-from raysim.core.tasks import lower_is_better
+from raysim.core.tasks import lower_is_better, mean_std
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
 from raysim.setup import make_algorithm
@@ -146,8 +146,9 @@ def mean_train_loss(losses: dict[int, tuple[float, int]]) -> float:
 
 def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = "") -> dict[str, float]:
     """Every metric the clients report: its mean weighted by test size (clients with a test
-    split) and its bottom decile across clients — the 10th percentile, or the 90th for a metric
-    where lower is better (losses, errors)."""
+    split), its std over clients (``<name>_std``, weighted the same way: ``mean_std``) and its
+    bottom decile across clients — the 10th percentile, or the 90th for a metric where lower is
+    better (losses, errors). Sums in float64 in client-id order: the same on any host count."""
     names: list[str] = []
     for c in sorted(results):
         names += [k for k in results[c][0] if k not in names]
@@ -158,8 +159,7 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
         if not vals:
             continue
         v = np.array([x for x, _ in vals], dtype=np.float64)
-        w = np.array([n for _, n in vals], dtype=np.float64)
-        out[f"{prefix}{name}"] = float((v * w).sum() / w.sum())
+        out[f"{prefix}{name}"], out[f"{prefix}{name}_std"] = mean_std(v, [n for _, n in vals])
         out[f"{prefix}bottom_decile_{name}"] = float(np.percentile(v, 90 if lower_is_better(name) else 10))
     return out
 

@@ -1,0 +1,169 @@
+"""The metrics every method gets (issue 25, item 4): top-5 accuracy, ECE, test loss from
+``Task.scores``; the std over clients from ``driver.summarize``; ACC(T) and time-to-accuracy
+in the summary; ``raysim compare --metrics --over clients``. Numbers worked out by hand."""
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from raysim import cli, report
+from raysim.core.tasks import TASKS, ece, lower_is_better
+from raysim.engine.driver import summarize
+from raysim.run import best_over, time_to_target
+
+from conftest import write_scenario
+
+CE = TASKS["classification"]
+
+
+def test_top5_accuracy_only_beyond_five_classes():
+    # 7 classes ranked 0 > 1 > ... > 6 for every sample: class 0 is top-1, classes 0..4 the
+    # top 5; labels 0 (top-1), 4 (5th: top-5 only) and 5 (6th: neither)
+    out = torch.tensor([[6.0, 5, 4, 3, 2, 1, 0]]).repeat(3, 1)
+    got = CE.scores(out, torch.tensor([0, 4, 5]), "global_")
+    assert got["global_accuracy"] == pytest.approx(1 / 3)
+    assert got["global_top5_accuracy"] == pytest.approx(2 / 3)
+    assert "top5_accuracy" not in CE.scores(out[:, :5], torch.tensor([0, 4, 3]))   # 5 classes: none
+    assert "top5_accuracy" in CE.scores(out[:, :6], torch.tensor([0, 4, 3]))
+
+
+def test_ece_and_loss_by_hand():
+    # outputs are log-probabilities, so the softmax gives p back; 15 bins (k/15, (k+1)/15]:
+    #   sample  p                  label  pred  correct  conf  bin
+    #   0       (.9, .05, .05)     0      0     1        .9    13 (.8667, .9333]
+    #   1       (.9, .05, .05)     1      0     0        .9    13
+    #   2       (.5, .3, .2)       0      0     1        .5     7 (.4667, .5333]
+    #   3       (.35, .45, .2)     0      1     0        .45    6 (.4, .4667]
+    # ECE = 2/4·|1/2 − .9| + 1/4·|1 − .5| + 1/4·|0 − .45| = .2 + .125 + .1125 = .4375
+    p = torch.tensor([[.9, .05, .05], [.9, .05, .05], [.5, .3, .2], [.35, .45, .2]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 0, 0])
+    got = CE.scores(p.log(), y)
+    assert got["ece"] == pytest.approx(0.4375, abs=1e-12)
+    assert got["accuracy"] == 0.5
+    assert got["test_loss"] == pytest.approx(-(math.log(.9) + math.log(.05) + math.log(.5) + math.log(.35)) / 4,
+                                             rel=1e-6)
+    assert "top5_accuracy" not in got
+    # a perfectly calibrated bin gives 0: two samples at confidence .5, one right, one wrong
+    half = torch.tensor([[.5, .5, 0.0], [.5, .5, 0.0]]).clamp_min(1e-30).log()
+    assert ece(half, torch.tensor([True, False])) == pytest.approx(0.0, abs=1e-12)
+    assert lower_is_better("ece") and lower_is_better("global_ece") and not lower_is_better("top5_accuracy")
+
+
+def test_std_over_clients_weighted_by_test_size():
+    results = {2: ({"accuracy": 0.5}, 0),                  # no test split: left out
+               1: ({"accuracy": 0.0, "ece": 0.3}, 3),
+               0: ({"accuracy": 1.0, "ece": 0.1}, 1)}
+    got = summarize(results)
+    # mean (1·1 + 3·0)/4 = .25; std sqrt((1·.75² + 3·.25²)/4) = sqrt(.1875)
+    assert got["accuracy"] == pytest.approx(0.25)
+    assert got["accuracy_std"] == pytest.approx(math.sqrt(0.1875))
+    assert got["bottom_decile_accuracy"] == pytest.approx(0.1)           # 10th percentile of (1, 0)
+    # ece: mean (.1 + .9)/4 = .25; std sqrt((.15² + 3·.05²)/4) = sqrt(.0075); lower is better:
+    # its bottom decile is the 90th percentile of (.1, .3) = .28
+    assert got["ece"] == pytest.approx(0.25) and got["ece_std"] == pytest.approx(math.sqrt(0.0075))
+    assert got["bottom_decile_ece"] == pytest.approx(0.28)
+    # equal test sizes: the population std of the values (SuPerFed's std(unbiased=False))
+    even = summarize({c: ({"accuracy": a}, 7) for c, a in enumerate([0.2, 0.5, 0.9])})
+    assert even["accuracy_std"] == pytest.approx(np.std([0.2, 0.5, 0.9]))
+
+
+HISTORY = [
+    {"round": 1, "accuracy": 0.5, "accuracy_std": 0.1, "bottom_decile_accuracy": 0.3, "test_loss": 2.0,
+     "test_loss_std": 0.2, "ece": 0.3, "ece_std": 0.1, "round_seconds": 1.0, "eval_seconds": 0.1},
+    {"round": 2, "train_loss": 1.0, "round_seconds": 2.0},                    # not evaluated
+    {"round": 3, "accuracy": 0.7, "accuracy_std": 0.2, "bottom_decile_accuracy": 0.6, "test_loss": 2.5,
+     "test_loss_std": 0.2, "ece": 0.2, "ece_std": 0.1, "round_seconds": 0.5, "eval_seconds": 0.1},
+    {"round": 4, "accuracy": 0.6, "accuracy_std": 0.3, "bottom_decile_accuracy": 0.2, "test_loss": 1.5,
+     "test_loss_std": 0.2, "ece": 0.4, "ece_std": 0.1, "round_seconds": 4.0, "eval_seconds": 0.1},
+]
+
+
+def test_acc_t_is_the_best_of_every_mean_over_the_evaluations():
+    evaluated = [h for h in HISTORY if "eval_seconds" in h]
+    # the largest accuracy, the smallest loss and ECE; nothing for stds and bottom deciles
+    assert best_over(evaluated) == {"best_accuracy": 0.7, "best_test_loss": 1.5, "best_ece": 0.2}
+
+
+def test_time_to_target_round_and_seconds():
+    # accuracy .65 is first reached in round 3; the rounds took 1 + 2 + .5 s
+    assert time_to_target(HISTORY, "accuracy", 0.65) == {"target_round": 3, "target_seconds": 3.5}
+    assert time_to_target(HISTORY, "accuracy", 0.5) == {"target_round": 1, "target_seconds": 1.0}
+    assert time_to_target(HISTORY, "accuracy", 0.9) == {}                      # never
+    mse = [{"round": r, "mse": v, "round_seconds": 1.0} for r, v in ((1, 0.5), (2, 0.3), (3, 0.2))]
+    assert time_to_target(mse, "mse", 0.3) == {"target_round": 2, "target_seconds": 2.0}   # lower is better
+
+
+DIGITS = """
+name: digits_metrics
+seed: 0
+rounds: 4
+data: {{dataset: digits, clients: 6, partition: {{kind: dirichlet, alpha: 0.5}}}}
+model: {{name: linear}}
+algorithm: {{name: fedavg, lr: 0.1, batch_size: 16}}
+eval: {{every: 1, target: 0.6}}
+resources: {{hosts: 1}}
+tracking: {{uri: 'sqlite:///{tmp}/m.db'}}
+checkpoint: {{every: 0, dir: '{tmp}/ck'}}
+"""
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("digits")
+    path = write_scenario(tmp, DIGITS.format(tmp=tmp))
+    out = tmp / "s.json"
+    assert cli.main(["run", path, "--engine", "serial", "-q", "--summary", str(out)]) == 0
+    return tmp, json.loads(out.read_text())
+
+
+def test_end_to_end_summary_has_every_metric(digits):
+    tmp, s = digits
+    final, evaluated = s["final"], s["history"]
+    for k in ("accuracy", "top5_accuracy", "ece", "test_loss", "global_top5_accuracy", "global_ece"):
+        assert k in final and f"{k}_std" in final and f"best_{k}" in final and f"bottom_decile_{k}" in final
+    assert 0 < final["accuracy_std"] < 0.5 and 0 <= final["ece"] <= 1
+    assert final["accuracy"] <= final["top5_accuracy"] <= 1
+    assert final["best_accuracy"] == max(h["accuracy"] for h in evaluated)
+    assert final["best_test_loss"] == min(h["test_loss"] for h in evaluated)
+    # FedAvg's global model on the union of the test splits: accuracy and loss are test-size
+    # weighted means, so they equal the personalized (the same model) ones
+    assert final["global_accuracy"] == final["accuracy"] and final["global_test_loss"] == final["test_loss"]
+    first = next(h for h in evaluated if h["accuracy"] >= 0.6)
+    assert final["target_round"] == first["round"]
+    assert final["target_seconds"] == pytest.approx(sum(h["round_seconds"] for h in evaluated
+                                                        if h["round"] <= first["round"]))
+    # the summary-only numbers are logged to MLflow too
+    _, client = report.client_for(f"sqlite:///{tmp}/m.db")
+    m = client.get_run(s["mlflow_run_id"]).data.metrics
+    assert m["best_accuracy"] == final["best_accuracy"] and m["target_round"] == final["target_round"]
+    assert m["ece_std"] == final["ece_std"]
+
+
+def test_compare_over_clients_and_chosen_metrics(digits, tmp_path):
+    tmp, s = digits
+    f = s["final"]
+    uri = f"sqlite:///{tmp}/m.db"
+    rid = s["mlflow_run_id"]
+    assert cli.main(["compare", rid, "--tracking-uri", uri, "--out", str(tmp_path),
+                     "--metrics", "accuracy,ece,best_accuracy", "--over", "clients"]) == 0
+    lines = (tmp_path / "compare.md").read_text().splitlines()
+    assert lines[0] == ("| method | digits accuracy (avg / bottom decile) | digits ece (avg / bottom decile) "
+                        "| digits best_accuracy (avg / bottom decile) |")
+    want = (f"| fedavg | {100 * f['accuracy']:.1f} ± {100 * f['accuracy_std']:.1f} / "
+            f"{100 * f['bottom_decile_accuracy']:.1f} ± 0.0 (n=1) | "
+            f"{f['ece']:.4g} ± {f['ece_std']:.2g} / {f['bottom_decile_ece']:.4g} ± 0 (n=1) | "
+            f"{100 * f['best_accuracy']:.1f} / - (n=1) |")
+    assert want in lines
+    assert any(line.startswith("Mean ± std over clients") for line in lines)
+    rows = list(csv.DictReader(open(tmp_path / "compare.csv")))
+    assert [r["metric"] for r in rows] == ["accuracy", "ece", "best_accuracy"]
+    assert float(rows[0]["std"]) == pytest.approx(f["accuracy_std"]) and rows[0]["std_over"] == "clients"
+    assert rows[2]["std"] == ""                                 # a best has no std over clients
+    # over seeds (one seed): std 0
+    assert cli.main(["compare", rid, "--tracking-uri", uri, "--out", str(tmp_path), "--metrics", "ece"]) == 0
+    assert f"| fedavg | {f['ece']:.4g} ± 0 / {f['bottom_decile_ece']:.4g} ± 0 (n=1) |" in \
+        (tmp_path / "compare.md").read_text().splitlines()
+    assert cli.main(["compare", rid, "--tracking-uri", uri, "--out", str(tmp_path), "--metrics", "nope"]) == 2
