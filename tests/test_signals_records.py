@@ -28,6 +28,20 @@ def _wait_for_checkpoint(ck_root, timeout=180):
     assert list(ck_root.glob("*/manifest.json")), "no checkpoint was written"
 
 
+def _terminate(tmp_path, proc, times=1, pause=0.5):
+    """SIGTERM ``times`` to a run once it has a checkpoint; (its run id, its standard error)
+    after it has exited 143 with its MLflow run KILLED."""
+    _wait_for_checkpoint(tmp_path / "ck")
+    for _ in range(times):
+        time.sleep(pause)
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    run_id = next((tmp_path / "ck").iterdir()).name
+    assert mlflow_run(tmp_path, run_id).info.status == "KILLED"
+    return run_id, err
+
+
 def _steps(tmp_path, run_id, key="train_loss"):
     return sorted(m.step for m in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(run_id, key))
 
@@ -38,14 +52,7 @@ def test_sigterm_finishes_the_round_checkpoints_marks_killed_and_exits_143(tmp_p
     its metrics are in the store, the run is KILLED, the resume command is printed, exit 143;
     the resumed run then logs every round exactly once."""
     path = tracked(tmp_path, LONG.replace("rounds: 400", "rounds: 300").replace("every: 400", "every: 300"))
-    proc = _start(path)
-    _wait_for_checkpoint(tmp_path / "ck")
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    run_id = next((tmp_path / "ck").iterdir()).name
-    assert mlflow_run(tmp_path, run_id).info.status == "KILLED"
+    run_id, err = _terminate(tmp_path, _start(path))
     assert "terminated (SIGTERM): stopping after this round" in err
     assert f"continue it with: raysim run {path} --resume {run_id}" in err
     assert err.strip().splitlines()[-1] == "raysim: terminated (SIGTERM)"
@@ -59,15 +66,7 @@ def test_sigterm_finishes_the_round_checkpoints_marks_killed_and_exits_143(tmp_p
 
 def test_a_second_sigterm_stops_at_once_and_the_last_checkpoint_resumes(tmp_path):
     path = tracked(tmp_path, LONG)
-    proc = _start(path, "--engine", "serial")
-    _wait_for_checkpoint(tmp_path / "ck")
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    run_id = next((tmp_path / "ck").iterdir()).name
-    assert mlflow_run(tmp_path, run_id).info.status == "KILLED"
+    run_id, _ = _terminate(tmp_path, _start(path, "--engine", "serial"), times=2, pause=0.05)
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", run_id, name="r.json")
     assert len(resumed["history"]) == 400 and _steps(tmp_path, run_id) == list(range(1, 401))
 
