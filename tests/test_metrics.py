@@ -47,7 +47,7 @@ def test_ece_and_loss_by_hand():
                                              rel=1e-6)
     assert "top5_accuracy" not in got
     # a perfectly calibrated bin gives 0: two samples at confidence .5, one right, one wrong
-    half = torch.tensor([[.5, .5, 0.0], [.5, .5, 0.0]]).clamp_min(1e-30).log()
+    half = torch.tensor([[.5, .5, 0.0], [.5, .5, 0.0]], dtype=torch.float64).clamp_min(1e-300).log()
     assert ece(half, torch.tensor([True, False])) == pytest.approx(0.0, abs=1e-12)
     assert lower_is_better("ece") and lower_is_better("global_ece") and not lower_is_better("top5_accuracy")
 
