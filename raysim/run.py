@@ -249,9 +249,9 @@ FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accura
 
 
 def means(record: dict) -> list[str]:
-    """The metrics of an evaluation that are means over clients: those reported with their std
-    beside them (``driver.summarize``)."""
-    return [k for k in record if f"{k}_std" in record]
+    """The metrics of an evaluation over the clients (``driver.summarize``): the means, reported
+    with their std beside them, and the values on the union of the test splits (``*_union``)."""
+    return [k for k in record if f"{k}_std" in record or k.endswith("_union")]
 
 
 def best_over(evaluated: list[dict]) -> dict[str, float]:

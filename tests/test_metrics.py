@@ -70,6 +70,26 @@ def test_std_over_clients_weighted_by_test_size():
     assert even["accuracy_std"] == pytest.approx(np.std([0.2, 0.5, 0.9]))
 
 
+def test_ece_of_the_union_of_test_splits_pools_the_bins():
+    # client 0: one sample, conf .9 (bin 13), right: gap +.1, ECE .1
+    # client 1: conf .9 wrong (bin 13: −.9) and conf .5 right (bin 7: +.5): ECE (.9 + .5)/2 = .7
+    # the mean over clients weighted by test size: (1·.1 + 2·.7)/3 = .5; the union's bins:
+    # 13: .1 − .9 = −.8, 7: +.5, so its ECE is (.8 + .5)/3 = .4333 (at most the mean)
+    p0 = torch.tensor([[.9, .05, .05]], dtype=torch.float64).log()
+    p1 = torch.tensor([[.9, .05, .05], [.5, .3, .2]], dtype=torch.float64).log()
+    y0, y1 = torch.tensor([0]), torch.tensor([1, 0])
+    s0, s1 = CE.scores(p0, y0, "global_"), CE.scores(p1, y1, "global_")
+    assert (s0["global_ece"], s1["global_ece"]) == (pytest.approx(0.1), pytest.approx(0.7))
+    got = summarize({1: (s1, 2), 0: (s0, 1)})
+    assert got["global_ece"] == pytest.approx(0.5)
+    assert got["global_ece_union"] == pytest.approx(1.3 / 3, abs=1e-12)
+    assert got["global_ece_union"] == pytest.approx(ece(torch.cat([p0, p1]), torch.tensor([True, False, True])),
+                                                    abs=1e-12)
+    assert "global_ece_bins" not in got and "global_ece_union_std" not in got
+    # accuracy and loss: the mean weighted by test size is the union's value
+    assert got["global_accuracy"] == pytest.approx(2 / 3)
+
+
 HISTORY = [
     {"round": 1, "accuracy": 0.5, "accuracy_std": 0.1, "bottom_decile_accuracy": 0.3, "test_loss": 2.0,
      "test_loss_std": 0.2, "ece": 0.3, "ece_std": 0.1, "round_seconds": 1.0, "eval_seconds": 0.1},
@@ -125,6 +145,7 @@ def test_end_to_end_summary_has_every_metric(digits):
     for k in ("accuracy", "top5_accuracy", "ece", "test_loss", "global_top5_accuracy", "global_ece"):
         assert k in final and f"{k}_std" in final and f"best_{k}" in final and f"bottom_decile_{k}" in final
     assert 0 < final["accuracy_std"] < 0.5 and 0 <= final["ece"] <= 1
+    assert 0 <= final["global_ece_union"] <= final["global_ece"] and "best_global_ece_union" in final
     assert final["accuracy"] <= final["top5_accuracy"] <= 1
     assert final["best_accuracy"] == max(h["accuracy"] for h in evaluated)
     assert final["best_test_loss"] == min(h["test_loss"] for h in evaluated)

@@ -7,7 +7,8 @@ keeps them: (K, B).
 - ``classification``: cross-entropy on logits (or log-probabilities: a mixture's log p(y|x)
   gives the same value); scores ``accuracy``, ``top5_accuracy`` (more than 5 classes),
   ``ece`` (expected calibration error, ``ECE_BINS`` equal-width bins of the softmax confidence,
-  as SuPerFed) and ``test_loss``.
+  as SuPerFed) and ``test_loss``; and ``ece_bins`` (``Bins``), from which the engine reports
+  the ECE of the union of the clients' test splits, ``ece_union``.
 - ``regression``: squared error averaged over output dimensions (MSE); scores ``mse``.
 """
 from __future__ import annotations
@@ -52,27 +53,48 @@ class Classification(Task):
         many = out.shape[-1] > TOP_K
         # one tensor, read back at once (one device sync); sums in float64
         f64 = torch.float64
-        sums = torch.stack([
+        gaps = _ece_gaps(top - lse, correct)
+        sums = torch.cat([torch.stack([
             correct.sum(dtype=f64),
             # the label is among the top 5: fewer than 5 classes score higher
             ((out > target[:, None]).sum(-1) < TOP_K).sum(dtype=f64) if many else lse.new_zeros((), dtype=f64),
-            _ece_sum(top - lse, correct),
+            gaps.abs().sum(),
             (lse - target).sum(dtype=f64),          # cross-entropy
-        ]).tolist()
+        ]), gaps]).tolist()
         scores = {f"{prefix}accuracy": sums[0] / n}
         if many:
             scores[f"{prefix}top{TOP_K}_accuracy"] = sums[1] / n
         scores[f"{prefix}ece"] = sums[2] / n
         scores[f"{prefix}test_loss"] = sums[3] / n
+        scores[f"{prefix}ece{Bins.SUFFIX}"] = Bins(g / n for g in sums[4:])
         return scores
 
 
-def _ece_sum(log_conf: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> torch.Tensor:
-    """n · ECE: the confidences exp(``log_conf``) binned into ``bins`` equal-width bins
-    (lo, hi] of [0, 1] (bin ⌈conf · bins⌉ − 1), Σ_b |Σ_{i∈B_b} (correct_i − conf_i)| in float64."""
+class Bins(tuple):
+    """A client's share of a metric of the union of the test splits: ECE's per-bin gaps
+    Σ_{i∈B_b} (correct_i − conf_i) / n. Averaged over clients weighted by test size they are the
+    union's gaps (Σ over all samples / N), and Σ_b |·| is the ECE of the union: for a global
+    model, its ECE on the union of the test splits. ``driver.summarize`` reports it as
+    ``<name>_union`` (``ece_bins`` -> ``ece_union``), never as a per-client mean."""
+
+    SUFFIX = "_bins"
+    UNION = "_union"
+
+    @staticmethod
+    def union(shares: list, weights: list) -> float:
+        """Σ_b |Σ_c w_c share_cb / Σ_c w_c|, summed in float64 in the given order."""
+        s = np.asarray(shares, dtype=np.float64)
+        w = np.asarray(weights, dtype=np.float64)
+        return float(np.abs((s * w[:, None]).sum(0) / w.sum()).sum())
+
+
+def _ece_gaps(log_conf: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> torch.Tensor:
+    """Per bin Σ_{i∈B_b} (correct_i − conf_i) in float64: the confidences exp(``log_conf``)
+    binned into ``bins`` equal-width bins (lo, hi] of [0, 1] (bin ⌈conf · bins⌉ − 1). n · ECE is
+    the sum of their absolute values."""
     conf = log_conf.to(torch.float64).exp_()
     idx = (conf * bins).ceil_().clamp_(1, bins).long() - 1
-    return torch.bincount(idx, weights=conf.neg_().add_(correct), minlength=bins).abs_().sum()
+    return torch.bincount(idx, weights=conf.neg_().add_(correct), minlength=bins)
 
 
 def ece(out: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
@@ -82,7 +104,7 @@ def ece(out: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float
     ECE = Σ_b |B_b|/n · |acc(B_b) − conf(B_b)| = Σ_b |Σ_{i∈B_b} (correct_i − conf_i)| / n
     (SuPerFed's, after Guo et al. 2017). ``Classification.scores`` reports it as ``ece``."""
     out = out.detach()
-    return float(_ece_sum(out.amax(-1) - torch.logsumexp(out, -1), correct, bins)) / int(correct.shape[0])
+    return float(_ece_gaps(out.amax(-1) - torch.logsumexp(out, -1), correct, bins).abs().sum()) / int(correct.shape[0])
 
 
 class Regression(Task):

@@ -18,7 +18,7 @@ import torch
 from raysim import rng
 from raysim.config import Scenario, make_source
 from raysim.core.replies import Accumulator
-from raysim.core.tasks import lower_is_better, mean_std
+from raysim.core.tasks import Bins, lower_is_better, mean_std
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
 from raysim.setup import make_algorithm
@@ -148,7 +148,9 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
     """Every metric the clients report: its mean weighted by test size (clients with a test
     split), its std over clients (``<name>_std``, weighted the same way: ``mean_std``) and its
     bottom decile across clients — the 10th percentile, or the 90th for a metric where lower is
-    better (losses, errors). Sums in float64 in client-id order: the same on any host count."""
+    better (losses, errors). A metric the clients report as ``Bins`` (``ece_bins``) gives the
+    value on the union of their test splits instead (``ece_union``). Sums in float64 in
+    client-id order: the same on any host count."""
     names: list[str] = []
     for c in sorted(results):
         names += [k for k in results[c][0] if k not in names]
@@ -157,6 +159,9 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
         vals = [(results[c][0][name], results[c][1]) for c in sorted(results)
                 if results[c][1] > 0 and name in results[c][0]]
         if not vals:
+            continue
+        if isinstance(vals[0][0], Bins):       # a share of a metric of the union (ECE's bins)
+            out[f"{prefix}{name.removesuffix(Bins.SUFFIX)}{Bins.UNION}"] = Bins.union(*zip(*vals))
             continue
         v = np.array([x for x, _ in vals], dtype=np.float64)
         out[f"{prefix}{name}"], out[f"{prefix}{name}_std"] = mean_std(v, [n for _, n in vals])
