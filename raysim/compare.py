@@ -109,8 +109,8 @@ class Cell:
 def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[str, str]], dict]:
     """(methods, columns: (dataset, metric), {(method, dataset, metric): Cell}). ``over``
     seeds: the mean and sample std over seeds (0 for one); clients: the mean over seeds of each
-    run's mean and of its std over clients (None where the run logged none, e.g. ``best_*``).
-    The bottom decile is its mean and sample std over seeds either way."""
+    run's mean and of its std over clients (None where the run logged none, e.g. ``best_*``),
+    and of its bottom decile (no std)."""
     if over not in OVER:
         raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     methods = list(dict.fromkeys(r.method for r in found))
@@ -130,7 +130,8 @@ def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[
                 c = [r.client_std for r in group if r.client_std is not None]
                 std = float(np.mean(c)) if len(c) == len(group) else None
             table[m, d, metric] = Cell(metric, float(v.mean()), std, float(np.mean(b)) if b else None,
-                                       sd(np.array(b)) if b else None, len(group), [r.seed for r in group],
+                                       sd(np.array(b)) if b and over == "seeds" else None, len(group),
+                                       [r.seed for r in group],
                                        [r.run_id for r in group])
     return methods, columns, table
 
@@ -166,7 +167,8 @@ def markdown(methods, columns, table, over: str = "seeds") -> str:
     unit = "; ".join(u for u in (unit, ", ".join(sorted(metric - set(shown)))) if u)
     lines.append("")
     what = ("Mean ± std over seeds (n runs per cell)" if over == "seeds" else
-            "Mean ± std over clients (weighted by test size), each averaged over the n runs (seeds) of a cell")
+            "Mean ± std over clients (weighted by test size) and bottom decile, each averaged over the n runs "
+            "(seeds) of a cell")
     lines.append(f"{what}; {unit}; bottom decile: the 10th percentile of "
                  "the clients' scores (90th for an error).")
     return "\n".join(lines)

@@ -52,6 +52,24 @@ def test_ece_and_loss_by_hand():
     assert lower_is_better("ece") and lower_is_better("global_ece") and not lower_is_better("top5_accuracy")
 
 
+def test_ece_matches_the_textbook_loop_on_random_logits():
+    # Guo et al.'s loop (SuPerFed's code follows it): bins (lo, hi] from linspace(0, 1, 16)
+    g = torch.Generator().manual_seed(0)
+    out, y = 3 * torch.randn(500, 10, generator=g, dtype=torch.float64), torch.randint(10, (500,), generator=g)
+    conf, pred = torch.softmax(out, -1).max(-1)
+    right = (pred == y).double()
+    edges = torch.linspace(0, 1, 16, dtype=torch.float64)
+    want = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (conf > lo) & (conf <= hi)
+        if inside.any():
+            want += float(inside.double().mean() * (right[inside].mean() - conf[inside].mean()).abs())
+    assert CE.scores(out, y)["ece"] == pytest.approx(want, abs=1e-12)
+    assert CE.scores(out, y)["test_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(out, y)), abs=1e-12)
+    in_top5 = (out.topk(5, 1).indices == y[:, None]).any(1)          # no ties in random logits
+    assert CE.scores(out, y)["top5_accuracy"] == pytest.approx(float(in_top5.double().mean()))
+
+
 def test_std_over_clients_weighted_by_test_size():
     results = {2: ({"accuracy": 0.5}, 0),                  # no test split: left out
                1: ({"accuracy": 0.0, "ece": 0.3}, 3),
@@ -174,8 +192,8 @@ def test_compare_over_clients_and_chosen_metrics(digits, tmp_path):
     assert lines[0] == ("| method | digits accuracy (avg / bottom decile) | digits ece (avg / bottom decile) "
                         "| digits best_accuracy (avg / bottom decile) |")
     want = (f"| fedavg | {100 * f['accuracy']:.1f} ± {100 * f['accuracy_std']:.1f} / "
-            f"{100 * f['bottom_decile_accuracy']:.1f} ± 0.0 (n=1) | "
-            f"{f['ece']:.4g} ± {f['ece_std']:.2g} / {f['bottom_decile_ece']:.4g} ± 0 (n=1) | "
+            f"{100 * f['bottom_decile_accuracy']:.1f} (n=1) | "
+            f"{f['ece']:.4g} ± {f['ece_std']:.2g} / {f['bottom_decile_ece']:.4g} (n=1) | "
             f"{100 * f['best_accuracy']:.1f} / - (n=1) |")
     assert want in lines
     assert any(line.startswith("Mean ± std over clients") for line in lines)
