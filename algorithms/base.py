@@ -1,4 +1,4 @@
-"""The algorithm contract (DESIGN.md §3).
+"""The algorithm contract.
 
 An algorithm is a small object built from a frozen hyperparameter dataclass (defaults from its
 paper), the run's model factory, the number of rounds and the task. The engine calls its server

@@ -1,5 +1,5 @@
-"""Floco — "Federated Learning over Connected Modes", NeurIPS 2024 (the authors' code, as the
-fact sheet ../shared/papers/sosicfl.md reads it: the paper's body was not available). It shares
+"""Floco — "Federated Learning over Connected Modes", NeurIPS 2024 (following the authors'
+code: the paper's body was not available to us). It shares
 SosicFL's simplex head, samplers and simplex-learning phase (``sosicfl.py``); what differs is
 where each client sits on the simplex.
 """

@@ -1,4 +1,4 @@
-"""Solution-simplex geometry shared by SosicFL and Floco (fact sheet: ../shared/papers/sosicfl.md).
+"""Solution-simplex geometry shared by SosicFL and Floco.
 
 Notation as the published SosicFL: M is the simplex *dimension*, so points α ∈ Δ^M have M + 1
 coordinates (one per endpoint), α ≥ 0, Σα = 1.

@@ -1,5 +1,5 @@
 """SosicFL — Grinwald, Wiesner & Nakajima 2024, "Solution Simplex Clustering for Heterogeneous
-Federated Learning" (the published version's notation; fact sheet: ../shared/papers/sosicfl.md).
+Federated Learning" (the published version's notation).
 No public implementation exists; where the paper is silent the choice is named below.
 
 **The model.** M is the simplex *dimension* (``dim``): M + 1 endpoints θ_1..θ_{M+1} of every

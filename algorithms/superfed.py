@@ -1,5 +1,5 @@
 """SuPerFed — Hahn, Jeong & Lee, "Connecting Low-Loss Subspace for Personalized Federated
-Learning", KDD 2022 (Algorithms 1–2; fact sheet: ../shared/papers/superfed.md).
+Learning", KDD 2022 (Algorithms 1–2).
 
 Every client holds a **federated** model w^f (its copy of the global model w^g) and a **local**
 model w^l of the same architecture; its personalized model is the weight-space mix

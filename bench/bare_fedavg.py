@@ -3,7 +3,7 @@
 The identical computation to bench/tiny.yaml and bench/cnn.yaml: the same data shapes
 (standard-normal features, uniform labels), model, batch size, lr, local epochs and full
 participation, with a fresh copy of the global model and a fresh SGD optimizer per client, as a
-researcher would write it (and as ../shared/peers/bare_fedavg.py does).
+researcher would write it.
 
     python bench/bare_fedavg.py tiny 1000 10
     python bench/bare_fedavg.py cnn 50 5

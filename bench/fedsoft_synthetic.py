@@ -7,8 +7,7 @@ after another, and prints per seed: whether the two sources went to distinct cen
 |û − u| over clients (û: the weight of source A's center), whether û is soft, each source's own
 center MSE over the other center's, and the local models' training MSE over the best single
 linear fit of each client's mixture, 1 + p(1−p)‖w_A − w_B‖². The reference column is the
-official FedSoft code's run (crash bugs patched) recorded in the FedSoft fact sheet
-(shared/papers/fedsoft.md §3, seed 0: |û − u| 0.046, own/other ≈ 0.23 and 0.17 (18.8/80.3, 10.1/59.7),
+official FedSoft code's run (crash bugs patched; seed 0: |û − u| 0.046, own/other ≈ 0.23 and 0.17 (18.8/80.3, 10.1/59.7),
 local 13.98 against a floor of 13.68).
 """
 from __future__ import annotations

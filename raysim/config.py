@@ -1,4 +1,4 @@
-"""Scenario files: load, override, validate (DESIGN.md §4).
+"""Scenario files: load, override, validate.
 
 A scenario is one YAML mapping. Every key is checked against a dataclass schema; an algorithm's,
 dataset's, model's and partitioner's own options load into that component's own dataclass, so

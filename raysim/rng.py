@@ -1,4 +1,4 @@
-"""Derived random generators (DESIGN.md §1.4).
+"""Derived random generators.
 
 Every random draw comes from a generator derived from (scenario seed, round, client id,
 purpose); never from global RNG state or from the order in which work finishes. The key is

@@ -1,4 +1,5 @@
-"""The layering rules of DESIGN.md §2, checked on the source."""
+"""The layering rules (algorithms never import Ray; the engine reaches algorithms through the
+registry), checked on the source."""
 import re
 from pathlib import Path
 

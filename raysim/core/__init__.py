@@ -1,4 +1,4 @@
-"""The pure tensor layer under both the algorithms and the engine (DESIGN.md §2–3).
+"""The pure tensor layer under both the algorithms and the engine.
 
 Nothing here imports Ray, MLflow, the engine or ``algorithms``: algorithms build on it, the
 engine runs it inside host actors.

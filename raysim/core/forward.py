@@ -1,4 +1,4 @@
-"""A model run for K parameter sets at once (DESIGN.md §3, the batched path).
+"""A model run for K parameter sets at once (the batched path).
 
 The K parameter sets are stacked along a new leading dimension and every layer runs once for
 all of them: ``Linear`` as a batched matrix product, ``Conv2d`` as a grouped convolution

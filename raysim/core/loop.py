@@ -1,4 +1,4 @@
-"""The one local-training loop (DESIGN.md §3), for one parameter set or thousands at once.
+"""The one local-training loop, for one parameter set or thousands at once.
 
 A ``Job`` is one parameter set to train on one client's train split: where it starts, the
 sample orders (drawn from the client's generator), optional per-sample weights, per-job

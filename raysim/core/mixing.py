@@ -1,4 +1,4 @@
-"""Gossip mixing and consensus (DESIGN.md §3: decentralized training is generic).
+"""Gossip mixing and consensus (decentralized training is generic).
 
 An algorithm declares its shared parameters as groups of tensors (FedEM: one group per
 component). The core flattens a client's groups into one float32 vector, mixes

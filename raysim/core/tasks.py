@@ -1,4 +1,4 @@
-"""Tasks: what a model's outputs are scored against (DESIGN.md §3).
+"""Tasks: what a model's outputs are scored against.
 
 A task gives the per-sample training loss and the per-client scores reported at evaluation.
 Outputs may carry leading dimensions (K copies trained at once: (K, B, outputs)); the loss
