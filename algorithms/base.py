@@ -45,6 +45,7 @@ import torch
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
 from raysim.core.forward import params_of
+from raysim.core.groups import Groups, groups_of
 from raysim.core.loop import Batch, Fitted, Job, Objective, Settings, Supervised, Trainer, make_job
 from raysim.core.mixing import flatten, unflatten
 from raysim.core.optim import OPTIMIZERS
@@ -121,6 +122,7 @@ class Algorithm:
     Hyper: ClassVar[type] = LocalTraining
     ClientState: ClassVar[type | None] = None     # a dataclass of tensors (checkpointed)
     decentralized: ClassVar[bool] = False         # has a gossip form (shared / with_shared)
+    split: ClassVar[bool] = False                 # needs a model with a body and a head (groups)
 
     @classmethod
     def check(cls, hp: Any, decentralized: bool) -> tuple[str, str] | None:
@@ -148,6 +150,14 @@ class Algorithm:
         (see ``raysim.core.loop.make_job`` for weights, consts, opt_state, orders)."""
         return make_job(params, data, ctx, self.hp.settings(ctx.round, ctx.rounds, epochs),
                         objective or self.objective, **kw)
+
+    @property
+    def groups(self) -> Groups:
+        """The model's named parameter groups (head, body, stats, layers; ``model.head`` applied):
+        select, train, send and average parameters by group, never by position."""
+        if getattr(self, "_groups", None) is None:
+            self._groups = groups_of(self.model_fn())
+        return self._groups
 
     def head(self) -> int:
         """Index of the classifier head's weight among the model's parameters (``head_index``)."""
@@ -324,7 +334,7 @@ def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[to
     return new
 
 
-__all__ = ["Algorithm", "Batch", "ByKey", "ClientData", "Context", "Fitted", "Job", "LocalTraining", "Message",
+__all__ = ["Algorithm", "Batch", "ByKey", "ClientData", "Context", "Fitted", "Groups", "Job", "LocalTraining", "Message",
            "Objective", "PerClient", "Received", "StatsRequest", "Supervised", "Tracked", "UpdateStats", "Weighted",
            "flatten", "head_index", "interpolate",
            "lower_is_better", "mean_std", "means_by_key", "params_of", "unflatten"]

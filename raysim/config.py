@@ -420,6 +420,8 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     a topology, its first graph."""
     from raysim import topology
     from raysim.data import DataError
+    import algorithms
+    from raysim.core.groups import groups_of
     from raysim.models import build as build_model
 
     if sc.topology is not None:
@@ -436,8 +438,17 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     except MemoryError as e:
         ctx.fail("data", f"more than this machine's memory ({e}); lower the data's sizes")
     try:
-        build_model(sc.model.name, sc.model.params, source)
+        model = build_model(sc.model.name, sc.model.params, source)
     except ValueError as e:
         ctx.fail("model.name", str(e))
     except (RuntimeError, MemoryError) as e:        # torch's allocator refused it
         ctx.fail("model", f"cannot be built ({str(e).splitlines()[0]}); lower its sizes")
+    try:
+        groups = groups_of(model)
+    except ValueError as e:
+        ctx.fail("model.head", str(e).removeprefix("model.head: "))
+    if algorithms.get(sc.algorithm.name).split and not (groups.head and any(i not in groups.stats for i in groups.body)):
+        ctx.fail("model.head", f"{sc.algorithm.name} keeps part of the model local and shares the rest, so the model "
+                               f"needs a head and a body; {sc.model.name}'s layers are {', '.join(groups.layers)} "
+                               f"and its head {[groups.names[i] for i in groups.head]}")
+

@@ -14,26 +14,35 @@ from torch import nn
 INITS = ("default", "xavier_normal")
 
 
+@dataclass(frozen=True)
+class ModelParams:
+    """Options every model has."""
+
+    head: int | tuple[str, ...] | None = field(default=None, kw_only=True, metadata={
+        "help": "the classifier head (the group personalized methods keep or share): a number of trailing "
+                "layers with parameters, or layer/parameter names (default: the model's own, its last layer)"})
+
+
 def _init_field():
     return field(default="default", metadata={
         "choices": INITS, "help": "default: PyTorch's; xavier_normal: Glorot-normal weights (FedSoft's)"})
 
 
 @dataclass(frozen=True)
-class LinearParams:
+class LinearParams(ModelParams):
     bias: bool = field(default=True, metadata={"help": "false: no intercept (FedSoft's linear regression)"})
     init: str = _init_field()
 
 
 @dataclass(frozen=True)
-class MLPParams:
+class MLPParams(ModelParams):
     hidden: tuple[int, ...] = field(default=(200, 200), metadata={"min": 1, "help": "hidden layer widths"})
     bias: bool = field(default=True, metadata={"help": "false: bias-free layers"})
     init: str = _init_field()
 
 
 @dataclass(frozen=True)
-class TwoNNParams:
+class TwoNNParams(ModelParams):
     bias: bool = field(default=False, metadata={"help": "true: layers with biases (SuPerFed's have none)"})
     init: str = field(default="xavier_normal", metadata={
         "choices": INITS, "help": "xavier_normal: SuPerFed's official init; default: PyTorch's"})
@@ -49,7 +58,7 @@ def _initialized(model: nn.Module, how: str) -> nn.Module:
 
 
 @dataclass(frozen=True)
-class CNNParams:
+class CNNParams(ModelParams):
     pass
 
 
@@ -92,7 +101,7 @@ def twocnn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> n
 
 
 @dataclass(frozen=True)
-class SimpleCNNParams:
+class SimpleCNNParams(ModelParams):
     init: str = field(default="xavier_normal", metadata={
         "choices": INITS, "help": "xavier_normal: the authors' init; default: PyTorch's"})
 
@@ -125,7 +134,7 @@ def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -
 
 
 @dataclass(frozen=True)
-class LSTMParams:
+class LSTMParams(ModelParams):
     embed: int = field(default=8, metadata={"min": 1, "help": "token embedding width"})
     hidden: int = field(default=256, metadata={"min": 1, "help": "LSTM hidden units per layer"})
     layers: int = field(default=2, metadata={"min": 1, "help": "stacked LSTM layers"})
@@ -177,7 +186,7 @@ def lstm_classifier(params: LSTMClassifierParams, input_shape: tuple[int, ...], 
 
 
 @dataclass(frozen=True)
-class TorchvisionParams:
+class TorchvisionParams(ModelParams):
     weights: str = field(default="", metadata={
         "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"})
     norm: str = field(default="group", metadata={
@@ -248,8 +257,12 @@ def build(name: str, params, source) -> nn.Module:
         what = {"tokens": "token ids (characters or words)", "features": "float features"}[kind]
         raise ValueError(f"model {name} takes {spec.inputs}, the dataset gives {what}; models for it: {fits}")
     if kind == "tokens":
-        return spec.build(params, source.input_shape, source.num_outputs, source.vocab_size)
-    return spec.build(params, source.input_shape, source.num_outputs)
+        model = spec.build(params, source.input_shape, source.num_outputs, source.vocab_size)
+    else:
+        model = spec.build(params, source.input_shape, source.num_outputs)
+    if getattr(params, "head", None) is not None:
+        object.__setattr__(model, "raysim_head", params.head)
+    return model
 
 
 MODELS: dict[str, ModelSpec] = {

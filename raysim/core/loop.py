@@ -65,8 +65,15 @@ class Objective:
     constants stacked (K, ...) and this step's draws (K, ...) or None; it returns the loss to
     minimize per job (K,) and the data loss summed over each job's valid rows (K,), which the
     loop reports. Jobs share no parameter, so the gradient of the summed loss is each job's own.
-    ``trainable``: which parameters are trained (None: all). ``draws``: per-step random draws of
-    one job, taken from its client's generator when the job is made (None: none).
+    ``trainable``: which parameters are trained (None: all; a model's running statistics are
+    never trained, whatever it says). ``draws``: per-step random draws of one job, taken from
+    its client's generator when the job is made (None: none).
+
+    Objectives are compared by identity: the loop trains jobs together (one stacked pass, or
+    one group of a host's jobs) only when they hold the same objective object, the same
+    settings and the same constants' names. Create an algorithm's objectives once (in
+    ``__init__``: e.g. FedRep's head-only and body-only ``Supervised(task, trainable=...)``),
+    never per call: an objective made per call still trains correctly, but every client alone.
 
     A parameter that is not trainable may instead be *set* by the objective each step (an inner
     solution such as pFedMe's θ, a projected scalar such as APFL's α): ``loss`` then returns a
@@ -92,8 +99,9 @@ class Supervised(Objective):
     ``model_params``: the model's parameters the job's parameters stand for this step (by
     default themselves; SosicFL's: the simplex point Σ α_m θ_m of the step's draw α)."""
 
-    def __init__(self, task):
+    def __init__(self, task, trainable: tuple[bool, ...] | None = None):
         self.task = task
+        self.trainable = trainable
 
     def model_params(self, params: list[torch.Tensor], draws: torch.Tensor | None) -> list[torch.Tensor]:
         return params
@@ -162,6 +170,7 @@ class Trainer:
     def __init__(self, model: nn.Module, mode: str = "auto", budget: int = 1 << 26):
         self.model = model
         self.forward = fwd.make_forward(model)
+        self.trainable = tuple(p.requires_grad for p in model.parameters())   # not running statistics
         self.across = fwd.stack_across(mode, model)
         self.within = fwd.stack_within(mode, model)
         self.budget = budget
@@ -230,7 +239,8 @@ class Trainer:
         loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
         results: list[Fitted | None] = [None] * k_all
         P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
-        train_mask = obj.trainable or (True,) * len(P)
+        train_mask = self.trainable if obj.trainable is None else tuple(
+            a and b for a, b in zip(obj.trainable, self.trainable))
         trained = [p for p, t in zip(P, train_mask) if t]
         consts = {key: _stack_const([jobs[k].consts[key] for k in order]) for key in jobs[0].consts}
         draws = None
