@@ -9,9 +9,12 @@ from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
 from .fedem import FedEM
+from .fedper import FedPer
+from .fedrep import FedRep
 from .fedprox import FedProx
 from .fedsoft import FedSoft
 from .ifca import IFCA
+from .lg_fedavg import LGFedAvg
 from .local import Local
 from .pfedme import PFedMe
 from .scaffold import Scaffold
@@ -21,7 +24,7 @@ from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
-                                                           Floco, FlocoPlus, Scaffold)}
+                                                           Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg)}
 
 
 def get(name: str) -> type[Algorithm]:
