@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from raysim.core.optim import OPTIMIZERS
 from raysim.schema import (SEED, Component, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 
@@ -30,6 +31,32 @@ class SamplingCfg:
 
 
 @dataclass(frozen=True)
+class FinetuneCfg:
+    """The "local update" (FedAvg-LU, FedProx-LU, SCAFFOLD-LU; ``fedavg+``): at each evaluation
+    every client trains a copy of the global model on its train split and is also scored with
+    it (``lu_*``; for FedAvg, FedProx and SCAFFOLD the unprefixed metrics too, ``global_*`` staying
+    the untuned model's). A null option is the algorithm's own. Defaults follow FedEM's official
+    FedAvg+ (its tuned copy trains ``local_steps`` epochs with the training's optimizer and batch
+    size at, in effect, the base lr); ``lr_source: schedule`` is SuPerFed's code, whose
+    locally updated models are the round's local training at its decayed lr."""
+    epochs: int | None = field(default=None, metadata={"min": 0, "help": (
+        "local-update epochs; 0: off; null: the method's default (off; fedavg+: 1)")})
+    lr: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "its learning rate; null: the algorithm's base lr (never the round's scheduled lr, "
+        "unless lr_source: schedule)")})
+    lr_source: str = field(default="base", metadata={"choices": ("base", "schedule"), "help": (
+        "base: lr as given, constant over the run (FedEM's FedAvg+); schedule: lr times the "
+        "training schedule's factor at the evaluated round (SuPerFed's local update; with "
+        "lr_schedule: step it is lr x0.01 at the end)")})
+    batch_size: int | None = field(default=None, metadata={"min": 1, "help": "null: the algorithm's batch_size"})
+    optimizer: str | None = field(default=None, metadata={"choices": OPTIMIZERS,
+                                                          "help": "null: the algorithm's optimizer"})
+    momentum: float | None = field(default=None, metadata={"min": 0.0, "help": "null: the algorithm's momentum"})
+    weight_decay: float | None = field(default=None, metadata={"min": 0.0,
+                                                                "help": "null: the algorithm's weight_decay"})
+
+
+@dataclass(frozen=True)
 class EvalCfg:
     every: int = field(default=1, metadata={"min": 1, "help": "evaluate every N rounds (and after the last)"})
     unseen_fraction: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0,
@@ -40,6 +67,9 @@ class EvalCfg:
     target: float | None = field(default=None, metadata={"min": 0.0, "help": (
         "time-to-accuracy: the summary's target_round and target_seconds are the first round (and "
         "the rounds' seconds up to it) whose mean accuracy reaches it (mse: falls to it)")})
+    finetune: FinetuneCfg = field(default_factory=FinetuneCfg, metadata={"help": (
+        "local update of the global model before scoring: {epochs, lr, lr_source, batch_size, optimizer, "
+        "momentum, weight_decay}; lu_* metrics")})
 
 
 @dataclass(frozen=True)
@@ -326,7 +356,15 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         ctx.fail("sampling", "give either fraction or count, not both")
     if sampling.fraction is None and sampling.count is None:
         sampling = SamplingCfg(fraction=1.0)
-    ev = load_dataclass(ctx, "eval", EvalCfg, raw.get("eval"))
+    ev_raw = raw.get("eval")
+    nested = isinstance(ev_raw, dict)
+    ev = load_dataclass(ctx, "eval", EvalCfg, {k: v for k, v in ev_raw.items() if k != "finetune"} if nested else ev_raw)
+    ev = replace(ev, finetune=load_dataclass(ctx, "eval.finetune", FinetuneCfg,
+                                             ev_raw.get("finetune") if nested else None))
+    if ev.finetune.epochs and not algorithms.REGISTRY[algorithm.name].has_global_model():
+        with_global = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_global_model())
+        ctx.fail("eval.finetune", f"'{algorithm.name}' has no global model to update locally; leave "
+                 f"eval.finetune out (or epochs: 0), or choose one of {with_global}")
     train_clients = clients - int(round(ev.unseen_fraction * clients))
     if train_clients < 1:
         ctx.fail("eval.unseen_fraction", f"{ev.unseen_fraction} leaves no training client out of {clients}")
@@ -449,6 +487,7 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
         ctx.fail("model.head", str(e).removeprefix("model.head: "))
     if algorithms.get(sc.algorithm.name).split and not (groups.head and any(i not in groups.stats for i in groups.body)):
         ctx.fail("model.head", f"{sc.algorithm.name} keeps part of the model local and shares the rest, so the model "
-                               f"needs a head and a body; {sc.model.name}'s layers are {', '.join(groups.layers)} "
-                               f"and its head {[groups.names[i] for i in groups.head]}")
+                               f"needs a head and a body; {sc.model.name}'s layers with parameters are "
+                               f"{', '.join(k or '(the model itself)' for k in groups.layers)} and its head is "
+                               f"{', '.join(groups.names[i] for i in groups.head)} (set model.head or pick a deeper model)")
 
