@@ -1,6 +1,8 @@
 """Models (plain nn.Modules) and their registry.
 
 Each model takes the dataset's per-sample input shape and number of classes and outputs logits.
+The seed papers' larger image models (VGG-9, ResNet-9, MobileNet, FedSoft's CNN, SqueezeNet)
+are built in ``raysim.vision_models``; their options are here.
 """
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from torch import nn
+
+from raysim import vision_models as vision
+from raysim.vision_models import group_norm as _group_norm, load_weights as _load_weights
 
 
 INITS = ("default", "xavier_normal")
@@ -82,22 +87,34 @@ def mlp(params: MLPParams, input_shape: tuple[int, ...], classes: int) -> nn.Mod
 
 def twonn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
     """SuPerFed's TwoNN (official code): in -> 200 -> 200 -> 200 -> classes, ReLU, bias-free,
-    Xavier-normal weights."""
-    return mlp(MLPParams((200, 200, 200), params.bias, params.init), input_shape, classes)
+    Xavier-normal weights. Default head: the last two linear layers (``5``, ``7``), the
+    official code's ``classifier``, which its FedPer, FedRep and LG-FedAvg baselines personalize."""
+    model = mlp(MLPParams((200, 200, 200), params.bias, params.init), input_shape, classes)
+    object.__setattr__(model, "raysim_head", ("5", "7"))
+    return model
 
 
 def twocnn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """SuPerFed's TwoCNN (official code) for C x 28 x 28 inputs: conv5x5·32 (padding 1) ->
-    ReLU -> maxpool 2 (padding 1) -> conv5x5·64 (padding 1) -> ReLU -> maxpool 2 (padding 1) ->
-    fc 3136 -> 200 -> 200 -> classes, bias-free, Xavier-normal weights."""
-    if tuple(input_shape[1:]) != (28, 28) or len(input_shape) != 3:
-        raise ValueError(f"twocnn needs C x 28 x 28 inputs, the dataset gives {tuple(input_shape)}")
+    """SuPerFed's TwoCNN (official code): conv5x5·32 (padding 1) -> ReLU -> maxpool 2 (padding
+    1) -> conv5x5·64 (padding 1) -> ReLU -> maxpool 2 (padding 1) -> fc 200 -> 200 -> classes,
+    bias-free, Xavier-normal weights. The flattened width follows from the input: 64·7·7 = 3136
+    for C x 28 x 28 (the paper's size: it resizes CIFAR to 28x28), 64·8·8 = 4096 for C x 32 x 32.
+    Default head: the three linear layers (``7``, ``9``, ``11``), the official code's
+    ``classifier``, which its FedPer, FedRep and LG-FedAvg baselines personalize."""
+    if len(input_shape) != 3 or min(input_shape[1:]) < 8:
+        raise ValueError(f"twocnn needs C x H x W images of at least 8x8 (e.g. 28x28 or 32x32), "
+                         f"the dataset gives {tuple(input_shape)}")
+    c, h, w = input_shape
+    for _ in range(2):                   # conv5x5 padding 1 (-2), then maxpool 2 padding 1
+        h, w = (h - 2) // 2 + 1, (w - 2) // 2 + 1
     b = params.bias
-    return _initialized(nn.Sequential(
-        nn.Conv2d(input_shape[0], 32, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1),
+    model = _initialized(nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1),
         nn.Conv2d(32, 64, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1), nn.Flatten(),
-        nn.Linear(64 * 7 * 7, 200, bias=b), nn.ReLU(), nn.Linear(200, 200, bias=b), nn.ReLU(),
+        nn.Linear(64 * h * w, 200, bias=b), nn.ReLU(), nn.Linear(200, 200, bias=b), nn.ReLU(),
         nn.Linear(200, classes, bias=b)), params.init)
+    object.__setattr__(model, "raysim_head", ("7", "9", "11"))
+    return model
 
 
 @dataclass(frozen=True)
@@ -194,31 +211,6 @@ class TorchvisionParams(ModelParams):
     groups: int = field(default=2, metadata={"min": 1, "help": "GroupNorm groups (a layer with fewer channels uses their gcd)"})
 
 
-def _group_norm(groups: int):
-    return lambda channels: nn.GroupNorm(math.gcd(channels, groups), channels)
-
-
-def _load_weights(model: nn.Module, path: str, name: str) -> nn.Module:
-    """Copy every tensor of the state-dict file at ``path`` whose name and shape match the
-    model's (a classifier for another number of classes, and batch-norm running statistics,
-    are left out); ValueError when the file cannot be read or nothing matches."""
-    import pickle
-
-    import torch
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{name}: cannot load weights from {path}: {str(e).splitlines()[0]}") from None
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    own = model.state_dict()
-    matched = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape)}
-    if not matched:
-        raise ValueError(f"{name}: no tensor of {path} matches the model's names and shapes; is it a {name} state dict?")
-    model.load_state_dict(matched, strict=False)
-    return model
-
-
 def _torchvision(builder: str, params: TorchvisionParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
     import torchvision
     if len(input_shape) != 3 or input_shape[0] != 3:
@@ -236,6 +228,88 @@ def mobilenet_v2(params: TorchvisionParams, input_shape: tuple[int, ...], classe
 def resnet18(params: TorchvisionParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
     """torchvision's ResNet-18 with GroupNorm; ``weights`` from a local file."""
     return _torchvision("resnet18", params, input_shape, classes)
+
+
+_NORM_HELP = {"batch": "batch norm whose running statistics are client state (sent, averaged or kept local, "
+                        "checkpointed)",
+              "batch_stateless": "batch norm with the batch's statistics in evaluation too (SuPerFed's official code)",
+              "group": "GroupNorm", "none": "no normalization"}
+
+
+def _norm_field(default: str, choices: tuple[str, ...], why: str):
+    return field(default=default, metadata={"choices": choices, "help": (
+        f"normalization after each convolution (default {default}: {why}); "
+        + "; ".join(f"{c}: {_NORM_HELP[c]}" for c in choices))})
+
+
+def _groups_field():
+    return field(default=2, metadata={"min": 1, "help": "GroupNorm groups with norm: group (a layer with "
+                                                       "fewer channels uses their gcd)"})
+
+
+@dataclass(frozen=True)
+class VGG9Params(ModelParams):
+    norm: str = _norm_field("none", ("none", "batch", "group"), "the official code's VGG-9 has none")
+    groups: int = _groups_field()
+
+
+@dataclass(frozen=True)
+class ResNet9Params(ModelParams):
+    norm: str = _norm_field("batch", vision.NORMS, "the paper's layer")
+    groups: int = _groups_field()
+
+
+@dataclass(frozen=True)
+class MobileNetParams(ResNet9Params):
+    padding: int = field(default=0, metadata={"choices": (0, 1), "help": (
+        "padding of the depthwise 3x3 convolutions: 0 (the official code's) needs images of at least "
+        "33x33 (Tiny-ImageNet's 64x64); 1 fits 28x28 and 32x32 images")})
+
+
+@dataclass(frozen=True)
+class FedSoftCNNParams(ModelParams):
+    norm: str = _norm_field("none", ("none", "batch", "group"), "the official code's CNN has none")
+    groups: int = _groups_field()
+    init: str = field(default="fedsoft", metadata={"choices": ("fedsoft", "default"), "help": (
+        "fedsoft: the official code's (Kaiming-uniform convolution, Xavier-normal linear weights); "
+        "default: PyTorch's")})
+
+
+@dataclass(frozen=True)
+class SqueezeNetParams(ModelParams):
+    version: str = field(default="1_1", metadata={"choices": ("1_1", "1_0"), "help": "torchvision's SqueezeNet version"})
+    classifier: str = field(default="linear", metadata={"choices": ("linear", "conv"), "help": (
+        "linear: pooled features -> fc to the classes (a linear head, as simplex heads need); conv: "
+        "torchvision's 1x1 convolution -> ReLU -> pool")})
+    dropout: float = field(default=0.5, metadata={"min": 0.0, "lt": 1.0, "help": "dropout before the classifier"})
+    weights: str = field(default="", metadata={
+        "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"})
+
+
+def vgg9(params: VGG9Params, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """SuPerFed's VGG-9 (``raysim.vision_models.vgg9``)."""
+    return vision.vgg9(input_shape, classes, params.norm, params.groups)
+
+
+def resnet9(params: ResNet9Params, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """SuPerFed's ResNet-9 (``raysim.vision_models.resnet9``)."""
+    return vision.resnet9(input_shape, classes, params.norm, params.groups)
+
+
+def mobilenet(params: MobileNetParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """SuPerFed's MobileNet (``raysim.vision_models.mobilenet``)."""
+    return vision.mobilenet(input_shape, classes, params.norm, params.groups, params.padding)
+
+
+def fedsoft_cnn(params: FedSoftCNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """FedSoft's CIFAR CNN (``raysim.vision_models.fedsoft_cnn``)."""
+    return vision.fedsoft_cnn(input_shape, classes, params.norm, params.groups, params.init)
+
+
+def squeezenet(params: SqueezeNetParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """torchvision's SqueezeNet as SosicFL uses it (``raysim.vision_models.squeezenet``)."""
+    return vision.squeezenet(input_shape, classes, params.version, params.classifier, params.dropout,
+                             params.weights)
 
 
 @dataclass(frozen=True)
@@ -270,12 +344,22 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("linear", "multinomial logistic regression (flatten -> linear)", LinearParams, linear),
         ModelSpec("mlp", "fully connected ReLU network (hidden widths configurable)", MLPParams, mlp),
         ModelSpec("twonn", "SuPerFed's TwoNN: 3 hidden layers of 200, bias-free, Xavier init", TwoNNParams, twonn),
-        ModelSpec("twocnn", "SuPerFed's TwoCNN: 2 conv5x5 + pool, fc 200-200, bias-free (Cx28x28 inputs)",
+        ModelSpec("twocnn", "SuPerFed's TwoCNN: 2 conv5x5 + pool, fc 200-200, bias-free (Cx28x28 or Cx32x32 inputs)",
                   TwoNNParams, twocnn),
         ModelSpec("simplecnn", "SosicFL's/Floco's SimpleCNN: 3 conv + pool, fc 128 (CxHxW images, e.g. 32x32 or 28x28)",
                   SimpleCNNParams, simplecnn),
         ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
                   CNNParams, femnist_cnn),
+        ModelSpec("vgg9", "SuPerFed's VGG-9: 6 conv3x3 (16-512), 4 pools, fc 256, no norm (CxHxW images, the "
+                  "paper's 1x28x28)", VGG9Params, vgg9),
+        ModelSpec("resnet9", "SuPerFed's ResNet-9: 4 basic blocks (64-512), fc 256, batch norm (CxHxW images, the "
+                  "paper's 3x28x28)", ResNet9Params, resnet9),
+        ModelSpec("mobilenet", "SuPerFed's MobileNet: 4 depthwise-separable blocks (32-512), fc 256, batch norm "
+                  "(CxHxW images of at least 33x33, the paper's 3x64x64)", MobileNetParams, mobilenet),
+        ModelSpec("fedsoft_cnn", "FedSoft's CIFAR-10 CNN: 6 conv3x3 (32-256), 3 pools, fc 1024-512 (CxHxW images, "
+                  "the paper's 3x32x32)", FedSoftCNNParams, fedsoft_cnn),
+        ModelSpec("squeezenet", "SosicFL's SqueezeNet: torchvision's squeezenet1_1, linear classifier; weights from "
+                  "a local file (3xHxW images, the paper's CIFAR-10 3x32x32)", SqueezeNetParams, squeezenet),
         ModelSpec("mobilenet_v2", "torchvision's MobileNetV2 (FedEM's CIFAR model), GroupNorm; weights from a local "
                   "file", TorchvisionParams, mobilenet_v2),
         ModelSpec("resnet18", "torchvision's ResNet-18, GroupNorm; weights from a local file", TorchvisionParams, resnet18),
