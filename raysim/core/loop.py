@@ -177,6 +177,13 @@ class Trainer:
         self._stack_key = None
         self._stack_val = None
 
+    def _mask(self, count: int) -> tuple[bool, ...]:
+        """The model's trainable mask for a job of ``count`` parameters: a job may carry several
+        copies of the model (SuPerFed's global and local models, pFedMe's θ and w) and extra
+        tensors after them (APFL's α), each copy following the model's mask, the extras trained."""
+        n = len(self.trainable)
+        return (self.trainable * (count // n) + (True,) * (count % n))[:count]
+
     # -- training -------------------------------------------------------------------------------
     def fit(self, jobs: list[Job]) -> list[Fitted]:
         out: list[Fitted | None] = [None] * len(jobs)
@@ -239,8 +246,8 @@ class Trainer:
         loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
         results: list[Fitted | None] = [None] * k_all
         P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
-        train_mask = self.trainable if obj.trainable is None else tuple(
-            a and b for a, b in zip(obj.trainable, self.trainable))
+        train_mask = self._mask(len(P)) if obj.trainable is None else tuple(
+            a and b for a, b in zip(obj.trainable, self._mask(len(P))))
         trained = [p for p, t in zip(P, train_mask) if t]
         consts = {key: _stack_const([jobs[k].consts[key] for k in order]) for key in jobs[0].consts}
         draws = None
