@@ -79,6 +79,7 @@ class APFL(FedAvg):
     Hyper = APFLHyper
     ClientState = APFLState
     decentralized = False
+    personalized_is_global = False       # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)

@@ -24,7 +24,14 @@ A round, as the engine runs it:
 Evaluation: ``evaluate`` returns a client's metrics as a dict (personalized, global, per
 cluster, ...), normally ``task.scores`` of some outputs (the one place where accuracy, top-5,
 ECE and test loss are computed); the engine reports, for each, the mean weighted by test size,
-the std over clients and the bottom decile. A clustered method also names its cluster models (``centers``), which the engine scores
+the std over clients and the bottom decile. The engine calls it through ``evaluation``, which
+adds the "local update" (``eval.finetune``, FedAvg-LU, FedProx-LU, SCAFFOLD-LU, ``fedavg+``):
+a method with a global model names it for a client (``global_model``); each client trains a copy
+of it on its train split (one job of the one loop, ``finetune_settings``, the client's "eval"
+generator) and scores it: ``lu_accuracy``, ``lu_top5_accuracy``, ``lu_ece``, ``lu_test_loss``
+(``lu_mse``). Where the personalized model IS the global model (``personalized_is_global``:
+FedAvg, FedProx, SCAFFOLD) the unprefixed metrics become the tuned model's too — what
+"FedAvg-LU's accuracy" means — while ``global_*`` stay the untuned global model's. A clustered method also names its cluster models (``centers``), which the engine scores
 on every source's held-out set when the data are a mixture of sources, and each client's
 estimated weights of them (``importance``). Unseen clients (``eval.unseen_fraction``) first ``personalize`` with the shared parts
 frozen. ``train``, ``evaluate`` and ``personalize`` may each yield jobs.
@@ -36,6 +43,7 @@ declares (``shared`` / ``with_shared``) with its graph neighbours.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -73,15 +81,19 @@ class LocalTraining:
     POSITIVE: ClassVar[tuple[str, ...]] = ("lr", "local_epochs", "batch_size")
     NONNEGATIVE: ClassVar[tuple[str, ...]] = ("momentum", "weight_decay")
 
-    def lr_at(self, round_: int, rounds: int) -> float:
+    def lr_factor(self, round_: int, rounds: int) -> float:
+        """The schedule's factor at ``round_``: ``lr_at`` is ``lr`` times it."""
         if self.lr_schedule == "step":
             if round_ >= (3 * rounds) // 4:
-                return self.lr * 0.01
+                return 0.01
             if round_ >= rounds // 2:
-                return self.lr * 0.1
+                return 0.1
         if self.lr_schedule == "exponential":
-            return self.lr * self.lr_decay ** round_
-        return self.lr
+            return self.lr_decay ** round_
+        return 1.0
+
+    def lr_at(self, round_: int, rounds: int) -> float:
+        return self.lr * self.lr_factor(round_, rounds)
 
     def settings(self, round_: int, rounds: int, epochs: int | None = None) -> Settings:
         return Settings(self.lr_at(round_, rounds), self.local_epochs if epochs is None else epochs,
@@ -123,6 +135,9 @@ class Algorithm:
     ClientState: ClassVar[type | None] = None     # a dataclass of tensors (checkpointed)
     decentralized: ClassVar[bool] = False         # has a gossip form (shared / with_shared)
     split: ClassVar[bool] = False                 # needs a model with a body and a head (groups)
+    # the personalized model is the global model (FedAvg, FedProx, SCAFFOLD): with eval.finetune
+    # the unprefixed metrics are the tuned model's (FedAvg-LU), ``global_*`` the untuned one's
+    personalized_is_global: ClassVar[bool] = False
 
     @classmethod
     def check(cls, hp: Any, decentralized: bool) -> tuple[str, str] | None:
@@ -136,6 +151,8 @@ class Algorithm:
         self.task = task
         self.objective = Supervised(task)
         self._trainer: Trainer | None = None
+        self.finetune = None       # eval.finetune's options (raysim.config.FinetuneCfg), set by setup
+        self._tune_objective = Supervised(task)     # the local update's: the task loss alone
 
     # -- helpers ---------------------------------------------------------------------------
     def trainer(self, device: torch.device) -> Trainer:
@@ -248,6 +265,66 @@ class Algorithm:
         """The client's estimated weight of each of ``centers`` (soft or 0/1), reported beside
         the true shares of its sources; None: none."""
         return None
+
+    # -- local update (eval.finetune) ----------------------------------------------------------
+    def global_model(self, state: Any, received: Received) -> list[torch.Tensor] | None:
+        """The global model the client is scored with as ``global_*``, in the model's parameter
+        layout: what its local update (``eval.finetune``) starts from. None (the default): the
+        method has none (Local, FedPer, LG-FedAvg, clustered methods), and a scenario giving it
+        ``eval.finetune`` is refused. A subclass of a method with one whose shared part is not
+        the whole model must return None again."""
+        return None
+
+    @classmethod
+    def has_global_model(cls) -> bool:
+        return cls.global_model is not Algorithm.global_model
+
+    def finetune_settings(self, ctx: Context) -> Settings | None:
+        """The local update's settings (None: off). Each null option of ``eval.finetune`` is the
+        algorithm's own (``lr``, ``batch_size``, ``optimizer``, ``momentum``, ``weight_decay``);
+        its lr is the base ``lr`` (``lr_source: base``), not the round's scheduled one, unless
+        ``lr_source: schedule`` multiplies it by the training schedule's factor at the evaluated
+        round (``ctx.round``, the rounds done)."""
+        f, hp = self.finetune, self.hp
+        epochs = getattr(f, "epochs", None)
+        if epochs is None:
+            epochs = self.default_finetune_epochs()
+        if not epochs:
+            return None
+
+        def opt(name):
+            v = getattr(f, name, None)
+            return getattr(hp, name) if v is None else v
+        lr = opt("lr")
+        if getattr(f, "lr_source", "base") == "schedule":
+            lr = lr * hp.lr_factor(ctx.round, ctx.rounds)
+        return Settings(lr, epochs, opt("batch_size"), opt("optimizer"), opt("momentum"), opt("weight_decay"))
+
+    def default_finetune_epochs(self) -> int:
+        """Local-update epochs when ``eval.finetune.epochs`` is null: 0 (off; fedavg+: 1)."""
+        return 0
+
+    def evaluation(self, state: Any, received: Received, data: ClientData, ctx: Context):
+        """What the engine scores a client with: ``evaluate``, then the local update."""
+        return self.with_local_update(self.evaluate(state, received, data, ctx), state, received, data, ctx)
+
+    def with_local_update(self, scored, state: Any, received: Received, data: ClientData, ctx: Context):
+        """``scored`` (``evaluate``'s result, or its generator), with, when ``eval.finetune`` is
+        on and the method has a global model, the scores of the client's copy of it trained by
+        one job of the loop on its train split (its orders from ``ctx``'s generator, after
+        ``evaluate``'s own draws): ``lu_*``, and the unprefixed ones too where
+        ``personalized_is_global``."""
+        metrics = (yield from scored) if inspect.isgenerator(scored) else scored
+        settings = self.finetune_settings(ctx)
+        glob = None if settings is None or data.num_test == 0 else self.global_model(state, received)
+        if glob is None:
+            return metrics
+        (tuned,) = yield [make_job(glob, data, ctx, settings, self._tune_objective)]
+        out = self.outputs([tuned.params], data.test_x, ctx.device)[0]
+        metrics = {**metrics, **self.task.scores(out, data.test_y, "lu_")}
+        if self.personalized_is_global:
+            metrics.update(self.task.scores(out, data.test_y))
+        return metrics
 
     def personalize(self, received: Received, data: ClientData, ctx: Context):
         """State of a client that never trained (``eval.unseen_fraction``), adapted with the

@@ -39,6 +39,7 @@ class Ditto(FedAvg):
     Hyper = DittoHyper
     ClientState = DittoState
     decentralized = False
+    personalized_is_global = False       # a personal model beside the global one
 
     def init_client(self, cid, rng):
         return None                         # v = the initial global model until the client trains

@@ -27,6 +27,7 @@ class FedAvg(Algorithm):
     summary = "FedAvg (McMahan et al. 2017): sample-weighted average of local SGD models; D-SGD with a topology"
     Hyper = FedAvgHyper
     decentralized = True
+    personalized_is_global = True        # subclasses with a personal model set False
 
     @classmethod
     def check(cls, hp, decentralized):
@@ -63,6 +64,9 @@ class FedAvg(Algorithm):
     def train(self, state, received, data, ctx):
         (fitted,) = yield [self.job(received.shared, data, ctx, consts=self.consts(received))]
         return state, self.reply(fitted.params, received.shared, data.num_train), fitted.loss
+
+    def global_model(self, state, received):
+        return received.shared
 
     def evaluate(self, state, received, data, ctx):
         out = self.outputs([received.shared], data.test_x, ctx.device)[0]

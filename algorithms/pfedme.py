@@ -78,6 +78,7 @@ class PFedMe(FedAvg):
     Hyper = PFedMeHyper
     ClientState = PFedMeState
     decentralized = False
+    personalized_is_global = False       # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)

@@ -39,7 +39,8 @@ Defaults and choices:
   Δy = Δc = 0 (with uniform weighting it still counts in |S|, as in the paper).
 
 Metrics: ``accuracy`` (and ``global_*``) score the global model x on each client's test split;
-unseen clients score x too. Communication is twice FedAvg's, both ways ((x, c) down, (Δy, Δc)
+unseen clients score x too. With ``eval.finetune`` (SCAFFOLD-LU) ``accuracy`` and ``lu_*`` score
+each client's local update of x (plain SGD on the task loss, no control variates). Communication is twice FedAvg's, both ways ((x, c) down, (Δy, Δc)
 up), as in the paper.
 
 Decentralized: no. The method is defined by a server control variate c = mean of every
@@ -95,6 +96,7 @@ class Scaffold(Algorithm):
     Hyper = ScaffoldHyper
     ClientState = ScaffoldState
     decentralized = False
+    personalized_is_global = True
 
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng):
@@ -143,6 +145,9 @@ class Scaffold(Algorithm):
         reply = ScaffoldReply(Weighted([p1 - p0 for p0, p1 in zip(x, y)], w),
                               Weighted([a - b for a, b in zip(new, ci)], w))
         return ScaffoldState(new), reply, fit.loss
+
+    def global_model(self, state, received):
+        return received.shared.x
 
     def evaluate(self, state, received, data, ctx):
         out = self.outputs([received.shared.x], data.test_x, ctx.device)[0]

@@ -173,6 +173,7 @@ class SosicFL(FedAvg):
     Hyper = SosicFLHyper
     ClientState = None
     decentralized = False
+    personalized_is_global = False       # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
@@ -350,6 +351,10 @@ class SosicFL(FedAvg):
         (``local_at``), or before the preparation the centroid. A group's part holds the
         centre, η and that point."""
         return self.centroid() if part is None else part[self.ends + 1:]
+
+    def global_model(self, state, received):
+        """w at the centroid, in the model's layout (``global_*``; the local update's start)."""
+        return self.compose(received.shared, self.centroid())
 
     def evaluate(self, state, received, data, ctx):
         glob = received.shared

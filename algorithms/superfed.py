@@ -146,6 +146,7 @@ class SuPerFedMM(FedAvg):
     Hyper = SuPerFedHyper
     ClientState = SuPerFedState
     decentralized = False
+    personalized_is_global = False       # a personal model beside the global one
     layerwise = False
 
     def __init__(self, hyper, model_fn, rounds, task):

@@ -31,7 +31,9 @@ def make_model_fn(sc: Scenario, source):
 
 def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
     cls = algorithms.get(sc.algorithm.name)
-    return cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
+    algo = cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
+    algo.finetune = sc.eval.finetune          # the local update's options (eval.finetune)
+    return algo
 
 
 def describe_registries() -> list[tuple[str, list[tuple[str, str]]]]:

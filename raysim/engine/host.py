@@ -137,7 +137,7 @@ class Host:
             self.algo.personalize(received[c], self.data(c), self.context(round_, c, "personalize", groups[c]))
             for c in unseen])))
         states = {c: personal[c] if c in personal else self.state(c) for c in cids}
-        calls = [self.algo.evaluate(states[c], received[c], self.data(c), self.context(round_, c, "eval", groups[c]))
+        calls = [self.algo.evaluation(states[c], received[c], self.data(c), self.context(round_, c, "eval", groups[c]))
                  for c in cids]
         out = {}
         for c, m in zip(cids, self._drive(calls)):
