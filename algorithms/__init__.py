@@ -16,6 +16,7 @@ from .fedsoft import FedSoft
 from .ifca import IFCA
 from .lg_fedavg import LGFedAvg
 from .local import Local
+from .mocha import Mocha
 from .pfedme import PFedMe
 from .scaffold import Scaffold
 from .floco import Floco, FlocoPlus
@@ -24,7 +25,7 @@ from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
-                                                           Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg)}
+                                                           Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha)}
 
 
 def get(name: str) -> type[Algorithm]:
