@@ -135,6 +135,7 @@ class Algorithm:
     ClientState: ClassVar[type | None] = None     # a dataclass of tensors (checkpointed)
     decentralized: ClassVar[bool] = False         # has a gossip form (shared / with_shared)
     split: ClassVar[bool] = False                 # needs a model with a body and a head (groups)
+    unseen: ClassVar[bool] = True                 # can score clients that never trained (personalize)
     # the personalized model is the global model (FedAvg, FedProx, SCAFFOLD): with eval.finetune
     # the unprefixed metrics are the tuned model's (FedAvg-LU), ``global_*`` the untuned one's
     personalized_is_global: ClassVar[bool] = False

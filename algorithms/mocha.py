@@ -190,6 +190,7 @@ class _NoJobs:
 
 class Mocha(Algorithm):
     name = "mocha"
+    unseen = False         # one task per training client: none for a newcomer
     summary = "MOCHA (Smith et al. 2017): federated multi-task linear models, primal-dual SDCA with learned task relations Ω"
     Hyper = MochaHyper
     ClientState = MochaState

@@ -485,7 +485,16 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
         groups = groups_of(model)
     except ValueError as e:
         ctx.fail("model.head", str(e).removeprefix("model.head: "))
-    if algorithms.get(sc.algorithm.name).split and not (groups.head and any(i not in groups.stats for i in groups.body)):
+    cls = algorithms.get(sc.algorithm.name)
+    if sc.eval.unseen_fraction > 0 and not cls.unseen:
+        ctx.fail("eval.unseen_fraction", f"{sc.algorithm.name} has no model for a client that never trained; "
+                                         f"use 0 (its default)")
+    try:           # a method's own refusals of this model or task (e.g. MOCHA: linear models only)
+        from raysim.setup import make_algorithm
+        make_algorithm(sc, source)
+    except ValueError as e:
+        ctx.fail("algorithm.name", str(e).splitlines()[0])
+    if cls.split and not (groups.head and any(i not in groups.stats for i in groups.body)):
         ctx.fail("model.head", f"{sc.algorithm.name} keeps part of the model local and shares the rest, so the model "
                                f"needs a head and a body; {sc.model.name}'s layers with parameters are "
                                f"{', '.join(k or '(the model itself)' for k in groups.layers)} and its head is "

@@ -243,14 +243,19 @@ def test_duals_persist_on_hosts_and_survive_a_checkpoint_on_another_host_count(t
         assert torch.equal(getattr(resumed.server_state, f), getattr(srv, f))
 
 
-def test_a_model_other_than_linear_and_more_than_two_classes_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="linear models only"):
-        serial_driver(scenario(tmp_path, "model.name=mlp"), 1)
+def test_a_model_other_than_linear_more_than_two_classes_and_unseen_clients_are_refused_at_validation(tmp_path, capsys):
+    from raysim import cli
     with pytest.raises(ValueError, match="binary classification only"):
         make(outputs=3)
-    from raysim.config import ScenarioError
-    with pytest.raises(ScenarioError, match="choose one of"):
-        scenario(tmp_path, "algorithm.w_map=both")
+    path = write_scenario(tmp_path, TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}", MOCHA))
+    for override, line in [
+            ("model.name=mlp", "algorithm.name: mocha trains linear models only; use model: {name: linear} "
+                               "(got a Sequential with 3 linear layers)"),
+            ("eval.unseen_fraction=0.2", "eval.unseen_fraction: mocha has no model for a client that never "
+                                         "trained; use 0 (its default)"),
+            ("algorithm.w_map=both", "algorithm.w_map: 'both' is not allowed; choose one of dual, fmtl")]:
+        assert cli.main(["validate", path, "--set", override]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"raysim: {path}: {line}"]
 
 
 SYNTHETIC = """
