@@ -12,6 +12,8 @@ from typing import Callable
 
 from torch import nn
 
+from raysim.core.norm import BatchNorm2d
+
 from raysim import vision_models as vision
 from raysim.vision_models import group_norm as _group_norm, load_weights as _load_weights
 
@@ -207,7 +209,9 @@ class TorchvisionParams(ModelParams):
     weights: str = field(default="", metadata={
         "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"})
     norm: str = field(default="group", metadata={
-        "choices": ("group",), "help": "normalization layers: GroupNorm (no running statistics; Hsieh et al. 2020)"})
+        "choices": ("group", "batch"),
+        "help": "normalization layers: group (GroupNorm, no running statistics: the usual FL choice after Hsieh "
+                "et al. 2020) or batch (batch norm, its running statistics client state like the weights)"})
     groups: int = field(default=2, metadata={"min": 1, "help": "GroupNorm groups (a layer with fewer channels uses their gcd)"})
 
 
@@ -215,8 +219,8 @@ def _torchvision(builder: str, params: TorchvisionParams, input_shape: tuple[int
     import torchvision
     if len(input_shape) != 3 or input_shape[0] != 3:
         raise ValueError(f"{builder} needs 3 x H x W images, the dataset gives {tuple(input_shape)}")
-    model = getattr(torchvision.models, builder)(weights=None, num_classes=classes,
-                                                 norm_layer=_group_norm(params.groups))
+    norm = BatchNorm2d if params.norm == "batch" else _group_norm(params.groups)
+    model = getattr(torchvision.models, builder)(weights=None, num_classes=classes, norm_layer=norm)
     return _load_weights(model, params.weights, builder) if params.weights else model
 
 
