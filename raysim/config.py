@@ -490,8 +490,9 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
         ctx.fail("eval.unseen_fraction", f"{sc.algorithm.name} has no model for a client that never trained; "
                                          f"use 0 (its default)")
     try:           # a method's own refusals of this model or task (e.g. MOCHA: linear models only)
-        from raysim.setup import make_algorithm
-        make_algorithm(sc, source)
+        from raysim.core.tasks import TASKS
+        cls(sc.algorithm.params, lambda variant=0: build_model(sc.model.name, sc.model.params, source),
+            sc.rounds, TASKS[source.task])
     except ValueError as e:
         ctx.fail("algorithm.name", str(e).splitlines()[0])
     if cls.split and not (groups.head and any(i not in groups.stats for i in groups.body)):
