@@ -287,18 +287,3 @@ def test_mocha_learns_fedem_synthetic_data_above_local(tmp_path):
     local = final_accuracy(tmp_path, "{name: local, lr: 0.1, batch_size: 32}", "l.yaml")
     assert acc > 0.7, acc                 # binary: chance is about 0.5
     assert acc > local + 0.03, (acc, local)
-
-
-@pytest.mark.ray
-def test_mocha_on_ray_hosts_equals_the_serial_run(tmp_path):
-    # the statistics phase (the m tasks), the per-client parts (w_t, Σ_tt, σ'), the PerClient
-    # Δb replies, an Ω update and the duals kept on three Ray hosts give the serial engine's numbers
-    from tests.test_runs import summary_of
-    text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}", MOCHA).replace("rounds: 3", "rounds: 4")
-    path = write_scenario(tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
-                          f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
-    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", name="ray.json")
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    assert on_ray["final"] == serial["final"]
-    assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]
-    assert serial["final"]["accuracy"] > 0.5

@@ -287,17 +287,3 @@ def test_fedper_and_fedrep_beat_fedavg_on_a_pathological_split():
     assert fedrep["accuracy"] > fedper["accuracy"] + 0.05, (fedrep["accuracy"], fedper["accuracy"])
     assert "global_accuracy" in fedavg and not any(k.startswith("global_") for k in (*fedper, *fedrep))
     assert fedrep["bytes_up"] < fedavg["bytes_up"]                     # the head is never sent
-
-
-@pytest.mark.ray
-def test_fedrep_on_ray_hosts_equals_the_serial_run(tmp_path):
-    # the head and body steps, the kept heads on three Ray hosts and the body replies give the
-    # serial engine's numbers
-    from tests.test_runs import summary_of
-    text = (TINY.replace("name: fedavg", "name: fedrep, head_epochs: 2").replace("{name: linear}", "{name: mlp, hidden: [8]}"))
-    path = write_scenario(tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
-                          f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
-    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", name="ray.json")
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    assert on_ray["final"] == serial["final"]
-    assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]

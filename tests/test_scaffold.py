@@ -197,17 +197,3 @@ def test_scenario_validation_accepts_scaffold_and_refuses_bad_settings(tmp_path)
                        ("topology.kind=ring", "has no decentralized form")):
         with pytest.raises(ScenarioError, match=words):
             scenario(tmp_path, bad)
-
-
-@pytest.mark.ray
-def test_scaffold_on_ray_hosts_equals_the_serial_run(tmp_path):
-    # the statistics phase (N), the (x, c) message, the (Δy, Δc) replies and the c_i kept on
-    # three Ray hosts give the serial engine's numbers
-    from tests.test_runs import summary_of
-    text = TINY.replace("name: fedavg", "name: scaffold").replace("rounds: 3", "rounds: 4")
-    path = write_scenario(tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
-                          f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
-    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", name="ray.json")
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    assert on_ray["final"] == serial["final"]
-    assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]

@@ -1,0 +1,39 @@
+"""Ray hosts give the serial engine's numbers for the methods whose state and messages take
+paths of their own, in one sweep (one Ray start):
+
+- SCAFFOLD: a statistics phase (N), an (x, c) message, (Δy, Δc) replies, c_i kept on hosts;
+- MOCHA: the statistics phase (the m tasks), one message part per client (w_t, Σ_tt, σ'),
+  ``PerClient`` Δb replies, an Ω update (every 2 rounds) and the duals kept on hosts;
+- FedRep: the head step then the body step (two batched jobs with masked objectives), heads
+  kept on hosts, replies carrying the body only.
+"""
+import json
+
+import pytest
+
+from tests.conftest import TINY, write_scenario
+from tests.test_runs import raysim
+
+SWEEP = """
+sweep:
+  scaffold: {algorithm.name: scaffold}
+  mocha: {algorithm: {name: mocha, lam: 0.03, omega_every: 2}}
+  fedrep: {algorithm: {name: fedrep, head_epochs: 2, lr: 0.1, batch_size: 16}, model: {name: mlp, hidden: [8]}}
+"""
+
+
+@pytest.mark.ray
+def test_scaffold_mocha_and_fedrep_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
+    text = TINY.replace("rounds: 3", "rounds: 4") + SWEEP + (
+        f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n")
+    path = write_scenario(tmp_path, text)
+    out = {}
+    for name, extra in (("ray", ("--set", "resources.hosts=3")), ("serial", ("--engine", "serial"))):
+        raysim("run", path, "-q", "--concurrent", "1", "--summary", str(tmp_path / f"{name}.json"), *extra)
+        out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
+    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 3
+    for variant, serial in out["serial"].items():
+        on_ray = out["ray"][variant]
+        assert on_ray["final"] == serial["final"], variant
+        assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]], variant
+        assert serial["final"]["accuracy"] > 0.5, variant       # binary labels: they learned something
