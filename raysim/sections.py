@@ -1,0 +1,149 @@
+"""The scenario's sections as dataclasses: every key a scenario file may hold outside the
+components (whose options are the dataset's, model's, algorithm's and partitioner's own
+dataclasses), with its type, range and help. ``raysim.config`` loads and validates files
+against them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raysim.core.optim import OPTIMIZERS
+from raysim.schema import Component
+
+
+TIMEOUT_MAX = 1e6        # seconds (11.6 days); Ray's waits overflow on vast timeouts
+
+
+@dataclass(frozen=True)
+class SamplingCfg:
+    fraction: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0,
+                                   "help": "share of training clients sampled per round"})
+    count: int | None = field(default=None, metadata={"min": 1, "help": "clients sampled per round"})
+
+
+@dataclass(frozen=True)
+class FinetuneCfg:
+    """The "local update" (FedAvg-LU, FedProx-LU, SCAFFOLD-LU; ``fedavg+``): at each evaluation
+    every client trains a copy of the global model on its train split and is also scored with
+    it (``lu_*``; for FedAvg, FedProx and SCAFFOLD the unprefixed metrics too, ``global_*`` staying
+    the untuned model's). A null option is the algorithm's own. Defaults follow FedEM's official
+    FedAvg+ (its tuned copy trains ``local_steps`` epochs with the training's optimizer and batch
+    size at, in effect, the base lr); ``lr_source: schedule`` is SuPerFed's code, whose
+    locally updated models are the round's local training at its decayed lr."""
+    epochs: int | None = field(default=None, metadata={"min": 0, "help": (
+        "local-update epochs; 0: off; null: the method's default (off; fedavg+: 1)")})
+    lr: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "its learning rate; null: the algorithm's base lr (never the round's scheduled lr, "
+        "unless lr_source: schedule)")})
+    lr_source: str = field(default="base", metadata={"choices": ("base", "schedule"), "help": (
+        "base: lr as given, constant over the run (FedEM's FedAvg+); schedule: lr times the "
+        "training schedule's factor at the evaluated round (SuPerFed's local update; with "
+        "lr_schedule: step it is lr x0.01 at the end)")})
+    batch_size: int | None = field(default=None, metadata={"min": 1, "help": "null: the algorithm's batch_size"})
+    optimizer: str | None = field(default=None, metadata={"choices": OPTIMIZERS,
+                                                          "help": "null: the algorithm's optimizer"})
+    momentum: float | None = field(default=None, metadata={"min": 0.0, "help": "null: the algorithm's momentum"})
+    weight_decay: float | None = field(default=None, metadata={"min": 0.0,
+                                                                "help": "null: the algorithm's weight_decay"})
+
+
+@dataclass(frozen=True)
+class EvalCfg:
+    every: int = field(default=1, metadata={"min": 1, "help": "evaluate every N rounds (and after the last)"})
+    unseen_fraction: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0,
+                                   "help": "share of clients that never train and are evaluated as unseen"})
+    clients: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "training clients evaluated: all (null), a fraction (≤ 1) or a count (> 1), one seeded sample "
+        "kept for the whole run so the curves compare")})
+    target: float | None = field(default=None, metadata={"min": 0.0, "help": (
+        "time-to-accuracy: the summary's target_round and target_seconds are the first round (and "
+        "the rounds' seconds up to it) whose mean accuracy reaches it (mse: falls to it)")})
+    finetune: FinetuneCfg = field(default_factory=FinetuneCfg, metadata={"help": (
+        "local update of the global model before scoring: {epochs, lr, lr_source, batch_size, optimizer, "
+        "momentum, weight_decay}; lu_* metrics")})
+
+
+@dataclass(frozen=True)
+class ResourcesCfg:
+    hosts: int = field(default=2, metadata={"min": 1, "help": "host actors; each hosts many clients"})
+    cpus_per_host: float = field(default=1.0, metadata={"gt": 0.0})
+    gpus_per_host: float = field(default=0.0, metadata={"min": 0.0})
+    host_timeout_s: float | None = field(default=None, metadata={
+        "gt": 0.0, "max": TIMEOUT_MAX,
+        "help": "a host call not answered within this many seconds counts as a lost host (null: wait)"})
+    max_host_losses: int = field(default=3, metadata={
+        "min": 0, "help": "lost hosts a run survives (each rolls back to the last checkpoint); then it fails"})
+    placement: str = field(default="samples", metadata={
+        "choices": ("samples", "round_robin"),
+        "help": "clients over hosts: samples (balance the hosts' samples, deterministic) or round_robin (c mod hosts)"})
+    placement_timeout_s: float = field(default=900.0, metadata={
+        "gt": 0.0, "max": TIMEOUT_MAX, "help": "on a cluster (--address), how long to wait for the hosts to be "
+                                               "placed (an autoscaling cluster adds nodes meanwhile)"})
+
+
+@dataclass(frozen=True)
+class TrackingCfg:
+    uri: str | None = field(default=None, metadata={"help": "MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"})
+    experiment: str = "raysim"
+
+
+@dataclass(frozen=True)
+class CheckpointCfg:
+    every: int = field(default=0, metadata={"min": 0, "help": "write a checkpoint every N rounds (0: only at the end)"})
+    dir: str = "checkpoints"
+
+
+@dataclass(frozen=True)
+class TopologyCfg:
+    """Decentralized training: clients gossip with graph neighbours instead of a server."""
+    kind: str = field(default="erdos_renyi", metadata={
+        "choices": ("erdos_renyi", "ring", "torus", "complete", "star", "edges")})
+    p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": "Erdős–Rényi edge probability"})
+    resample: bool = field(default=False, metadata={"help": "draw a new Erdős–Rényi graph every round"})
+    connect: str = field(default="redraw", metadata={
+        "choices": ("redraw", "bridge"),
+        "help": "Erdős–Rényi: redraw until connected, or bridge one draw's components in a chain "
+                "(needed at a sparse average degree on many clients)"})
+    mixing: str = field(default="metropolis", metadata={"choices": ("metropolis", "fmmc")})
+    fmmc_iters: int = field(default=1000, metadata={
+        "min": 1, "help": "FMMC: projected-subgradient iterations, one eigendecomposition of W each "
+                          "(300 clients: about 6 s for 1000; lower it with resample: true)"})
+    weighting: str = field(default="uniform", metadata={
+        "choices": ("uniform", "samples"),
+        "help": "uniform: the symmetric doubly stochastic W (the paper's; gossip keeps the plain average "
+                "of the clients); samples: W reweighted by Metropolis-Hastings towards the clients' "
+                "training-sample counts (gossip keeps the sample-weighted average, as FedEM's server)"})
+    edges: str | None = field(default=None, metadata={"help": "file of 'i j' client-id pairs (kind: edges)"})
+
+
+@dataclass(frozen=True)
+class SplitsCfg:
+    train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0})
+    val: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
+    test: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0})
+
+
+@dataclass(frozen=True)
+class DataCfg:
+    dataset: Component
+    clients: int
+    partition: Component | None
+    splits: SplitsCfg
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: str
+    name: str
+    seed: int
+    rounds: int
+    data: DataCfg
+    model: Component
+    algorithm: Component
+    sampling: SamplingCfg
+    eval: EvalCfg
+    resources: ResourcesCfg
+    tracking: TrackingCfg
+    checkpoint: CheckpointCfg
+    topology: TopologyCfg | None
+    raw: dict            # the validated mapping after overrides (logged as params/artifact)
