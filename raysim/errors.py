@@ -7,7 +7,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 1
 
 
 class RunsFailed(Exception):
-    """Some runs of a side-by-side sweep failed, each already reported; one line, exit 1."""
+    """Some runs of a sweep failed, each already reported; one line, exit 1."""
 
 
 def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:

@@ -64,8 +64,9 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
                 overrides: list[str], engine: str = "ray", address: str | None = None,
                 resume: str | None = None, summary: str | None = None, verbose: bool = False,
                 progress: bool = True, concurrent: int | None = None) -> dict:
-    """Run every (variant, scenario); returns {label: summary}. Raises the run's error (one
-    after another), RunsFailed or SweepInterrupted (side by side)."""
+    """Run every (variant, scenario); returns {label: summary}. Raises RunsFailed once every
+    run has ended if some failed, SweepInterrupted (side by side) if stopped, or the error of
+    a single run, a bad input or an interrupt at once."""
     if resume and len(variants) > 1:
         raise ScenarioError(f"{file}: --resume continues one run; add --variant NAME"
                             + (" and --seeds SEED" if seeds else ""))
@@ -92,7 +93,7 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     try:
         at_once = _at_once(jobs, concurrent) if several and engine == "ray" else 1
         if at_once == 1:
-            summaries = _one_after_another(jobs)
+            summaries, unfinished = _one_after_another(jobs)
         else:
             summaries, unfinished = _side_by_side(jobs, at_once, parent)
         ok = unfinished is None
@@ -132,12 +133,31 @@ def _finished(summary: dict, sc: Scenario) -> None:
           f"{summary['tracking_uri']}", flush=True)
 
 
-def _one_after_another(jobs: list[Job]) -> dict:
-    summaries = {}
+def _one_after_another(jobs: list[Job]) -> tuple[dict, BaseException | None]:
+    """The runs in turn: the finished ones' summaries, and RunsFailed (to raise once they are
+    shown) if some failed. A run that fails (diverged, a host lost too often: already marked
+    FAILED with its resume command printed) does not stop the others, as side by side; bad
+    input, an interrupt or a single run's failure stops at once."""
+    from raysim.errors import EXIT_FAILED, explain
+    summaries, failed = {}, []
     for job in jobs:
-        summaries[job.label] = run_job(job)
+        try:
+            summaries[job.label] = run_job(job)
+        except Exception as e:          # noqa: BLE001 - reported here, raised as RunsFailed
+            code, line = explain(e, job.verbose)
+            if len(jobs) == 1 or code != EXIT_FAILED:
+                raise
+            print(f"raysim: {job.label}: {line}", file=sys.stderr, flush=True)
+            failed.append(job)
+            continue
         _finished(summaries[job.label], job.sc)
-    return summaries
+    if failed:
+        return summaries, _runs_failed(failed, jobs)
+    return summaries, None
+
+
+def _runs_failed(failed: list[Job], jobs: list[Job]) -> RunsFailed:
+    return RunsFailed(f"{len(failed)} of {len(jobs)} runs failed: {', '.join(j.label for j in failed)}")
 
 
 def _at_once(jobs: list[Job], concurrent: int | None) -> int | None:
@@ -198,7 +218,7 @@ def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, B
     if stopped:
         return summaries, SweepInterrupted()
     if failed:
-        return summaries, RunsFailed(f"{len(failed)} of {len(jobs)} runs failed: {', '.join(j.label for j in failed)}")
+        return summaries, _runs_failed(failed, jobs)
     return summaries, None
 
 

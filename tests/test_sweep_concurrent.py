@@ -73,3 +73,21 @@ def test_sweep_runs_side_by_side_with_the_metrics_of_runs_alone_and_reports_a_fa
     assert a.start_time < b.end_time and b.start_time < a.end_time
     # the finished runs' table is printed all the same
     assert re.search(r"\| fedavg( \[ok\])? \|", proc.stdout), proc.stdout
+
+
+def test_runs_one_after_another_go_on_past_a_failed_one_and_fail_at_the_end(tmp_path, capsys):
+    # the serial engine runs a sweep in turn: the diverging variant (listed first) fails with its
+    # FAILED record and resume command, the others still run, and the sweep exits 1 at the end
+    text = SWEEP.format(tmp=tmp_path).replace("seeds: [0, 1]\n", "").replace(
+        "  ok: {}\n  diverge: {algorithm.lr: 5.0}\n", "  diverge: {algorithm.lr: 5.0}\n  ok: {}\n")
+    path = write_scenario(tmp_path, text)
+    assert cli.main(["run", path, "-q", "--engine", "serial"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"raysim: diverge: run failed: Diverged: training diverged in round \d+", err), err
+    assert err.strip().splitlines()[-1] == "raysim: 1 of 2 runs failed: diverge"
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    runs = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+    status = {r.data.tags.get("variant", "parent"): r.info.status for r in runs}
+    assert status == {"parent": "FAILED", "diverge": "FAILED", "ok": "FINISHED"}
+    (bad,) = [r for r in runs if r.data.tags.get("variant") == "diverge"]
+    assert f"continue it with: raysim run {path} --variant diverge --engine serial --resume {bad.info.run_id}" in err
