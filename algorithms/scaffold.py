@@ -36,8 +36,8 @@ Defaults and choices:
   are only approximate (FL-bench and NIID-Bench compute option II the same way regardless).
   Badly so with heavy momentum: with momentum 0.9 the model moves ~10× further than K η_l
   plain steps, c_i overstates the gradient ~10×, and on pathological Fashion-MNIST (TwoNN, lr
-  0.01) the corrected steps diverged in round 2; plain SGD at the same effective step (lr 0.1)
-  is what ``pathological_fashion_table.yaml`` uses.
+  0.01) the corrected steps diverged in round 2 (and plain SGD at the same effective step, lr
+  0.1, in round 35): ``pathological_fashion_table.yaml`` runs it with plain SGD at lr 0.01.
   With a step or exponential schedule η_l is the round's lr, the one the steps used.
 - A client without training samples takes no step (K = 0): its c_i and y_i stay, it sends
   Δy = Δc = 0 (with uniform weighting it still counts in |S|, as in the paper).
