@@ -34,10 +34,3 @@ class FedAvgPlus(FedAvg):
 
     def default_finetune_epochs(self) -> int:
         return self.hp.tune_epochs or 1
-
-    def evaluate(self, state, received, data, ctx):
-        # tuned here, so that a direct call scores the tuned model too; ``evaluation`` adds nothing
-        return self.with_local_update(super().evaluate(state, received, data, ctx), state, received, data, ctx)
-
-    def evaluation(self, state, received, data, ctx):
-        return self.evaluate(state, received, data, ctx)

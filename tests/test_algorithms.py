@@ -139,11 +139,11 @@ def test_local_unseen_client_trains_on_its_own_split_before_it_is_scored():
 def test_fedavg_plus_tunes_before_evaluating_and_reports_global_accuracy():
     algo = make("fedavg+", lr=1.0)
     data = client(0, [2.0, 2.0], [0, 0], test=([2.0], [1]))   # at W=0 the prediction is a tie (argmax -> 0)
-    (res,) = run(algo, algo.evaluate(None, Received(zeros()), data, ctx()))
+    (res,) = run(algo, algo.evaluation(None, Received(zeros()), data, ctx()))
     assert res["global_accuracy"] == 0.0          # untuned ties go to class 0, label is 1
     assert res["accuracy"] == 0.0                 # tuning on label-0 data keeps predicting 0
     data1 = client(0, [2.0], [1], test=([2.0], [1]))
-    (res1,) = run(algo, algo.evaluate(None, Received(zeros()), data1, ctx()))
+    (res1,) = run(algo, algo.evaluation(None, Received(zeros()), data1, ctx()))
     assert res1["global_accuracy"] == 0.0 and res1["accuracy"] == 1.0   # one tuning step flips it
 
 
