@@ -166,7 +166,7 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
 
 
 def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
-    import algorithms
+    import raysim.algorithms as algorithms
     from raysim.data import DATASETS, PARTITIONERS, partitions_of
     from raysim.data.mixture import problem as mixture_problem
     from raysim.models import MODELS
@@ -320,7 +320,7 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     a topology, its first graph."""
     from raysim import topology
     from raysim.data import DataError
-    import algorithms
+    import raysim.algorithms as algorithms
     from raysim.core.groups import groups_of
     from raysim.models import build as build_model
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -15,13 +14,8 @@ from tqdm import tqdm
 from raysim.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost
+from raysim import testing
 from raysim.signals import DeferredInterrupt
-
-# Test hook: raise after this round completes (after its checkpoint), to prove crash handling.
-FAIL_ENV = "RAYSIM_FAIL_AFTER_ROUND"
-# Test hook: "ROUND[:SECONDS]" sleeps after this round's checkpoint (for ever without SECONDS),
-# for a test to SIGKILL the driver or take a node away.
-PAUSE_ENV = "RAYSIM_PAUSE_AFTER_ROUND"
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
 
@@ -135,9 +129,6 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         path = checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
-        fail_after = int(os.environ.get(FAIL_ENV, "0") or 0)
-        pause_after, _, pause_s = (os.environ.get(PAUSE_ENV, "") or "0").partition(":")
-        pause_after, pause_s = int(pause_after), float(pause_s or 10**6)
         history = list(server.history) if start else []
         shown: dict[str, str] = {}
         losses = 0
@@ -186,10 +177,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             bar.update(1)
             if stop.requested:
                 raise KeyboardInterrupt
-            if pause_after and r == pause_after:
-                time.sleep(pause_s)
-            if fail_after and r == fail_after:
-                raise RuntimeError(f"{FAIL_ENV}={fail_after}: injected failure after round {r}")
+            testing.after_round(r)
         bar.close()
         summary = make_summary(sc, history, time.perf_counter() - t0, tracker, server.report())
         if summary_path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-import algorithms
+import raysim.algorithms as algorithms
 from raysim import rng
 from raysim.config import Scenario
 from raysim.core.tasks import TASKS

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-import algorithms
-from algorithms.base import Received
+import raysim.algorithms as algorithms
+from raysim.algorithms.base import Received
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import drive
 from raysim.core.replies import Accumulator, ByKey, PerClient, Weighted

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from algorithms import REGISTRY
+from raysim.algorithms import REGISTRY
 from raysim import cli, config
 from raysim.config import ScenarioError
 from tests.conftest import TINY, write_scenario

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-import algorithms
-from algorithms.base import Received
-from algorithms.fedem import FedEMServer, e_step, mixture_log_prob
+import raysim.algorithms as algorithms
+from raysim.algorithms.base import Received
+from raysim.algorithms.fedem import FedEMServer, e_step, mixture_log_prob
 from raysim.core.data import ClientData
 from raysim.core.tasks import TASKS
 from tests.test_algorithms import client, ctx, run, zero_model

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from algorithms.base import Received
-from algorithms.fedsoft import (FedSoftServer, FedSoftState, aggregation_weights, importance_weights,
+from raysim.algorithms.base import Received
+from raysim.algorithms.fedsoft import (FedSoftServer, FedSoftState, aggregation_weights, importance_weights,
                                 select_per_cluster)
 from raysim import config
 from raysim.config import make_source
@@ -270,7 +270,7 @@ def cfl_round(algo, server, updates, round_, cluster=0):
 
 
 def test_cfl_splits_by_cosine_similarity_when_the_mean_update_is_small_and_one_is_large():
-    from algorithms.cfl import CFLServer
+    from raysim.algorithms.cfl import CFLServer
     algo = make("cfl", model_fn=lambda v=0: line(0.0), eps1=0.4, eps2=1.6, split_after=2, min_split_size=2)
     server = CFLServer([[torch.zeros(2)]], {}, [], [[]])
     # two opposed pairs: mean (0, 0.1), norm .1 < .4; max norm 2.0 > 1.6

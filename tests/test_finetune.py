@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-import algorithms
-from algorithms.base import Received
+import raysim.algorithms as algorithms
+from raysim.algorithms.base import Received
 from raysim import config
 from raysim.config import FinetuneCfg, ScenarioError
 from raysim.core.data import ClientData, Context
@@ -127,7 +127,7 @@ def test_methods_with_a_personal_model_keep_theirs_and_add_lu():
     assert metrics["lu_accuracy"] == pytest.approx(acc)
     assert metrics["accuracy"] == metrics["global_accuracy"] == pytest.approx(1 / 3)
     # SCAFFOLD: the global model is x of its message
-    from algorithms.scaffold import ScaffoldMessage
+    from raysim.algorithms.scaffold import ScaffoldMessage
     zeros = [torch.zeros(2, 1), torch.zeros(2)]
     metrics, (tuned,) = evaluate(make("scaffold", finetune=FinetuneCfg(epochs=1)), Received(ScaffoldMessage(zeros, zeros)))
     assert torch.allclose(tuned[0], torch.tensor([[0.25], [-0.25]])) and metrics["accuracy"] == pytest.approx(acc)

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from algorithms.base import Received
-from algorithms.ifca import IFCAServer
+from raysim.algorithms.base import Received
+from raysim.algorithms.ifca import IFCAServer
 from raysim import config
 from raysim.core.replies import Accumulator
 from raysim.engine.serial import serial_driver

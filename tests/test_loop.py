@@ -173,7 +173,7 @@ def test_adam_matches_torch_adam_and_continues_from_kept_state():
 
 
 def test_lr_schedules_by_hand():
-    from algorithms.base import LocalTraining
+    from raysim.algorithms.base import LocalTraining
     step = LocalTraining(lr=1.0, lr_schedule="step")
     assert [step.lr_at(r, 8) for r in (0, 3, 4, 5, 6, 7)] == [1.0, 1.0, 0.1, 0.1, 0.01, 0.01]
     exp = LocalTraining(lr=1.0, lr_schedule="exponential", lr_decay=0.5)

@@ -6,9 +6,9 @@ import pytest
 import scipy.linalg
 import torch
 
-import algorithms
-from algorithms.base import Received
-from algorithms.mocha import MochaHyper, MochaServer, MochaState, sqrt_psd
+import raysim.algorithms as algorithms
+from raysim.algorithms.base import Received
+from raysim.algorithms.mocha import MochaHyper, MochaServer, MochaState, sqrt_psd
 from raysim import config
 from raysim.core.data import ClientData, Context
 from raysim.core.tasks import TASKS

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algorithms.base import Received
-from algorithms.fedper import FedPerState
-from algorithms.lg_fedavg import LGFedAvgState
+from raysim.algorithms.base import Received
+from raysim.algorithms.fedper import FedPerState
+from raysim.algorithms.lg_fedavg import LGFedAvgState
 from raysim import cli, config
 from raysim.core.forward import params_of
 from raysim.core.replies import Accumulator

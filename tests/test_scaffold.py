@@ -3,8 +3,8 @@ persistent client state (through a checkpoint), and end to end on a pathological
 import pytest
 import torch
 
-from algorithms.base import Received
-from algorithms.scaffold import ScaffoldServer, ScaffoldState
+from raysim.algorithms.base import Received
+from raysim.algorithms.scaffold import ScaffoldServer, ScaffoldState
 from raysim import config
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import sample_clients

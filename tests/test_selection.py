@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import algorithms
-from algorithms.base import Algorithm, LocalTraining, Message, PerClient
+import raysim.algorithms as algorithms
+from raysim.algorithms.base import Algorithm, LocalTraining, Message, PerClient
 from raysim import config, rng
 from raysim.engine.serial import message_nbytes, parts_for, serial_driver
 from tests.conftest import TINY, write_scenario

@@ -9,9 +9,9 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
-from algorithms import simplex
-from algorithms.base import UpdateStats
-from algorithms.sosicfl import SosicFL, SosicFLHyper
+from raysim.algorithms import simplex
+from raysim.algorithms.base import UpdateStats
+from raysim.algorithms.sosicfl import SosicFL, SosicFLHyper
 from raysim import config
 from raysim.core.data import ClientData, Context
 from raysim.core.tasks import TASKS
@@ -160,7 +160,7 @@ def test_one_sgd_step_through_w_alpha_moves_each_endpoint_by_alpha_m_times_the_g
 
 
 def test_endpoints_only_personal_step_keeps_the_feature_extractor_and_pulls_each_endpoint_to_the_global_one():
-    from algorithms.sosicfl import SosicFLPlus, SosicFLPlusHyper
+    from raysim.algorithms.sosicfl import SosicFLPlus, SosicFLPlusHyper
     _, model_fn = _tiny_sosicfl(dim=2)
     hp = SosicFLPlusHyper(lr=0.1, local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0, dim=2, lam=0.5,
                           personal_pool=0, personal="endpoints")
@@ -224,8 +224,8 @@ def test_literal_server_weights_scale_the_step_by_the_participants_share():
     algo, _ = _tiny_sosicfl(dim=1, server_weights="all")
     server = algo.init_server(np.random.default_rng(0))
     server.counts = torch.tensor([[30, 10], [40, 20]])           # N = 100
-    from algorithms.base import Weighted
-    from algorithms.sosicfl import SimplexReply
+    from raysim.algorithms.base import Weighted
+    from raysim.algorithms.sosicfl import SimplexReply
     target = [p + 1.0 for p in server.params]
     reply = SimplexReply(Weighted([t.double() * 40 for t in target], 40.0), [], UpdateStats.of(torch.zeros(1)))
     new = algo.aggregate(server, reply, 0)
@@ -352,7 +352,7 @@ def test_simplex_projection_and_riesz_energy_by_hand():
 
 
 def test_floco_places_clients_with_alike_classifiers_together():
-    from algorithms.floco import place_on_simplex
+    from raysim.algorithms.floco import place_on_simplex
     rng = np.random.default_rng(0)
     # 4 groups of 10 clients; weights of a classifier's scale (the z scan, as the official
     # code's, spreads PCA coordinates of magnitude up to about 1)

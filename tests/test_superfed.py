@@ -7,8 +7,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from algorithms.base import Received, interpolate
-from algorithms.superfed import SuPerFedObjective, SuPerFedState, cos2, prox
+from raysim.algorithms.base import Received, interpolate
+from raysim.algorithms.superfed import SuPerFedObjective, SuPerFedState, cos2, prox
 from raysim import config
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData
@@ -233,7 +233,7 @@ def test_apfl_one_step_by_hand():
     glob = [torch.randn(2, 4, generator=torch.Generator().manual_seed(1))]
     v = [torch.randn(2, 4, generator=torch.Generator().manual_seed(2))]
     d = client(0, n=12)
-    from algorithms.apfl import APFLState
+    from raysim.algorithms.apfl import APFLState
     state = APFLState(v, torch.tensor([0.5]))
     ((new, reply, _),) = run(algo, algo.train(state, Received(glob), d, ctx(0)))
     w1, v1, a1 = _apfl_by_hand(glob, v, 0.5, d.train_x, d.train_y, 0.5)
@@ -249,7 +249,7 @@ def test_apfl_one_step_by_hand():
 def test_apfl_alpha_is_clipped_to_the_unit_interval():
     algo = make("apfl", model_fn=lambda v=0: nn.Linear(4, 2, bias=False), lr=1000.0, batch_size=12)
     glob = [torch.zeros(2, 4)]
-    from algorithms.apfl import APFLState
+    from raysim.algorithms.apfl import APFLState
     v = [torch.randn(2, 4, generator=torch.Generator().manual_seed(3))]
     alphas = set()
     for seed in range(6):

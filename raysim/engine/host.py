@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from algorithms.base import Received
+from raysim.algorithms.base import Received
 from raysim import rng
 from raysim.config import Scenario, make_source
 from raysim.core import mixing

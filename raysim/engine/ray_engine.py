@@ -11,11 +11,7 @@
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -27,16 +23,12 @@ from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost, Placement, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
+from raysim import testing
 from raysim.engine.ray_start import embedded
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
 
 PLACEMENT_TIMEOUT_S = 120      # a local Ray (checked to fit beforehand)
-# Test hook: "ACTION:PHASE:ROUND:HOST:MARKER" makes host HOST, when it starts PHASE (train,
-# evaluate, gossip_train, gossip_mix) of 0-based round ROUND, once (MARKER is a file it creates
-# first), SIGKILL its own process as the kernel's OOM killer would (ACTION kill) or never
-# answer (hang).
-KILL_ENV = "RAYSIM_KILL_HOST"
 
 
 # In a sweep's Tune trial (``ray_sweep``): the trial's placement group, already reserved with one
@@ -89,15 +81,8 @@ class RayHost(Host):
         super().__init__(*args, **kwargs)
 
     def _fault(self, phase: str, round_: int) -> None:
-        spec = os.environ.get(KILL_ENV)
-        if not spec or not self.cids:
-            return
-        action, want_phase, want_round, want_host, marker = spec.split(":", 4)
-        if (want_phase, int(want_round), int(want_host)) == (phase, round_, self.index) and not Path(marker).exists():
-            Path(marker).touch()
-            if action == "hang":
-                time.sleep(10**6)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.cids:
+            testing.host_fault(phase, round_, self.index)
 
     def stats(self, round_: int, message: Any, cids: list[int]):
         return super().stats(round_, from_numpy(message), cids)

@@ -23,7 +23,7 @@ _EMBEDDED = False      # this process started the Ray it uses (a local one: it c
 # imported by every worker of a local Ray as it starts (the raylet's preload_python_modules):
 # the workers Ray starts with itself import torch and the host code while the driver still
 # validates and Ray still starts, and the host actors then take those workers, booted
-PRELOAD = ("raysim.engine.ray_engine", "algorithms")
+PRELOAD = ("raysim.engine.ray_engine", "raysim.algorithms")
 # a local Ray's head processes raysim never uses (the methods of Ray's Node that start them):
 # the API server (dashboard, job submission, state API), which Ray's start waits on until it
 # has written its address (about 2.5 s of a 6-s start on 2 cores), and the autoscaler's
