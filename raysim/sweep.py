@@ -114,14 +114,14 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
 
 
 def run_job(job: Job) -> dict:
-    from raysim.run import run
+    from raysim.runner import run
     return run(job.sc, engine=job.engine, address=job.address, resume=job.resume,
                summary_path=job.summary_path, verbose=job.verbose, progress=job.progress,
                resume_command=job.resume_command, tags=job.tags)
 
 
 def _finished(summary: dict, sc: Scenario) -> None:
-    from raysim.run import FINAL
+    from raysim.runner import FINAL
     # the headline metrics, ACC(T) and the time to eval.target (every mean, std and best is in
     # the summary file)
     shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary["final"].items()
@@ -225,7 +225,7 @@ def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, B
 def _close_child(client, parent_id: str, job: Job, outcome: str) -> None:
     """A run that did not finish: marked FAILED or KILLED in MLflow if its trial could not
     (its process lost, or stopped), and its id, checkpoint and resume command printed."""
-    from raysim.run import STATUS_WORD, tell_resume
+    from raysim.runner import STATUS_WORD, tell_resume
     query = f"tags.mlflow.parentRunId = '{parent_id}' and tags.seed = '{job.sc.seed}'"
     if job.variant is not None:
         query += f" and tags.variant = '{job.variant}'"

@@ -12,7 +12,7 @@ import torch
 from raysim import cli, report
 from raysim.core.tasks import TASKS, ece, lower_is_better
 from raysim.engine.driver import summarize
-from raysim.run import best_over, time_to_target
+from raysim.runner import best_over, time_to_target
 
 from conftest import write_scenario
 

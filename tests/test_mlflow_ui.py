@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from raysim import config, report
-from raysim.run import run as run_scenario
+from raysim.runner import run as run_scenario
 
 from conftest import ROOT
 

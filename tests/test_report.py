@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from raysim import cli, config, report
-from raysim.run import run as run_scenario
+from raysim.runner import run as run_scenario
 
 from conftest import ROOT
 

@@ -7,7 +7,7 @@
 - Each round the message is put into the object store once; every host gets the same ref.
 - A host that dies (SIGKILL, the OOM killer, its node leaving) or does not answer within
   ``resources.host_timeout_s`` raises ``HostLost``; the server then starts a fresh set of
-  hosts and rolls back to the last checkpoint (``recover``), and ``raysim.run`` goes on.
+  hosts and rolls back to the last checkpoint (``recover``), and ``raysim.runner`` goes on.
 """
 from __future__ import annotations
 
