@@ -1,0 +1,440 @@
+"""The Python API: run experiments and read finished runs back, from a notebook or a script.
+
+```python
+import raysim
+
+result = raysim.run("scenarios/synthetic_fedem.yaml", {"rounds": 20, "data.clients": 50})
+result.final["accuracy"]          # the last evaluation's mean accuracy over clients
+result.history["accuracy"]        # one row per round
+result.clients                    # each client's final score (and FedEM's mixture weights)
+
+again = raysim.load(result.run_id)     # the same run, read back from MLflow
+```
+
+``raysim.run`` is what ``raysim run`` does (the same validation, MLflow record, checkpoints and
+numbers) without the command's process exit: errors are raised (a bad scenario as
+``ScenarioError``), and the local Ray instance started by the first run on the ``ray`` engine
+is kept and reused by the next runs of the same Python process (``shutdown`` stops it).
+
+Nothing heavy is imported with this module (torch, Ray, MLflow and pandas are imported by the
+first run or load), so ``import raysim`` stays cheap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from raysim.schema import ScenarioError
+
+if TYPE_CHECKING:           # pragma: no cover - for type checkers and the API reference only
+    import pandas as pd
+
+    from raysim.sections import Scenario
+
+__all__ = ["run", "load", "shutdown", "Result", "SweepResult", "ScenarioError"]
+
+ENGINES = ("ray", "serial")
+DICT_LABEL = "<dict>"           # how errors name a scenario given as a dict
+# the command's option names in messages shared with the command, as this API's arguments
+_ARGUMENTS = {"--set": "overrides", "--variant": "variant", "--seeds": "seeds", "--resume": "resume"}
+
+
+@dataclass(eq=False)
+class Result:
+    """One finished run.
+
+    Attributes:
+        run_id: The MLflow run's id (``raysim.load(run_id)`` reads it back).
+        name: The scenario's name (the MLflow run's name).
+        final: The last evaluation's headline metrics (every number of the summary's
+            ``final``: means over clients, their ``_std``, ``bottom_decile_``, ``best_``, ...).
+        history: One row per round (index ``round``), one column per metric the run logged
+            for that round (NaN in a round that did not evaluate, e.g. between ``eval.every``).
+        clients: One row per evaluated client (index ``client``): ``unseen`` (a client that
+            never trained, ``eval.unseen_fraction``), its final score (``accuracy`` or
+            ``mse``) and, where the method estimates them, its mixture or cluster weights
+            (``weight_0``, ...) and the data's true shares (``true_share_0``, ...).
+        summary: The run's summary (the ``summary.json`` logged to MLflow: ``final``,
+            ``history``, ``wall_seconds``, ...).
+        scenario: The validated scenario (None when a loaded run's scenario no longer
+            validates, e.g. a file it names is gone).
+        tracking_uri: The MLflow store holding the run.
+        variant: The sweep variant the run is, or None.
+        seed: The seed the run used.
+    """
+
+    run_id: str
+    name: str
+    final: dict[str, float]
+    history: pd.DataFrame
+    clients: pd.DataFrame
+    summary: dict = field(repr=False)
+    scenario: Scenario | None = field(repr=False)
+    tracking_uri: str = ""
+    variant: str | None = None
+    seed: int | None = None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={self.final[k]:.4g}" for k in ("accuracy", "bottom_decile_accuracy", "mse")
+                          if k in self.final)
+        what = f"variant={self.variant!r}, " if self.variant is not None else ""
+        return (f"Result(run_id={self.run_id!r}, name={self.name!r}, {what}seed={self.seed}, "
+                f"rounds={len(self.history)}{', ' + shown if shown else ''})")
+
+
+@dataclass(eq=False)
+class SweepResult:
+    """Several runs nested under one parent MLflow run: a sweep's variants, each at each seed.
+
+    Attributes:
+        parent_run_id: The parent MLflow run's id (``raysim.load`` of it reads the whole
+            sweep back; ``raysim compare`` and ``raysim report`` take it too).
+        runs: Each finished run, keyed by ``(variant, seed)`` (variant None for the seeds of
+            a scenario without a sweep), in the sweep's order.
+        table: ``raysim compare``'s table as a DataFrame: one row per method (the algorithm,
+            with the variant) and dataset and metric, with the ``mean`` and ``std`` over
+            seeds (sample std, 0 for one seed), the bottom decile's, ``n`` and the run ids.
+            Accuracies are fractions here (the Markdown shows %).
+        markdown: The same table as ``raysim compare`` prints it.
+        tracking_uri: The MLflow store holding the runs.
+    """
+
+    parent_run_id: str
+    runs: dict[tuple[str | None, int], Result]
+    table: pd.DataFrame
+    markdown: str = field(repr=False)
+    tracking_uri: str = ""
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """Every run's history in one DataFrame, indexed by (variant, seed, round)."""
+        import pandas as pd
+        frames = [r.history.assign(variant=v, seed=s).set_index(["variant", "seed"], append=True)
+                  .reorder_levels(["variant", "seed", "round"]) for (v, s), r in self.runs.items()]
+        return pd.concat(frames) if frames else pd.DataFrame()
+
+    def compare(self, metrics: Sequence[str] | None = None, over: str = "seeds") -> pd.DataFrame:
+        """The table again with other columns or spread (``raysim compare --metrics --over``).
+
+        Args:
+            metrics: Metrics the runs logged, e.g. ``["accuracy", "global_accuracy",
+                "best_accuracy"]`` (default: accuracy, or mse).
+            over: ``"seeds"``: the std over seeds; ``"clients"``: the mean over seeds of each
+                run's std over clients, as the papers report it.
+
+        Returns:
+            The table as a DataFrame, as ``table``.
+
+        Raises:
+            raysim.compare.CompareError: None of the runs logged these metrics, or ``over``
+                is neither ``"seeds"`` nor ``"clients"``.
+        """
+        _, client = _client(self.tracking_uri)
+        return _table(client, self.parent_run_id, list(metrics) if metrics else None, over, strict=True)[0]
+
+    def __repr__(self) -> str:
+        return f"SweepResult(parent_run_id={self.parent_run_id!r}, runs={list(self.runs)})\n{self.markdown}"
+
+    def _repr_markdown_(self) -> str:
+        return f"Parent MLflow run `{self.parent_run_id}`, {len(self.runs)} runs\n\n{self.markdown}"
+
+
+def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
+        engine: str = "ray", seeds: Sequence[int] | str | int | None = None, address: str | None = None,
+        variant: str | None = None, concurrent: int | None = None, resume: str | None = None,
+        progress: bool = False, verbose: bool = False) -> Result | SweepResult:
+    """Run a scenario, as ``raysim run`` does, and return its results.
+
+    Every run is recorded in MLflow as the command records it (the store is the scenario's
+    ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the
+    working directory). A sweep file (``sweep:``) or several seeds give several runs nested
+    under one parent MLflow run and compared at the end. On the ``ray`` engine the first run
+    starts a local Ray instance (or joins ``address``), which later runs in this process
+    reuse; ``shutdown()`` stops it.
+
+    Args:
+        scenario: A scenario YAML file, or the same mapping as a dict (validated exactly as
+            the file would be; errors name it ``<dict>``). A dict's text is recorded with the
+            run like a file (MLflow artifact ``scenario/<name>.yaml``).
+        overrides: Scenario keys to change, as a dict of dotted keys and values
+            (``{"algorithm.lr": 0.01, "rounds": 5}``) or as ``raysim run --set`` items
+            (``["algorithm.lr=0.01"]``, values read as YAML). A sweep's variants apply theirs
+            first.
+        engine: ``"ray"`` (default) or ``"serial"`` (every client in this process: the
+            reference engine, same numbers).
+        seeds: Run each variant once per seed (``[0, 1, 2]`` or ``"0,1,2"``); default: the
+            file's ``seeds:`` if any, else its ``seed``.
+        address: Join this Ray cluster (``"auto"`` or ``HOST:PORT``) instead of starting a
+            local Ray.
+        variant: Run only this variant of a sweep.
+        concurrent: How many runs of a sweep or of seeds go side by side on Ray Tune
+            (default: as many as Ray holds; 1: one after another in this process).
+        resume: Continue this MLflow run from its last checkpoint (one run: with a sweep,
+            give ``variant`` and a single seed too).
+        progress: Show a progress bar per run.
+        verbose: Show Ray's and MLflow's logs.
+
+    Returns:
+        A ``Result`` for a single run; a ``SweepResult`` (the runs and their mean ± std
+        table) when the scenario gives several runs (a sweep, or more than one seed).
+
+    Raises:
+        ScenarioError: A bad scenario, override or argument (one line naming the key and
+            what is allowed), before anything runs.
+        raysim.errors.RunsFailed: Some runs of a sweep failed (each marked FAILED in
+            MLflow, with the way to resume it printed), once every other run has finished.
+        KeyboardInterrupt: The run was interrupted (its MLflow run is marked KILLED).
+    """
+    if engine not in ENGINES:
+        raise ScenarioError(f"engine: {engine!r}: choose one of {', '.join(ENGINES)}")
+    if concurrent is not None and (isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1):
+        raise ScenarioError(f"concurrent: {concurrent!r}: give a whole number >= 1 (1: one run after another)")
+    label = DICT_LABEL if isinstance(scenario, Mapping) else str(scenario)
+    items = _override_items(overrides, label)
+    with tempfile.TemporaryDirectory(prefix="raysim-api-") as tmp:
+        file = _scenario_file(scenario, tmp) if isinstance(scenario, Mapping) else str(scenario)
+        try:
+            from raysim import config
+            from raysim.preflight import check_run
+            check_run(file, items, None, resume)
+            seed_list = config.seeds_of(file, _seeds_text(seeds))
+            variants = config.load_variants(file, items, variant, seeds=seed_list)
+            from raysim.sweep import run_command
+            summaries = run_command(file, variants, seed_list, overrides=items, engine=engine, address=address,
+                                    resume=resume, verbose=verbose, progress=progress, concurrent=concurrent)
+        except ScenarioError as e:
+            raise ScenarioError(_api_words(str(e), file, label)) from None
+    if label == DICT_LABEL:          # the temporary file is gone: the scenario is the dict's
+        variants = [(v, dataclasses.replace(sc, path=DICT_LABEL)) for v, sc in variants]
+    if len(variants) == 1:
+        (only,) = summaries.values()
+        return _result(only, variants[0][1], variants[0][0])
+    return _sweep_result(list(summaries.values()), variants)
+
+
+def load(run_id: str, tracking_uri: str | None = None) -> Result | SweepResult:
+    """Read a finished run, or a sweep's parent run, back from MLflow.
+
+    Args:
+        run_id: The MLflow run's id (``Result.run_id``, ``SweepResult.parent_run_id``, or
+            one printed by ``raysim run``).
+        tracking_uri: The MLflow store (default ``MLFLOW_TRACKING_URI``, else
+            ``sqlite:///mlflow.db`` in the working directory).
+
+    Returns:
+        The ``Result`` the run returned (same history, final metrics and per-client scores,
+        read from its ``summary.json``; its scenario validated again from the one it
+        recorded), or for a parent run a ``SweepResult`` of its finished runs.
+
+    Raises:
+        raysim.report.ReportError: No such run in the store, or a run that did not finish
+            (no summary; a failed or killed run can be continued with ``resume``).
+    """
+    from raysim import report
+    uri, client = _client(tracking_uri)
+    runs = report.expand(client, [run_id])          # ReportError for an unknown id
+    if runs[0].info.run_id == run_id and runs[0].data.tags.get("raysim.parent") != "1":
+        return _loaded(client, runs[0], uri)
+    children = {}
+    for child in runs:
+        if child.info.status != "FINISHED":
+            warnings.warn(f"run {child.info.run_id} of sweep {run_id} is {child.info.status}: left out", stacklevel=2)
+            continue
+        r = _loaded(client, child, uri)
+        children[(r.variant, r.seed)] = r
+    table, markdown = _table(client, run_id)
+    return SweepResult(run_id, children, table, markdown, uri)
+
+
+def shutdown() -> None:
+    """Stop the local Ray instance this process started (or leave the cluster it joined).
+
+    The next run on the ``ray`` engine starts a fresh one. Not needed between runs, nor at
+    the end: Ray stops with the Python process.
+    """
+    import sys
+    if "ray" in sys.modules:
+        from raysim.engine import ray_start
+        ray_start.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------
+# arguments
+
+
+def _override_items(overrides: Mapping[str, Any] | Sequence[str] | None, label: str) -> list[str]:
+    """``overrides`` as ``--set`` items: a dict's values written as YAML that reads back as
+    the same value (a float stays a float, a string a string)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, Mapping):
+        import yaml
+        items = []
+        for key, value in overrides.items():
+            value = _plain(value, f"{label}: overrides: {key}")
+            text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
+            text = text.removesuffix("\n...").strip()
+            items.append(f"{key}={text}")
+        return items
+    if not all(isinstance(item, str) for item in overrides):
+        raise ScenarioError(f"{label}: overrides: give a dict of dotted keys and values, e.g. "
+                            "{'algorithm.lr': 0.01}, or KEY=VALUE strings")
+    return list(overrides)
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as YAML's plain types: tuples as lists, numpy scalars and arrays as numbers
+    and lists, paths as strings; ScenarioError for anything else."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hasattr(value, "tolist"):                    # numpy scalars and arrays
+        return _plain(value.tolist(), where)
+    raise ScenarioError(f"{where}: a {type(value).__name__} cannot be part of a scenario; give numbers, "
+                        "strings, lists and dicts")
+
+
+def _scenario_file(scenario: Mapping[str, Any], folder: str) -> str:
+    """A dict scenario written as a YAML file in ``folder`` (named after its ``name``): what
+    the run validates, and records in MLflow as its scenario file."""
+    import yaml
+    raw = {str(k) if not isinstance(k, str) else k: v for k, v in scenario.items()}
+    raw = _plain(raw, DICT_LABEL)
+    name = raw.get("name") if isinstance(raw.get("name"), str) and raw.get("name") else "scenario"
+    path = Path(folder) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name).strip('.') or 'scenario'}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def _seeds_text(seeds: Sequence[int] | str | int | None) -> str | None:
+    if seeds is None or isinstance(seeds, str):
+        return seeds
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        return str(seeds)
+    try:
+        return ",".join(str(s) for s in seeds)
+    except TypeError:
+        raise ScenarioError(f"seeds: {seeds!r}: give a list of distinct integers >= 0, e.g. [0, 1, 2]") from None
+
+
+def _api_words(message: str, file: str, label: str) -> str:
+    """A message shared with the command in this API's words: the dict's label for the
+    temporary file, argument names for option names."""
+    if file != label:
+        message = message.replace(file, label)
+    return re.sub(r"--(set|variant|seeds|resume)\b", lambda m: _ARGUMENTS[m.group(0)], message)
+
+
+# ------------------------------------------------------------------------------------------------
+# results
+
+
+def _client(uri: str | None):
+    from raysim.report import client_for
+    return client_for(uri)
+
+
+def _numbers(final: dict) -> dict[str, float]:
+    return {k: v for k, v in final.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _history(summary: dict) -> pd.DataFrame:
+    import pandas as pd
+    history = pd.DataFrame(summary.get("history") or [])
+    if "round" in history:
+        history = history.set_index(history["round"].astype(int)).drop(columns="round")
+    history.index.name = "round"
+    return history
+
+
+def _clients(final: dict) -> pd.DataFrame:
+    """The summary's per-client entries as one table: ``client_<metric>`` (and the unseen
+    clients' ``unseen_client_<metric>``), ``importance`` (estimated weights) and
+    ``true_shares``."""
+    import pandas as pd
+    rows: dict[int, dict[str, Any]] = {}
+    for key, scores in final.items():
+        m = re.fullmatch(r"(unseen_)?client_(\w+)", key)
+        if m and isinstance(scores, dict):
+            for c, v in scores.items():
+                rows.setdefault(int(c), {"unseen": bool(m.group(1))})[m.group(2)] = v
+    for key, column in (("importance", "weight"), ("true_shares", "true_share")):
+        for c, values in (final.get(key) or {}).items():
+            row = rows.setdefault(int(c), {"unseen": False})
+            row.update({f"{column}_{j}": v for j, v in enumerate(values)})
+    table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
+    table.index.name = "client"
+    return table
+
+
+def _result(summary: dict, scenario: Scenario | None, variant: str | None) -> Result:
+    final = summary.get("final", {})
+    return Result(run_id=summary["mlflow_run_id"], name=summary.get("name", ""), final=_numbers(final),
+                  history=_history(summary), clients=_clients(final), summary=summary, scenario=scenario,
+                  tracking_uri=summary.get("tracking_uri", ""), variant=variant,
+                  seed=int(summary["seed"]) if summary.get("seed") is not None else None)
+
+
+def _sweep_result(summaries: list[dict], variants: list) -> SweepResult:
+    """The runs just made, with the parent they are nested under and its table."""
+    from raysim.report import INDEX_TAG
+    uri, client = _client(summaries[0]["tracking_uri"])
+    children, parent = {}, None
+    for summary in summaries:
+        tags = client.get_run(summary["mlflow_run_id"]).data.tags
+        parent = tags["mlflow.parentRunId"]
+        variant, sc = variants[int(tags[INDEX_TAG])]
+        r = _result(summary, sc, variant)
+        children[(variant, r.seed)] = r
+    table, markdown = _table(client, parent)
+    return SweepResult(parent, children, table, markdown, uri)
+
+
+def _loaded(client, run, uri: str) -> Result:
+    """A finished run read back: its summary.json, and its recorded scenario validated
+    again (without opening its data)."""
+    from raysim import report
+    summary, raw = report.load(client, run.info.run_id)
+    scenario = None
+    if raw is not None:
+        from raysim import config
+        try:
+            scenario = config.validate(raw, summary.get("scenario") or run.data.tags.get("scenario", DICT_LABEL),
+                                       check_data=False)
+        except ScenarioError:
+            pass
+    summary = {**summary, "tracking_uri": summary.get("tracking_uri") or uri}
+    return _result(summary, scenario, run.data.tags.get("variant"))
+
+
+def _table(client, parent_run_id: str, metrics: list[str] | None = None, over: str = "seeds",
+           strict: bool = False) -> tuple[pd.DataFrame, str]:
+    """``raysim compare``'s table of a parent run's children: (DataFrame, Markdown); when
+    there is nothing to compare (no run evaluated), an empty DataFrame and the reason, or
+    with ``strict`` the CompareError."""
+    import pandas as pd
+    from raysim import compare
+    try:
+        markdown, (methods, columns, cells) = compare.table(client, [parent_run_id], None, metrics, over)
+    except compare.CompareError as e:
+        if strict:
+            raise
+        return pd.DataFrame(), str(e)
+    rows = [{"method": m, "dataset": d, "metric": c.metric, "mean": c.mean, "std": c.std,
+             "bottom_decile_mean": c.bottom_mean, "bottom_decile_std": c.bottom_std, "n": c.n,
+             "seeds": [int(s) if s.isdigit() else s for s in c.seeds], "run_ids": c.run_ids}
+            for m in methods for d, metric in columns if (c := cells.get((m, d, metric))) is not None]
+    return pd.DataFrame(rows), markdown
