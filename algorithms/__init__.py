@@ -1,6 +1,9 @@
 """Algorithms: pure tensor math behind one contract (see base.py). Never imports Ray.
 
-REGISTRY is the one place the engine finds algorithms by name.
+REGISTRY holds the built-in methods by name. The engine finds a scenario's method through
+``raysim.plugins.algorithm``, which reads REGISTRY first and otherwise resolves a plugin (an
+entry point of the group ``raysim.algorithms``, or ``module:Name``); this package imports nothing
+above ``raysim.core``, so it cannot do that itself.
 """
 from .apfl import APFL
 from .base import Algorithm
@@ -29,4 +32,5 @@ REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Loc
 
 
 def get(name: str) -> type[Algorithm]:
+    """A built-in method by name (a plugin's: ``raysim.plugins.algorithm``)."""
     return REGISTRY[name]

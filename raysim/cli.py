@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("file")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     v.add_argument("--variant", default=None, metavar="NAME")
-    sub.add_parser("list", help="algorithms, datasets, models and partitioners")
+    sub.add_parser("list", help="algorithms, datasets, models and partitioners, each with its source "
+                                "(built-in, or the plugin's distribution)")
     d = sub.add_parser("data", help="look at a scenario's data")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     i = dsub.add_parser("info", help="clients, split sizes and label histograms of a scenario's data")
@@ -118,11 +119,13 @@ def _dispatch(args, early_ray: bool = False) -> int:
     from raysim import config
     if args.command == "list":
         from raysim.setup import describe_registries
-        for section, items in describe_registries():
+        sections = describe_registries()
+        width = max(len(n) for _, items in sections for n, _, _ in items)
+        origin = max(len(w) for _, items in sections for _, w, _ in items)
+        for section, items in sections:
             print(f"{section}:")
-            width = max(len(n) for n, _ in items)
-            for name, summary in items:
-                print(f"  {name:<{width}}  {summary}")
+            for name, where, summary in items:
+                print(f"  {name:<{width}}  {where:<{origin}}  {summary}")
         return EXIT_OK
     if args.command == "report":
         from raysim.report import report

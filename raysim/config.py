@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from raysim import plugins
 from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
@@ -165,8 +166,23 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
     return out
 
 
+def named(ctx: Ctx, path: str, mapping, key: str, builtins: dict, lookup, params_of, default=None):
+    """``component`` for a section whose name may also be a plugin's (``raysim.plugins``): a
+    name that is not built in resolves through ``lookup`` (``module:Name`` or an entry point),
+    and its failure is the key's one-line error."""
+    name = mapping if isinstance(mapping, str) else mapping.get(key, default) if isinstance(mapping, dict) else None
+    registry = builtins
+    if isinstance(name, str) and name not in builtins:
+        try:
+            registry = {name: lookup(name)}
+        except plugins.PluginError as e:
+            ctx.fail(f"{path}.{key}", str(e))
+    return component(ctx, path, mapping, key, registry, params_of, default=default)
+
+
 def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     import raysim.algorithms as algorithms
+    from raysim import data as datasets, models
     from raysim.data import DATASETS, PARTITIONERS, partitions_of
     from raysim.data.mixture import problem as mixture_problem
     from raysim.models import MODELS
@@ -188,31 +204,39 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if not isinstance(d, dict):
         ctx.fail("data", f"expected a mapping, got {type(d).__name__}")
     data_keys = ("dataset", "clients", "partition", "splits")
-    dataset = component(ctx, "data", {k: v for k, v in d.items() if k not in data_keys[1:]},
-                         "dataset", DATASETS, lambda s: s.Params)
+    dataset = named(ctx, "data", {k: v for k, v in d.items() if k not in data_keys[1:]},
+                    "dataset", DATASETS, datasets.dataset, lambda s: s.Params)
     if "clients" not in d:
         ctx.fail("data.clients", "missing; give the number of clients (an integer >= 1)")
     clients = coerce(ctx, "data.clients", int, d["clients"])
     check_range(ctx, "data.clients", {"min": 1}, clients)
     allowed = partitions_of(dataset.name)
     partition = None
-    if allowed:
-        partition = component(ctx, "data.partition", d.get("partition"), "kind",
-                              {k: PARTITIONERS[k] for k in allowed}, lambda s: s.Params, default=allowed[0])
-        if partition.name == "mixture":
-            bad = mixture_problem(partition.params)
-            if bad is not None:
-                ctx.fail(f"data.partition.{bad[0]}", bad[1])
-    elif d.get("partition") is not None:
+    if datasets.dataset(dataset.name).pooled:       # any partitioner, a plugin's too
+        partition = named(ctx, "data.partition", d.get("partition"), "kind", PARTITIONERS,
+                          datasets.partitioner, lambda s: s.Params, default=allowed[0])
+    elif allowed:
+        try:
+            choices = {k: datasets.partitioner(k) for k in allowed}
+        except plugins.PluginError as e:
+            ctx.fail("data.partition.kind", f"dataset '{dataset.name}' takes {', '.join(allowed)}: {e}")
+        partition = component(ctx, "data.partition", d.get("partition"), "kind", choices, lambda s: s.Params,
+                              default=allowed[0])
+    if partition is not None and partition.name == "mixture":
+        bad = mixture_problem(partition.params)
+        if bad is not None:
+            ctx.fail(f"data.partition.{bad[0]}", bad[1])
+    if partition is None and d.get("partition") is not None:
         ctx.fail("data.partition", f"dataset '{dataset.name}' has its own client split; "
                  f"partition applies only to {', '.join(n for n in DATASETS if partitions_of(n))}")
     splits = load_dataclass(ctx, "data.splits", SplitsCfg, d.get("splits"))
     if abs(splits.train + splits.val + splits.test - 1.0) > 1e-6:
         ctx.fail("data.splits", f"train + val + test = {splits.train + splits.val + splits.test:g}; they must sum to 1")
 
-    model = component(ctx, "model", raw["model"], "name", MODELS, lambda s: s.Params)
-    algorithm = component(ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY,
-                           lambda a: a.Hyper)
+    model = named(ctx, "model", raw["model"], "name", MODELS, models.spec, lambda s: s.Params)
+    algorithm = named(ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY, plugins.algorithm,
+                      lambda a: a.Hyper)
+    method = plugins.algorithm(algorithm.name)
     sampling = load_dataclass(ctx, "sampling", SamplingCfg, raw.get("sampling"))
     if sampling.fraction is not None and sampling.count is not None:
         ctx.fail("sampling", "give either fraction or count, not both")
@@ -223,7 +247,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     ev = load_dataclass(ctx, "eval", EvalCfg, {k: v for k, v in ev_raw.items() if k != "finetune"} if nested else ev_raw)
     ev = replace(ev, finetune=load_dataclass(ctx, "eval.finetune", FinetuneCfg,
                                              ev_raw.get("finetune") if nested else None))
-    if ev.finetune.epochs and not algorithms.REGISTRY[algorithm.name].has_global_model():
+    if ev.finetune.epochs and not method.has_global_model():
         with_global = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_global_model())
         ctx.fail("eval.finetune", f"'{algorithm.name}' has no global model to update locally; leave "
                  f"eval.finetune out (or epochs: 0), or choose one of {with_global}")
@@ -248,7 +272,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if raw.get("topology") is not None:
         topology = load_dataclass(ctx, "topology", TopologyCfg, raw["topology"])
         gossip = [n for n, a in algorithms.REGISTRY.items() if a.decentralized]
-        if not algorithms.REGISTRY[algorithm.name].decentralized:
+        if not method.decentralized:
             ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form; with a topology "
                      f"choose one of {', '.join(gossip)}")
         if topology.kind == "edges" and not topology.edges:
@@ -260,7 +284,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         if sampling.count is not None or sampling.fraction != 1.0:
             ctx.fail("sampling", "every client takes part in every gossip round; leave sampling out with a topology")
 
-    problem = algorithms.REGISTRY[algorithm.name].check(algorithm.params, topology is not None)
+    problem = method.check(algorithm.params, topology is not None)
     if problem is not None:
         ctx.fail(f"algorithm.{problem[0]}", problem[1])
 
@@ -320,7 +344,6 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     a topology, its first graph."""
     from raysim import topology
     from raysim.data import DataError
-    import raysim.algorithms as algorithms
     from raysim.core.groups import groups_of
     from raysim.models import build as build_model
 
@@ -347,7 +370,7 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
         groups = groups_of(model)
     except ValueError as e:
         ctx.fail("model.head", str(e).removeprefix("model.head: "))
-    cls = algorithms.get(sc.algorithm.name)
+    cls = plugins.algorithm(sc.algorithm.name)
     if sc.eval.unseen_fraction > 0 and not cls.unseen:
         ctx.fail("eval.unseen_fraction", f"{sc.algorithm.name} has no model for a client that never trained; "
                                          f"use 0 (its default)")

@@ -12,6 +12,7 @@ from typing import Callable
 
 from torch import nn
 
+from raysim import plugins
 from raysim.core.norm import BatchNorm2d
 
 from raysim import vision_models as vision
@@ -318,26 +319,40 @@ def squeezenet(params: SqueezeNetParams, input_shape: tuple[int, ...], classes: 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model: what the registry holds and what a model plugin provides (``raysim.plugins``).
+
+    ``build(params, input_shape, classes)`` (``inputs="tokens"``: ``(params, input_shape,
+    classes, vocab_size)``) returns a fresh ``nn.Module`` whose output has ``classes`` columns;
+    ``params`` is an instance of ``Params``, the frozen dataclass of the scenario's ``model``
+    options (subclass ``ModelParams`` to get ``head``). It is called under a seeded RNG for the
+    run's initial weights, so it must draw them from torch's global generator."""
+
     name: str
-    summary: str
+    summary: str                  # one line for `raysim list`
     Params: type
     build: Callable[..., nn.Module]
     inputs: str = "features"      # the FederatedSource.input_kind it takes
 
 
+def spec(name: str) -> ModelSpec:
+    """The model ``name``: built-in (``MODELS``), ``module:Name`` or an entry point of the group
+    ``raysim.models`` (``raysim.plugins``); PluginError (one line) when none."""
+    return plugins.resolve(PLUGINS, name)
+
+
 def build(name: str, params, source) -> nn.Module:
     """Model ``name`` for ``source``'s inputs and outputs; ValueError (one line, naming the
     models that fit) when the model does not take the dataset's kind of input."""
-    spec = MODELS[name]
+    found = spec(name)
     kind = getattr(source, "input_kind", "features")
-    if spec.inputs != kind:
+    if found.inputs != kind:
         fits = ", ".join(n for n, s in MODELS.items() if s.inputs == kind)
         what = {"tokens": "token ids (characters or words)", "features": "float features"}[kind]
-        raise ValueError(f"model {name} takes {spec.inputs}, the dataset gives {what}; models for it: {fits}")
+        raise ValueError(f"model {name} takes {found.inputs}, the dataset gives {what}; models for it: {fits}")
     if kind == "tokens":
-        model = spec.build(params, source.input_shape, source.num_outputs, source.vocab_size)
+        model = found.build(params, source.input_shape, source.num_outputs, source.vocab_size)
     else:
-        model = spec.build(params, source.input_shape, source.num_outputs)
+        model = found.build(params, source.input_shape, source.num_outputs)
     if getattr(params, "head", None) is not None:
         object.__setattr__(model, "raysim_head", params.head)
     return model
@@ -373,3 +388,6 @@ MODELS: dict[str, ModelSpec] = {
                   "(word ids: leaf_sent140)", LSTMClassifierParams, lstm_classifier, "tokens"),
     )
 }
+
+# plugins: a ModelSpec named by an entry point of the group raysim.models, or by module:Name
+PLUGINS = plugins.Kind("raysim.models", "model", MODELS, ModelSpec, "raysim.models.MODELS")

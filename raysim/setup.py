@@ -8,12 +8,10 @@ from __future__ import annotations
 import torch
 
 import raysim.algorithms as algorithms
-from raysim import rng
+from raysim import plugins, rng
 from raysim.config import Scenario
 from raysim.core.tasks import TASKS
-from raysim.data import DATASETS
 from raysim import models
-from raysim.models import MODELS
 
 
 def make_model_fn(sc: Scenario, source):
@@ -30,18 +28,17 @@ def make_model_fn(sc: Scenario, source):
 
 
 def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
-    cls = algorithms.get(sc.algorithm.name)
+    cls = plugins.algorithm(sc.algorithm.name)      # built-in or plugin, here and in every host
     algo = cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
     algo.finetune = sc.eval.finetune          # the local update's options (eval.finetune)
     return algo
 
 
-def describe_registries() -> list[tuple[str, list[tuple[str, str]]]]:
-    """(section, [(name, one-line summary)]) for `raysim list`."""
-    from raysim.data import PARTITIONERS
-    return [
-        ("algorithms", [(n, a.summary) for n, a in algorithms.REGISTRY.items()]),
-        ("datasets", [(n, s.summary) for n, s in DATASETS.items()]),
-        ("models", [(n, s.summary) for n, s in MODELS.items()]),
-        ("partitioners", [(n, s.summary) for n, s in PARTITIONERS.items()]),
-    ]
+def describe_registries() -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """(section, [(name, source, one-line summary)]) for `raysim list`: every built-in
+    ("built-in") and every plugin installed as an entry point (its distribution and version)."""
+    from raysim import data
+    kinds = (("algorithms", plugins.algorithms()), ("datasets", data.DATASET_PLUGINS),
+             ("models", models.PLUGINS), ("partitioners", data.PARTITIONER_PLUGINS))
+    return [(section, [(n, where, obj.summary) for n, where, obj in plugins.listing(kind)])
+            for section, kind in kinds]

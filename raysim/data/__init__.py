@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from raysim import plugins
+
 from . import partition as _p
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
@@ -21,6 +23,11 @@ from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, Synthetic
 
 @dataclass(frozen=True)
 class DatasetSpec:
+    """A dataset: what the registry holds and what a dataset plugin provides (``raysim.plugins``).
+    ``build(params, clients, partition, splits, seed)`` returns the FederatedSource (cheap:
+    files are read on first use), ``params`` an instance of ``Params``; a pooled dataset
+    (usually a ``PooledSource`` subclass) gets its ``PartitionCfg``, any other None."""
+
     name: str
     summary: str              # one line for `raysim list`
     Params: type              # frozen dataclass of the dataset's own options
@@ -31,6 +38,11 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class PartitionerSpec:
+    """A partitioner: what the registry holds and what a partitioner plugin provides
+    (``raysim.plugins``). ``fn(labels, num_clients, params, rng)`` gets the pool's int64 labels,
+    an instance of ``Params`` and a numpy Generator, and returns one sorted int64 index array
+    per client (a ValueError's message is reported as bad data)."""
+
     name: str
     summary: str
     Params: type
@@ -95,18 +107,38 @@ PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
 POOLED_PARTITIONS = tuple(PARTITIONERS)
 
 
-def partitions_of(dataset: str) -> tuple[str, ...]:
-    """The partitioners a dataset takes (first: its default); () when it has its own split."""
-    spec = DATASETS[dataset]
+# plugins: a DatasetSpec or PartitionerSpec named by an entry point of the group
+# raysim.datasets or raysim.partitioners, or by module:Name
+DATASET_PLUGINS = plugins.Kind("raysim.datasets", "dataset", DATASETS, DatasetSpec, "raysim.data.DATASETS")
+PARTITIONER_PLUGINS = plugins.Kind("raysim.partitioners", "partitioner", PARTITIONERS, PartitionerSpec,
+                                   "raysim.data.PARTITIONERS")
+
+
+def dataset(name: str) -> DatasetSpec:
+    """The dataset ``name``: built-in (``DATASETS``), ``module:Name`` or an entry point
+    (``raysim.plugins``); PluginError (one line) when none."""
+    return plugins.resolve(DATASET_PLUGINS, name)
+
+
+def partitioner(name: str) -> PartitionerSpec:
+    """The partitioner ``name``: built-in (``PARTITIONERS``), ``module:Name`` or an entry point
+    (``raysim.plugins``); PluginError (one line) when none."""
+    return plugins.resolve(PARTITIONER_PLUGINS, name)
+
+
+def partitions_of(dataset_name: str) -> tuple[str, ...]:
+    """The built-in partitioners a dataset takes (first: its default); () when it has its own
+    split. A pooled dataset also takes any plugin partitioner."""
+    spec = dataset(dataset_name)
     return ("iid", *[p for p in POOLED_PARTITIONS if p != "iid"]) if spec.pooled else spec.partitions
 
 
-def build_source(dataset: str, params, clients: int, partition: PartitionCfg | None,
+def build_source(dataset_name: str, params, clients: int, partition: PartitionCfg | None,
                  splits: Splits, seed: int) -> FederatedSource:
     """The named dataset's source; cheap (files are read and partitioned on first use)."""
-    return DATASETS[dataset].build(params, clients, partition, splits, seed)
+    return dataset(dataset_name).build(params, clients, partition, splits, seed)
 
 
 __all__ = ["DATASETS", "PARTITIONERS", "DataError", "DatasetSpec", "FederatedSource", "MixtureParams",
-           "MixtureParts", "PartitionCfg", "PartitionerSpec", "PooledSource", "Splits", "build_source",
-           "partitions_of", "split_client"]
+           "MixtureParts", "PartitionCfg", "PartitionerSpec", "PooledSource", "Splits", "build_source", "dataset",
+           "partitioner", "partitions_of", "split_client"]

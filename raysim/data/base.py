@@ -199,8 +199,8 @@ class PooledSource(FederatedSource):
         if self._arrays is None:
             self._arrays = self.load()
         if self._parts is None:
-            from . import PARTITIONERS
-            spec = PARTITIONERS[self.partition.kind]
+            from . import partitioner
+            spec = partitioner(self.partition.kind)      # built-in or plugin (raysim.plugins)
             extra = {}
             for need in spec.needs:            # e.g. pachinko's coarse labels
                 value = getattr(self, need, None)
