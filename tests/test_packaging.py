@@ -57,7 +57,8 @@ def test_raysim_installed_from_the_wheel_runs_the_quick_start(wheel, tmp_path):
     work = tmp_path / "work"                    # away from the checkout: nothing imports from it
     work.mkdir()
     shutil.copy(ROOT / "scenarios" / "quickstart.yaml", work)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # MLFLOW_TRACKING_URI too: MLflow's set_tracking_uri in an earlier test exports it
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
     env["PYTHONPATH"] = str(site)
     where = subprocess.run([sys.executable, "-c", "import importlib.util, raysim, raysim.algorithms as a; "
                             "print(raysim.__file__, a.__file__, importlib.util.find_spec('algorithms'))"],
