@@ -84,7 +84,7 @@ def live_run(tmp_path_factory):
             time.sleep(0.2)
         yield proc, procs, ray_tmp, home
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
