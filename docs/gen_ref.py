@@ -242,6 +242,8 @@ KEY_HEADER = ["Key", "Type", "Default", "Allowed", "Description"]
 # help). A top-level section is described by its dataclass (the Scenario field's type).
 def _scalars() -> dict[str, tuple[str, str, str, str]]:
     from raysim.schema import SEED
+    from raysim.sections import DataCfg
+    data_help = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(DataCfg)}
     return {
         "name": ("string", "the file's name without .yaml", "",
                  "the run's name (MLflow's run name); a sweep variant's is NAME-VARIANT"),
@@ -255,7 +257,7 @@ def _scalars() -> dict[str, tuple[str, str, str, str]]:
                   f"variants {code('{NAME: {dotted.key: value, ...}}')}, each applied to the rest of the file "
                   f"(run them with {code('raysim run')}; one with {code('--variant NAME')})"),
         "data.dataset": ("string", "required", "a dataset below", "the dataset; its own options sit beside it in data"),
-        "data.clients": ("integer", "required", "≥ 1", "number of clients"),
+        "data.clients": ("integer", "required", "≥ 1", text(data_help["clients"] or "number of clients")),
         "data.partition.kind": ("string", "the dataset's first (iid for a pooled dataset)", "a partitioner below",
                                 f"how a pooled dataset is split among the clients; {code('partition: NAME')} "
                                 f"is short for {code('partition: {kind: NAME}')}; its options sit beside kind"),
@@ -351,7 +353,7 @@ def scenario_page() -> str:
         t = hints[f.name]
         if dataclasses.is_dataclass(t) and t is not Component:
             rows.append([code(f"data.{f.name}"), "mapping", "see below", "",
-                         text(first_line(own_doc(t)) or "the keys below")])
+                         text(f.metadata.get("help") or first_line(own_doc(t)) or "the keys below")])
             rows += key_rows(t, f"data.{f.name}.")
     out.append(table(KEY_HEADER, rows))
 

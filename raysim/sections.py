@@ -61,13 +61,23 @@ class EvalCfg:
     finetune: FinetuneCfg = field(default_factory=FinetuneCfg, metadata={"help": (
         "local update of the global model before scoring: {epochs, lr, lr_source, batch_size, optimizer, "
         "momentum, weight_decay}; lu_* metrics")})
+    validation: bool | str = field(default="auto", metadata={"choices": ("auto", True, False), "help": (
+        "also score every evaluated client on its validation split (data.splits.val) with the same models, "
+        "logged as val_* (val_accuracy, val_loss, ...) and reduced as the test metrics; the summary adds "
+        "val_best_round and test_at_val_best_*. auto: on when data.splits.val > 0 (costs a forward pass over "
+        "the validation samples; the local update is not repeated); true: the same, refused without a "
+        "validation split; false: off")})
 
 
 @dataclass(frozen=True)
 class ResourcesCfg:
     hosts: int = field(default=2, metadata={"min": 1, "help": "host actors; each hosts many clients"})
-    cpus_per_host: float = field(default=1.0, metadata={"gt": 0.0})
-    gpus_per_host: float = field(default=0.0, metadata={"min": 0.0})
+    cpus_per_host: float = field(default=1.0, metadata={"gt": 0.0, "help": (
+        "CPUs Ray reserves for each host actor (a fraction allowed); the host's torch threads are its "
+        "whole part, at least 1 (the serial engine's too)")})
+    gpus_per_host: float = field(default=0.0, metadata={"min": 0.0, "help": (
+        "GPUs Ray reserves for each host actor (a fraction shares one GPU among hosts); above 0 the host "
+        "trains on CUDA where a GPU is visible; 0: on the CPU")})
     host_timeout_s: float | None = field(default=None, metadata={
         "gt": 0.0, "max": TIMEOUT_MAX,
         "help": "a host call not answered within this many seconds counts as a lost host (null: wait)"})
@@ -84,27 +94,35 @@ class ResourcesCfg:
 @dataclass(frozen=True)
 class TrackingCfg:
     uri: str | None = field(default=None, metadata={"help": "MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"})
-    experiment: str = "raysim"
+    experiment: str = field(default="raysim", metadata={
+        "help": "MLflow experiment the runs are logged under (created when missing; not empty)"})
 
 
 @dataclass(frozen=True)
 class CheckpointCfg:
     every: int = field(default=0, metadata={"min": 0, "help": "write a checkpoint every N rounds (0: only at the end)"})
-    dir: str = "checkpoints"
+    dir: str = field(default="checkpoints", metadata={"help": (
+        "folder of the checkpoints, one subfolder per MLflow run id (relative: to the folder raysim "
+        "runs in; on a cluster, best on a file system every node mounts)")})
 
 
 @dataclass(frozen=True)
 class TopologyCfg:
     """Decentralized training: clients gossip with graph neighbours instead of a server."""
     kind: str = field(default="erdos_renyi", metadata={
-        "choices": ("erdos_renyi", "ring", "torus", "complete", "star", "edges")})
+        "choices": ("erdos_renyi", "ring", "torus", "complete", "star", "edges"),
+        "help": "the communication graph: erdos_renyi (G(n, p), connected), ring, torus (2-D periodic r x c "
+                "grid, r, c ≥ 3), complete, star (client 0 at the centre) or edges (the file topology.edges)"})
     p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": "Erdős–Rényi edge probability"})
     resample: bool = field(default=False, metadata={"help": "draw a new Erdős–Rényi graph every round"})
     connect: str = field(default="redraw", metadata={
         "choices": ("redraw", "bridge"),
         "help": "Erdős–Rényi: redraw until connected, or bridge one draw's components in a chain "
                 "(needed at a sparse average degree on many clients)"})
-    mixing: str = field(default="metropolis", metadata={"choices": ("metropolis", "fmmc")})
+    mixing: str = field(default="metropolis", metadata={
+        "choices": ("metropolis", "fmmc"),
+        "help": "the gossip matrix W on the graph: metropolis (W_ij = 1/(1 + max(d_i, d_j)), Xiao & Boyd) or "
+                "fmmc (the fastest-mixing Markov chain, Boyd, Diaconis & Xiao; at most 3000 clients)"})
     fmmc_iters: int = field(default=1000, metadata={
         "min": 1, "help": "FMMC: projected-subgradient iterations, one eigendecomposition of W each "
                           "(300 clients: about 6 s for 1000; lower it with resample: true)"})
@@ -118,17 +136,23 @@ class TopologyCfg:
 
 @dataclass(frozen=True)
 class SplitsCfg:
-    train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0})
-    val: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
-    test: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0})
+    train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "share of each client's samples it trains on (its count rounded half up, at least 1 of 2 or more)")})
+    val: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "share held out for validation (0: none); LEAF with leaf_split: true takes it out of LEAF's train part")})
+    test: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0, "help": (
+        "share held out for testing, what the evaluation scores: the samples left after train and val")})
 
 
 @dataclass(frozen=True)
 class DataCfg:
     dataset: Component
-    clients: int
+    clients: int = field(metadata={"help": (
+        "number of clients (N): a pooled dataset is partitioned among them, a dataset of users (LEAF, "
+        "shakespeare) takes its first N users, a synthetic one draws N")})
     partition: Component | None
-    splits: SplitsCfg
+    splits: SplitsCfg = field(metadata={"help": (
+        "each client's train/validation/test shares {train, val, test}, which sum to 1")})
 
 
 @dataclass(frozen=True)
