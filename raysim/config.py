@@ -251,6 +251,9 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         with_global = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_global_model())
         ctx.fail("eval.finetune", f"'{algorithm.name}' has no global model to update locally; leave "
                  f"eval.finetune out (or epochs: 0), or choose one of {with_global}")
+    if ev.validation is True and splits.val <= 0:
+        ctx.fail("eval.validation", "true, but data.splits.val is 0: there is no validation split to score; "
+                 "carve one, e.g. data.splits: {train: 0.7, val: 0.1, test: 0.2}, or use auto")
     train_clients = clients - int(round(ev.unseen_fraction * clients))
     if train_clients < 1:
         ctx.fail("eval.unseen_fraction", f"{ev.unseen_fraction} leaves no training client out of {clients}")

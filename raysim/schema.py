@@ -130,7 +130,12 @@ def check_range(ctx: Ctx, path: str, meta, value) -> None:
         if not ok:
             ctx.fail(f"{path}[{i}]" if many else path, f"{_show(v)} is out of range; it must be {allowed}")
     if "choices" in meta and value not in meta["choices"]:
-        ctx.fail(path, f"{value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
+        ctx.fail(path, f"{value!r} is not allowed; choose one of {', '.join(_choice(c) for c in meta['choices'])}")
+
+
+def _choice(c) -> str:
+    """A choice as YAML writes it (true/false, not Python's True/False)."""
+    return str(c).lower() if isinstance(c, bool) else str(c)
 
 
 def load_dataclass(ctx: Ctx, path: str, cls: type, mapping: Any, skip: tuple[str, ...] = ()):
