@@ -67,12 +67,6 @@ class EvalCfg:
         "val_best_round and test_at_val_best_*. auto: on when data.splits.val > 0 (costs a forward pass over "
         "the validation samples; the local update is not repeated); true: the same, refused without a "
         "validation split; false: off")})
-    validation: bool | str = field(default="auto", metadata={"choices": ("auto", True, False), "help": (
-        "also score every evaluated client on its validation split (data.splits.val) with the same models, "
-        "logged as val_* (val_accuracy, val_loss, ...) and reduced as the test metrics; the summary adds "
-        "val_best_round and test_at_val_best_*. auto: on when data.splits.val > 0 (costs a forward pass over "
-        "the validation samples; the local update is not repeated); true: the same, refused without a "
-        "validation split; false: off")})
 
 
 @dataclass(frozen=True)
