@@ -34,7 +34,10 @@ FedAvg, FedProx, SCAFFOLD) the unprefixed metrics become the tuned model's too â
 "FedAvg-LU's accuracy" means â€” while ``global_*`` stay the untuned global model's. A clustered method also names its cluster models (``centers``), which the engine scores
 on every source's held-out set when the data are a mixture of sources, and each client's
 estimated weights of them (``importance``). Unseen clients (``eval.unseen_fraction``) first ``personalize`` with the shared parts
-frozen. ``train``, ``evaluate`` and ``personalize`` may each yield jobs.
+frozen. ``train``, ``evaluate`` and ``personalize`` may each yield jobs. Where the clients have a
+validation split (``eval.validation``) the engine calls ``evaluations``, which also runs
+``evaluate`` on the shard with the validation split in the test split's place: the ``val_*``
+metrics, with no code in the method.
 
 Decentralized (``decentralized = True``; a ``topology`` in the scenario): every client keeps its
 own copy of the server state and acts as its own server: its message comes from its copy,
@@ -306,8 +309,32 @@ class Algorithm:
         return 0
 
     def evaluation(self, state: Any, received: Received, data: ClientData, ctx: Context):
-        """What the engine scores a client with: ``evaluate``, then the local update."""
+        """A client's metrics on its test split: ``evaluate``, then the local update."""
         return self.with_local_update(self.evaluate(state, received, data, ctx), state, received, data, ctx)
+
+    def evaluations(self, state: Any, received: Received, data: ClientData, ctx: Context, val: bool = False):
+        """What the engine scores a client with: (its test metrics, as ``evaluation``; its
+        validation metrics or None). With ``val`` and a non-empty validation split, the same
+        ``evaluate`` runs again on the shard with the validation split in the test split's place
+        (``ClientData.val_as_test``), drawing from a fork of ``ctx``'s generator taken before
+        the test pass (so it scores the same models, and the test metrics and the local update's
+        draws are those of a run without it); the local update's tuned model, trained once, is
+        scored on both splits. The validation metrics keep ``evaluate``'s names (the engine
+        renames them ``val_*``). A subclass overriding ``evaluation`` gets it called once per
+        split instead."""
+        on_val = data.val_as_test() if val and data.num_val > 0 else None
+        vctx = ctx.fork() if on_val is not None else None
+        if type(self).evaluation is not Algorithm.evaluation:
+            test = yield from _result(self.evaluation(state, received, data, ctx))
+            return test, None if on_val is None else (yield from _result(self.evaluation(state, received, on_val, vctx)))
+        test = yield from _result(self.evaluate(state, received, data, ctx))
+        valm = None if on_val is None else (yield from _result(self.evaluate(state, received, on_val, vctx)))
+        tuned = yield from self._locally_updated(state, received, data, ctx)
+        if tuned is not None:
+            test = self._with_tuned(test, tuned, data, ctx)
+            if valm is not None:
+                valm = self._with_tuned(valm, tuned, on_val, ctx)
+        return test, valm
 
     def with_local_update(self, scored, state: Any, received: Received, data: ClientData, ctx: Context):
         """``scored`` (``evaluate``'s result, or its generator), with, when ``eval.finetune`` is
@@ -315,13 +342,22 @@ class Algorithm:
         one job of the loop on its train split (its orders from ``ctx``'s generator, after
         ``evaluate``'s own draws): ``lu_*``, and the unprefixed ones too where
         ``personalized_is_global``."""
-        metrics = (yield from scored) if inspect.isgenerator(scored) else scored
+        metrics = yield from _result(scored)
+        tuned = yield from self._locally_updated(state, received, data, ctx)
+        return metrics if tuned is None else self._with_tuned(metrics, tuned, data, ctx)
+
+    def _locally_updated(self, state: Any, received: Received, data: ClientData, ctx: Context):
+        """The local update's tuned copy of the global model (its parameters), or None where
+        it is off or the method has no global model."""
         settings = self.finetune_settings(ctx)
         glob = None if settings is None or data.num_test == 0 else self.global_model(state, received)
         if glob is None:
-            return metrics
+            return None
         (tuned,) = yield [make_job(glob, data, ctx, settings, self._tune_objective)]
-        out = self.outputs([tuned.params], data.test_x, ctx.device)[0]
+        return tuned.params
+
+    def _with_tuned(self, metrics: dict, tuned: list[torch.Tensor], data: ClientData, ctx: Context) -> dict:
+        out = self.outputs([tuned], data.test_x, ctx.device)[0]
         metrics = {**metrics, **self.task.scores(out, data.test_y, "lu_")}
         if self.personalized_is_global:
             metrics.update(self.task.scores(out, data.test_y))
@@ -347,6 +383,13 @@ class Algorithm:
 
     def with_shared(self, server: Any, groups: list[list[torch.Tensor]]) -> Any:
         return list(groups[0])
+
+
+def _result(scored):
+    """The value of ``scored``: a generator's (its jobs passed through), or ``scored`` itself."""
+    if inspect.isgenerator(scored):
+        return (yield from scored)
+    return scored
 
 
 @dataclass

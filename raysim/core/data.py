@@ -1,6 +1,7 @@
 """A client's data shard and the context of a client step."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,14 @@ class Context:
     generator: torch.Generator   # derived from (seed, purpose, round, cid)
     device: torch.device = torch.device("cpu")
     group: int = 0        # the group the server chose for this client this round (cluster, ...)
+
+    def fork(self) -> "Context":
+        """This context with a generator of its own that starts where this one stands: a second
+        pass (the validation scoring) draws what the first draws, and the first's draws are not
+        moved by it."""
+        g = torch.Generator(device=self.generator.device)
+        g.set_state(self.generator.get_state())
+        return dataclasses.replace(self, generator=g)
 
 
 @dataclass
@@ -42,6 +51,14 @@ class ClientData:
     @property
     def num_test(self) -> int:
         return int(self.test_y.shape[0])
+
+    def val_as_test(self) -> "ClientData":
+        """This shard with its validation split in the test split's place (and still in its
+        own): what ``Algorithm.evaluations`` hands ``evaluate`` for the ``val_*`` metrics, so
+        every method scores its validation split exactly as its test split, with no code of its
+        own. A method that selects on the validation split (SuPerFed's λ, CFL's model) selects
+        as it does for the test metrics."""
+        return ClientData(self.cid, self.train_x, self.train_y, self.val_x, self.val_y, self.val_x, self.val_y)
 
     def to(self, device: torch.device) -> "ClientData":
         if device.type == "cpu":

@@ -136,6 +136,17 @@ def lower_is_better(metric: str) -> bool:
     return any(word in LOWER_IS_BETTER for word in metric.split("_"))
 
 
+VAL = "val_"     # the validation metrics' prefix
+
+
+def val_name(metric: str) -> str:
+    """The name of a test metric's validation counterpart: ``val_`` before it and the word
+    ``test`` left out (accuracy -> val_accuracy, test_loss -> val_loss, global_test_loss ->
+    val_global_loss, bottom_decile_accuracy -> val_bottom_decile_accuracy, unseen_accuracy ->
+    val_unseen_accuracy, ece_union -> val_ece_union)."""
+    return VAL + "_".join(w for w in metric.split("_") if w != "test")
+
+
 def mean_std(values, weights) -> tuple[float, float]:
     """Mean and std of the clients' scores ``values``, each weighted by its test size
     ``weights``, in float64 in the given (client-id) order: Σ w v / Σ w and

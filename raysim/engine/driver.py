@@ -18,7 +18,7 @@ import torch
 from raysim import rng
 from raysim.config import Scenario, make_source
 from raysim.core.replies import Accumulator
-from raysim.core.tasks import Bins, lower_is_better, mean_std
+from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
 from raysim.setup import make_algorithm
@@ -169,6 +169,21 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
     return out
 
 
+def validation(results: dict[int, tuple], evaluated: list[int], unseen: list[int]) -> dict[str, float]:
+    """The ``val_*`` metrics of one evaluation: every client's validation metrics (the 4th and
+    5th entries of ``Host.evaluate``'s tuple: metrics, validation size), named as ``val_name``
+    names them (test_loss -> val_loss) and reduced by ``summarize`` exactly as the test metrics,
+    weighted by validation size; the unseen clients' as ``val_unseen_*``. {} where no client was
+    scored on a validation split."""
+    out: dict[str, float] = {}
+    for prefix, ids in (("", evaluated), ("unseen_", unseen)):
+        val = {c: ({val_name(k).removeprefix(VAL): v for k, v in results[c][3].items()}, results[c][4])
+               for c in sorted(ids) if results[c][3] is not None}
+        if val:
+            out.update(summarize(val, VAL + prefix))
+    return out
+
+
 def groups_by_host(assignment: dict[int, int], placement: Placement) -> list[dict[int, int]]:
     out: list[dict[int, int]] = [{} for _ in range(placement.hosts)]
     owner = placement.owner
@@ -274,6 +289,7 @@ class RoundDriver:
         out = summarize({int(c): results[int(c)] for c in self.eval_ids})
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
+        out.update(validation(results, [int(c) for c in self.eval_ids], unseen))
         importance = {c: r[2] for c, r in results.items() if r[2] is not None}
         centers = self.algo.centers(self.server_state)
         if not importance and centers is not None and chosen:     # hard clusters held by the server

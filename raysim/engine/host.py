@@ -124,10 +124,14 @@ class Host:
         return acc, losses, time.perf_counter() - t0
 
     def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
-                 unseen: list[int] = ()) -> dict[int, tuple[dict[str, float], int, list[float] | None]]:
-        """Each client's metrics, test size and estimated weights of the cluster models. ``unseen`` clients never trained: they
-        personalize first (not kept). Decentralized (``self.servers``), each client is scored
-        with the message of its own copy of the server state."""
+                 unseen: list[int] = ()) -> dict[int, tuple[dict[str, float], int, list[float] | None,
+                                                         dict[str, float] | None, int]]:
+        """Each client's metrics, test size, estimated weights of the cluster models, validation
+        metrics (None: not scored, ``eval.validation`` off or an empty validation split) and
+        validation size. ``unseen`` clients never trained: they personalize first (not kept),
+        and that one personalized state is scored on both splits. Decentralized
+        (``self.servers``), each client is scored with the message of its own copy of the
+        server state."""
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
         received = {c: self._own_message(round_, c) if self.servers else
@@ -137,12 +141,14 @@ class Host:
             self.algo.personalize(received[c], self.data(c), self.context(round_, c, "personalize", groups[c]))
             for c in unseen])))
         states = {c: personal[c] if c in personal else self.state(c) for c in cids}
-        calls = [self.algo.evaluation(states[c], received[c], self.data(c), self.context(round_, c, "eval", groups[c]))
-                 for c in cids]
+        val = self.sc.eval.validation is not False       # auto: wherever a client has a validation split
+        calls = [self.algo.evaluations(states[c], received[c], self.data(c),
+                                       self.context(round_, c, "eval", groups[c]), val) for c in cids]
         out = {}
-        for c, m in zip(cids, self._drive(calls)):
+        for c, (m, vm) in zip(cids, self._drive(calls)):
             imp = self.algo.importance(states[c])
-            out[c] = (m, self.data(c).num_test, None if imp is None else [float(v) for v in imp])
+            d = self.data(c)
+            out[c] = (m, d.num_test, None if imp is None else [float(v) for v in imp], vm, d.num_val)
         return out
 
     # -- decentralized (gossip) ----------------------------------------------------------------
