@@ -67,18 +67,28 @@ from raysim.core.tasks import Task, lower_is_better, mean_std
 @dataclass(frozen=True)
 class LocalTraining:
     """Local-training settings every algorithm has (a method's paper defaults live in its
-    subclass)."""
+    subclass, each set with ``training_field`` so that it keeps the field's metadata)."""
 
-    lr: float = 0.05
-    local_epochs: int = 1
-    batch_size: int = 32
-    optimizer: str = field(default="sgd", metadata={"choices": OPTIMIZERS})
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    # constant | step: lr x0.1 at R/2 and again at 3R/4 (FedEM's official schedule) |
-    # exponential: lr x lr_decay^round (SuPerFed's)
-    lr_schedule: str = field(default="constant", metadata={"choices": ("constant", "step", "exponential")})
-    lr_decay: float = field(default=0.999, metadata={"gt": 0.0, "max": 1.0, "help": "exponential schedule's factor"})
+    lr: float = field(default=0.05, metadata={"help": (
+        "η, the local optimizer's learning rate (the base rate; lr_schedule scales it by round)")})
+    local_epochs: int = field(default=1, metadata={"help": (
+        "E, passes over the client's train split per round, each in a fresh shuffled order "
+        "(⌈n / batch_size⌉ steps)")})
+    batch_size: int = field(default=32, metadata={"help": (
+        "B, samples per local mini-batch (an epoch's last batch holds the remainder)")})
+    optimizer: str = field(default="sgd", metadata={"choices": OPTIMIZERS, "help": (
+        "the local optimizer: sgd (with momentum) or adam (β₁ 0.9, β₂ 0.999, ε 1e-8); its state "
+        "starts afresh every round unless the method keeps it")})
+    momentum: float = field(default=0.0, metadata={"help": (
+        "SGD's momentum coefficient (heavy ball, no dampening or Nesterov; 0: plain SGD; adam ignores it)")})
+    weight_decay: float = field(default=0.0, metadata={"help": (
+        "L2 coefficient added to every gradient (coupled weight decay, sgd and adam alike; 0: none)")})
+    lr_schedule: str = field(default="constant", metadata={
+        "choices": ("constant", "step", "exponential"),
+        "help": "the lr over rounds t = 0..R−1: constant; step: ×0.1 from t = ⌊R/2⌋ and ×0.01 from "
+                "⌊3R/4⌋ (FedEM's official schedule); exponential: ×lr_decay^t (SuPerFed's)"})
+    lr_decay: float = field(default=0.999, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "γ, the exponential schedule's factor per round: lr·γ^t at round t (other schedules ignore it)")})
     stacking: str = fwd.stacking_field()
 
     POSITIVE: ClassVar[tuple[str, ...]] = ("lr", "local_epochs", "batch_size")
@@ -101,6 +111,16 @@ class LocalTraining:
     def settings(self, round_: int, rounds: int, epochs: int | None = None) -> Settings:
         return Settings(self.lr_at(round_, rounds), self.local_epochs if epochs is None else epochs,
                         self.batch_size, self.optimizer, self.momentum, self.weight_decay)
+
+
+def training_field(name: str, default, help: str | None = None):
+    """A subclass's own default for one of ``LocalTraining``'s fields (a method's paper value),
+    keeping that field's metadata: choices, bounds and help; ``help`` replaces the help where
+    the field means more in the method (pFedMe's ``lr``, FedRep's ``local_epochs``)."""
+    meta = dict(LocalTraining.__dataclass_fields__[name].metadata)
+    if help is not None:
+        meta["help"] = help
+    return field(default=default, metadata=meta)
 
 
 @dataclass

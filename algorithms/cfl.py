@@ -32,16 +32,16 @@ import numpy as np
 import torch
 
 from .base import (Algorithm, ByKey, LocalTraining, Message, PerClient, Weighted, flatten, lower_is_better,
-                   params_of, unflatten)
+                   params_of, training_field, unflatten)
 
 
 @dataclass(frozen=True)
 class CFLHyper(LocalTraining):
-    lr: float = 0.1
-    momentum: float = 0.9
-    batch_size: int = 128
-    lr_schedule: str = field(default="exponential", metadata={"choices": ("constant", "step", "exponential")})
-    lr_decay: float = field(default=0.99, metadata={"gt": 0.0, "max": 1.0})
+    lr: float = training_field("lr", 0.1)
+    momentum: float = training_field("momentum", 0.9)
+    batch_size: int = training_field("batch_size", 128)
+    lr_schedule: str = training_field("lr_schedule", "exponential")
+    lr_decay: float = training_field("lr_decay", 0.99)
     eps1: float = field(default=0.4, metadata={"gt": 0.0, "help": "split when ‖mean update‖ < eps1 ..."})
     eps2: float = field(default=1.6, metadata={"gt": 0.0, "help": "... and max ‖update‖ > eps2"})
     split_after: int = field(default=20, metadata={"min": 0, "help": "no split in the first split_after rounds"})

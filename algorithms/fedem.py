@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted, params_of
+from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted, params_of, training_field
 
 
 @dataclass(frozen=True)
 class FedEMHyper(LocalTraining):
-    lr: float = 0.05
-    batch_size: int = 128
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_schedule: str = field(default="step", metadata={"choices": ("constant", "step", "exponential")})
+    lr: float = training_field("lr", 0.05)
+    batch_size: int = training_field("batch_size", 128)
+    momentum: float = training_field("momentum", 0.9)
+    weight_decay: float = training_field("weight_decay", 5e-4)
+    lr_schedule: str = training_field("lr_schedule", "step")
     components: int = field(default=3, metadata={"min": 1, "help": "mixture components M"})
     unseen_tol: float = field(default=1e-6, metadata={
         "gt": 0.0, "help": "unseen clients: stop the E-step + pi updates when pi moves less (L1)"})

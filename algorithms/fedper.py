@@ -50,7 +50,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Algorithm, LocalTraining, Message, Supervised, Weighted, params_of
+from .base import Algorithm, LocalTraining, Message, Supervised, Weighted, params_of, training_field
 
 
 @dataclass
@@ -64,10 +64,10 @@ class SplitMessage:
 
 @dataclass(frozen=True)
 class FedPerHyper(LocalTraining):
-    lr: float = 0.01
-    batch_size: int = 10
-    momentum: float = 0.5
-    weight_decay: float = 1e-4
+    lr: float = training_field("lr", 0.01)
+    batch_size: int = training_field("batch_size", 10)
+    momentum: float = training_field("momentum", 0.5)
+    weight_decay: float = training_field("weight_decay", 1e-4)
     weighting: str = field(default="samples", metadata={
         "choices": ("samples", "uniform"),
         "help": "the server's average of the shared layers: samples (n_k weights, FedAvg's) or uniform (1/|S|)"})

@@ -53,15 +53,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .fedper import FedPerState, SplitMethod
-from .base import LocalTraining
+from .base import LocalTraining, training_field
 
 
 @dataclass(frozen=True)
 class FedRepHyper(LocalTraining):
-    lr: float = 0.01
-    batch_size: int = 10
-    momentum: float = 0.5
-    weight_decay: float = 1e-4
+    lr: float = training_field("lr", 0.01, help=(
+        "α, the learning rate of both the head and the body step (lr_schedule scales it by round)"))
+    local_epochs: int = training_field("local_epochs", 1, help=(
+        "τ_φ, epochs of the body step (the head frozen), after head_epochs of the head step"))
+    batch_size: int = training_field("batch_size", 10)
+    momentum: float = training_field("momentum", 0.5)
+    weight_decay: float = training_field("weight_decay", 1e-4)
     head_epochs: int = field(default=10, metadata={
         "min": 1, "help": "epochs of the head step (the body frozen) before local_epochs of the body step"})
     weighting: str = field(default="uniform", metadata={

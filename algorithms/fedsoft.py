@@ -44,15 +44,15 @@ import numpy as np
 import torch
 
 from .base import (Algorithm, ByKey, LocalTraining, Message, PerClient, StatsRequest, Weighted, means_by_key,
-                   params_of)
+                   params_of, training_field)
 
 
 @dataclass(frozen=True)
 class FedSoftHyper(LocalTraining):
-    lr: float = 5e-3
-    local_epochs: int = 10
-    batch_size: int = 10
-    optimizer: str = field(default="adam", metadata={"choices": ("sgd", "adam")})
+    lr: float = training_field("lr", 5e-3)
+    local_epochs: int = training_field("local_epochs", 10)
+    batch_size: int = training_field("batch_size", 10)
+    optimizer: str = training_field("optimizer", "adam")
     clusters: int = field(default=2, metadata={"min": 1, "help": "cluster models (centers) S"})
     lam: float = field(default=1.0, metadata={"min": 0.0, "help": "λ of the proximal term (0.1 for images)"})
     sigma: float = field(default=1e-4, metadata={"gt": 0.0, "lt": 1.0, "help": "counter smoother σ"})

@@ -53,14 +53,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Message, Weighted
+from .base import Message, Weighted, training_field
 from .fedper import FedPerHyper, SplitMessage, SplitMethod
 
 
 @dataclass(frozen=True)
 class LGFedAvgHyper(FedPerHyper):
-    lr: float = 0.05
-    weight_decay: float = 0.0
+    lr: float = training_field("lr", 0.05)
+    weight_decay: float = training_field("weight_decay", 0.0)
     weighting: str = field(default="uniform", metadata={
         "choices": ("uniform", "samples"),
         "help": "the server's average of the global layers: uniform (1/|M|, the official code) or samples (n_m weights)"})

@@ -29,14 +29,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, LocalTraining, Objective
+from .base import Algorithm, LocalTraining, Objective, training_field
 from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
 class PFedMeHyper(LocalTraining):
-    lr: float = 0.005
-    batch_size: int = 20
+    lr: float = training_field("lr", 0.005, help=(
+        "η, the local model's step towards θ once per mini-batch: w_loc ← w_loc − η·λ(w_loc − θ) "
+        "(lr_schedule scales it by round)"))
+    batch_size: int = training_field("batch_size", 20)
     lam: float = field(default=15.0, metadata={"gt": 0.0, "help": "λ of the Moreau envelope"})
     inner_steps: int = field(default=5, metadata={"min": 1, "help": "K: steps on θ per mini-batch"})
     personal_lr: float = field(default=0.01, metadata={"gt": 0.0, "help": "η_p, the inner steps' learning rate"})

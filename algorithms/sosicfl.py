@@ -66,7 +66,8 @@ import numpy as np
 import torch
 
 from . import simplex
-from .base import Message, PerClient, StatsRequest, Supervised, UpdateStats, Weighted, params_of
+from .base import (Message, PerClient, StatsRequest, Supervised, UpdateStats, Weighted, params_of,
+                   training_field)
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -75,11 +76,11 @@ class SimplexHyper(FedAvgHyper):
     """What SosicFL and Floco share: the authors' CIFAR-10 SimpleCNN optimizer settings, which
     layers are a simplex, how α is drawn."""
 
-    lr: float = 0.02
-    local_epochs: int = 5
-    batch_size: int = 50
-    momentum: float = 0.5
-    weight_decay: float = 5e-4
+    lr: float = training_field("lr", 0.02)
+    local_epochs: int = training_field("local_epochs", 5)
+    batch_size: int = training_field("batch_size", 50)
+    momentum: float = training_field("momentum", 0.5)
+    weight_decay: float = training_field("weight_decay", 5e-4)
     layers: str = field(default="head", metadata={
         "choices": ("head", "all"), "help": "head: the classifier's weight is the simplex; all: every parameter (SosicFL-All)"})
     alpha_pool: int = field(default=0, metadata={
@@ -97,7 +98,8 @@ class SosicFLHyper(SimplexHyper):
         "min": 1, "help": "t̃: clustering before this round (1-based); before it α ~ U(Δ); null: never"})
     distance: str = field(default="l1", metadata={"choices": ("l1", "hilbert"), "help": "the clustering's distance"})
     lda_restarts: int = field(default=5, metadata={"min": 1, "help": "LDA fits (seeded); the best by score is kept"})
-    lda_input: str = field(default="counts", metadata={"choices": ("counts", "proportions")})
+    lda_input: str = field(default="counts", metadata={"choices": ("counts", "proportions"), "help": (
+        "what LDA fits: the clients' train label counts (K × L) or those counts as proportions (rows summing to 1)")})
     cluster_inits: int = field(default=10, metadata={"min": 1, "help": "k-means++ seedings; the best is kept"})
     local_at: str = field(default="centre", metadata={
         "choices": ("centre", "subregion_mean"),

@@ -54,18 +54,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, Objective, interpolate, lower_is_better, mean_std, params_of
+from .base import Algorithm, Objective, interpolate, lower_is_better, mean_std, params_of, training_field
 from .fedavg import FedAvg, FedAvgHyper
 
 
 @dataclass(frozen=True)
 class SuPerFedHyper(FedAvgHyper):
-    lr: float = 0.01
-    local_epochs: int = 10
-    batch_size: int = 10
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    lr_schedule: str = field(default="exponential", metadata={"choices": ("constant", "step", "exponential")})
+    lr: float = training_field("lr", 0.01)
+    local_epochs: int = training_field("local_epochs", 10)
+    batch_size: int = training_field("batch_size", 10)
+    momentum: float = training_field("momentum", 0.9)
+    weight_decay: float = training_field("weight_decay", 1e-4)
+    lr_schedule: str = training_field("lr_schedule", "exponential")
     mu: float = field(default=0.01, metadata={"min": 0.0, "help": "μ of the proximal term to the round's global model"})
     nu: float = field(default=1.0, metadata={"min": 0.0, "help": "ν of the cos²(w^f, w^l) term"})
     start: float = field(default=0.4, metadata={
