@@ -80,7 +80,10 @@ _WORDS = re.compile(r"[\w']+|[.,!?;]")
 @dataclass(frozen=True)
 class LeafParams:
     root: str = field(default="data/femnist", metadata={"help": "folder with LEAF's train/ and test/ JSON folders"})
-    leaf_split: bool = True
+    leaf_split: bool = field(default=True, metadata={"help": (
+        "true: a user's train/test are LEAF's own, data.splits.val carved out of its train part (a one-table "
+        "export: Shakespeare split as LEAF does, the others by data.splits); false: a user's samples pooled "
+        "and split by data.splits")})
 
 
 @dataclass(frozen=True)

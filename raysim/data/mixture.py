@@ -38,7 +38,8 @@ class MixtureParams:
                         "help": "10:90 / 30:70: two client halves; linear: share (k+0.5)/N; random: Dir(1)"})
     sources: int = field(default=2, metadata={"min": 1, "help": "source distributions S (10:90, 30:70, linear: 2)"})
     min_size: int = field(default=100, metadata={"min": 1, "help": "n_k ~ U{min_size..max_size}"})
-    max_size: int = field(default=200, metadata={"min": 1})
+    max_size: int = field(default=200, metadata={"min": 1, "help": (
+        "largest n_k: a client's samples drawn uniformly from min_size to max_size (inclusive; ≥ min_size)")})
     holdout: int = field(default=5000, metadata={"min": 1, "help": "held-out test samples per source"})
 
 

@@ -132,7 +132,9 @@ EMNIST_SPLITS = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "d
 @dataclass(frozen=True)
 class EmnistParams(GroupParams):
     root: str = field(default="data/emnist", metadata={"help": "folder with the emnist-*-ubyte[.gz] files (or gzip/, EMNIST/raw/)"})
-    split: str = field(default="byclass", metadata={"choices": tuple(EMNIST_SPLITS)})
+    split: str = field(default="byclass", metadata={"choices": tuple(EMNIST_SPLITS), "help": (
+        "the EMNIST split whose files are read: byclass (62 classes, FedEM's), bymerge or balanced (47), "
+        "letters (26), digits or mnist (10)")})
     fraction: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0,
                                                    "help": "seeded share of the pool kept (FedEM: 0.1)"})
 
