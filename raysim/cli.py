@@ -61,17 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
     v = sub.add_parser("validate", help="check a scenario without running it")
-    v.add_argument("file")
-    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    v.add_argument("--variant", default=None, metavar="NAME")
+    v.add_argument("file", help="scenario YAML (a sweep file: each of its variants is checked)")
+    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key before checking, as run's --set, e.g. --set data.clients=100")
+    v.add_argument("--variant", default=None, metavar="NAME",
+                   help="check only this variant of a sweep file (default: every variant)")
     sub.add_parser("list", help="algorithms, datasets, models and partitioners, each with its source "
                                 "(built-in, or the plugin's distribution)")
     d = sub.add_parser("data", help="look at a scenario's data")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     i = dsub.add_parser("info", help="clients, split sizes and label histograms of a scenario's data")
-    i.add_argument("file", help="scenario YAML")
-    i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    i.add_argument("--variant", default=None, metavar="NAME")
+    i.add_argument("file", help="scenario YAML (a sweep file: each of its variants' data in turn)")
+    i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key first, as run's --set, e.g. --set data.partition.alpha=0.1")
+    i.add_argument("--variant", default=None, metavar="NAME",
+                   help="only this variant of a sweep file (default: every variant)")
     i.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
                    help="also draw sizes and label distributions into PNG (default: <scenario name>-data.png)")
     i.add_argument("--show", type=int, default=10, metavar="N", help="clients listed one per line (default 10)")
