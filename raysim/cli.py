@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also draw sizes and label distributions into PNG (default: <scenario name>-data.png)")
     i.add_argument("--show", type=int, default=10, metavar="N", help="clients listed one per line (default 10)")
     rp = sub.add_parser("report", help="figures of finished runs, written to a folder and logged to MLflow")
-    rp.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    rp.add_argument("run_ids", nargs="+", metavar="RUN_ID",
+                    help="finished MLflow runs (a parent, of a sweep or of seeds, stands for its runs; several "
+                         "also get a comparison figure)")
     rp.add_argument("--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     rp.add_argument("--out", default="report", help="folder for the figures (default ./report; one subfolder per run)")
     rp.add_argument("--no-log", action="store_true", help="do not log the figures to the runs")
