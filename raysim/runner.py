@@ -242,6 +242,15 @@ def means(record: dict) -> list[str]:
     return [k for k in record if f"{k}_std" in record or k.endswith("_union")]
 
 
+def bottom_decile(k: str) -> str:
+    """The key of mean k's bottom decile: ``driver.summarize`` writes its prefix (``unseen_``,
+    ``val_``, ``val_unseen_``) before ``bottom_decile_``."""
+    for prefix in ("val_unseen_", "val_", "unseen_"):
+        if k.startswith(prefix):
+            return f"{prefix}bottom_decile_{k.removeprefix(prefix)}"
+    return f"bottom_decile_{k}"
+
+
 def best_over(evaluated: list[dict]) -> dict[str, float]:
     """ACC(T) for every mean (SosicFL: max_t): ``best_<metric>``, its best over the evaluations
     (the largest, the smallest for a metric where lower is better: losses, errors, ECE)."""
@@ -251,6 +260,36 @@ def best_over(evaluated: list[dict]) -> dict[str, float]:
         vals = [h[k] for h in evaluated if k in h and math.isfinite(h[k])]
         if vals:
             out[f"best_{k}"] = (min if lower_is_better(k) else max)(vals)
+    return out
+
+
+AT_VAL_BEST = "test_at_val_best_"
+
+
+def val_selection(evaluated: list[dict], metric: str) -> dict[str, float]:
+    """The round picked on validation data: ``val_best_round``, the evaluated round whose mean
+    validation score of ``metric`` (``val_accuracy``, ``val_mse``: ``tasks.val_name``) is best
+    (the largest; the smallest where lower is better; the earliest of equal ones), and the test
+    metrics of that round: for every mean k over clients (``means``; not the ``val_*`` ones)
+    ``test_at_val_best_<k>``, its ``test_at_val_best_<k>_std`` and
+    ``bottom_decile_test_at_val_best_<k>`` (so ``raysim compare --metrics
+    test_at_val_best_accuracy`` finds them as it finds accuracy's). {} when no evaluation
+    scored a validation split."""
+    from raysim.core.tasks import VAL, lower_is_better, val_name
+    key = val_name(metric)
+    scored = [h for h in evaluated if key in h and math.isfinite(h[key])]
+    if not scored:
+        return {}
+    sign = 1.0 if lower_is_better(key) else -1.0
+    best = min(scored, key=lambda h: (sign * h[key], h["round"]))
+    out: dict[str, float] = {"val_best_round": int(best["round"])}
+    for k in means(best):
+        if k.startswith(VAL):
+            continue
+        for name, new in ((k, AT_VAL_BEST + k), (f"{k}_std", f"{AT_VAL_BEST}{k}_std"),
+                          (bottom_decile(k), f"bottom_decile_{AT_VAL_BEST}{k}")):
+            if name in best:
+                out[new] = best[name]
     return out
 
 
@@ -271,8 +310,10 @@ def time_to_target(history: list[dict], metric: str, target: float) -> dict[str,
 
 def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, clusters: dict | None = None) -> dict:
     """The run's summary; ``final`` holds the last evaluation's headline metrics, every mean
-    over clients with its ``_std``, ``bottom_decile_`` and ``best_`` (ACC(T)), the time to
-    ``eval.target`` (``target_round``, ``target_seconds``) and, for a clustered method, its
+    over clients with its ``_std``, ``bottom_decile_`` and ``best_`` (ACC(T)), with a
+    validation split the round picked on it and that round's test metrics (``val_best_round``,
+    ``test_at_val_best_*``: ``val_selection``), the time to ``eval.target`` (``target_round``,
+    ``target_seconds``) and, for a clustered method, its
     cluster report: ``center_source`` (row c: center c's score on each source),
     ``association`` (each source's best center), ``importance`` and ``true_shares`` ({client
     id: weights})."""
@@ -280,13 +321,14 @@ def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, cluste
     last = evaluated[-1] if evaluated else {}
     final: dict = {k: last[k] for k in FINAL if k in last}
     for k in means(last):
-        final.update({name: last[name] for name in (k, f"{k}_std", f"bottom_decile_{k}") if name in last})
+        final.update({name: last[name] for name in (k, f"{k}_std", bottom_decile(k)) if name in last})
     final.update(best_over(evaluated))
-    if sc.eval.target is not None:
-        from raysim.core.tasks import TASKS
-        metric = next((t.metric for t in TASKS.values() if t.metric in last), None)
-        if metric is not None:
-            final.update(time_to_target(history, metric, sc.eval.target))
+    from raysim.core.tasks import TASKS
+    metric = next((t.metric for t in TASKS.values() if t.metric in last), None)
+    if metric is not None:
+        final.update(val_selection(evaluated, metric))
+    if sc.eval.target is not None and metric is not None:
+        final.update(time_to_target(history, metric, sc.eval.target))
     for key, value in (clusters or {}).items():
         final[key] = {str(c): v for c, v in value.items()} if isinstance(value, dict) else value
     return {
