@@ -6,7 +6,7 @@ from raysim import config
 from raysim.config import ScenarioError
 from raysim.engine.serial import serial_driver
 from tests.conftest import write_scenario
-from tests.test_runs import summary_of, tracked
+from tests.test_runs import tracked
 
 DFEDEM = """
 name: dfedem
@@ -127,14 +127,6 @@ def test_topology_validation(tmp_path):
         load(tmp_path, DFEDEM, "topology.kind=hypercube")
     with pytest.raises(ScenarioError, match="topology.edges: no such file"):
         load(tmp_path, DFEDEM, "topology.kind=edges", "topology.edges=/nonexistent")
-
-
-@pytest.mark.ray
-def test_gossip_across_ray_hosts_matches_serial(tmp_path):
-    path = tracked(tmp_path, DFEDEM)
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", name="ray.json")
-    assert strip(on_ray["history"]) == strip(serial["history"])
 
 
 @pytest.mark.parametrize("extra", [(), ("algorithm.momentum=0.9", "algorithm.keep_momentum=true")])

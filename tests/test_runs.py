@@ -154,22 +154,6 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
     assert 0 < saved < 400 and saved == max(m.step for m in logged)
 
 
-@pytest.mark.ray
-def test_ray_run_crash_and_resume_match_the_serial_engine(tmp_path):
-    """3 Ray hosts, killed by an injected failure after round 2, resumed on Ray: the same
-    metrics as one uninterrupted serial run."""
-    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 4").replace("fedavg", "local"))
-    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    proc = raysim("run", path, "-q", "--set", "resources.hosts=3", env={"RAYSIM_FAIL_AFTER_ROUND": "2"},
-                  check=False)
-    assert proc.returncode == 1, proc.stderr
-    run_id = next(p.name for p in (tmp_path / "ck").iterdir() if p.name != serial["mlflow_run_id"])
-    assert mlflow_run(tmp_path, run_id).info.status == "FAILED"
-    on_ray = summary_of(tmp_path, path, "--set", "resources.hosts=3", "--resume", run_id, name="ray.json")
-    assert on_ray["final"] == serial["final"]
-    assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]]
-
-
 def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
     """MLflow creates a new SQLite store's tables on first use; three runs starting at the same
     instant on one new file (parallel variants) must each get their run, none "table ... exists"."""
