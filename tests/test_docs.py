@@ -265,6 +265,51 @@ def test_scenario_page_lists_every_components_options_under_its_name(site):
     assert not problems, "\n".join(problems)
 
 
+def _defined_in(cls, name: str) -> str:
+    """Where field ``name`` of ``cls`` is written: the first class of its MRO that annotates it
+    (a subclass that sets its own default redefines the field, and its metadata with it)."""
+    owner = next((c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {})), cls)
+    return f"{owner.__module__}.{owner.__qualname__}.{name}"
+
+
+def test_every_scenario_key_has_help():
+    """Every key a scenario may set, the sections' and every built-in component's options, has a
+    ``help`` in its field metadata: the Description cell of the reference pages (read from the
+    code, so a new key or method is checked without editing this test)."""
+    fields = [(key, "scenario", cls, f) for key, cls, f in section_keys()]
+    for kind, prefix, registry in components():
+        for name, params in registry.items():
+            fields += [(key, f"{kind} {name}", cls, f) for key, cls, f in dataclass_fields(params, prefix)]
+    assert len(fields) > 300                 # the sections and every registry were walked
+    missing: dict[str, dict[str, list[str]]] = {}        # class.field -> key -> where it is read
+    for key, where, cls, f in fields:
+        if not str(f.metadata.get("help", "")).strip():
+            missing.setdefault(_defined_in(cls, f.name), {}).setdefault(key, []).append(where)
+    assert not missing, (
+        f"{len(missing)} fields without metadata={{'help': ...}} (one line: what it is, its unit, what "
+        f"null/0 means, the paper's symbol; a LocalTraining option redefined in a subclass keeps its help "
+        f"with algorithms.base.training_field):\n" + "\n".join(
+            f"{owner}: " + "; ".join(f"{key} ({', '.join(w)})" for key, w in keys.items())
+            for owner, keys in sorted(missing.items())))
+
+
+def test_every_cli_argument_has_help():
+    """Every argument of every subcommand has its own argparse help (the CLI reference page and
+    ``raysim COMMAND --help`` print it)."""
+    import argparse
+
+    from raysim.cli import build_parser
+    missing = []
+    for words, sub in _subcommands(build_parser()):
+        for a in sub._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not (a.help or "").strip() or a.help is argparse.SUPPRESS:
+                name = a.option_strings[0] if a.option_strings else (a.metavar or a.dest)
+                missing.append(f"raysim {' '.join(words)} {name}")
+    assert not missing, "arguments without help= in raysim/cli.py: " + ", ".join(missing)
+
+
 # ----------------------------------------------------------------------------- methods
 def _opening(doc: str | None) -> str:
     """A docstring's first words as they read in HTML (before any ``code`` or **bold**)."""
