@@ -137,11 +137,14 @@ class TopologyCfg:
 @dataclass(frozen=True)
 class SplitsCfg:
     train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0, "help": (
-        "share of each client's samples it trains on (its count rounded half up, at least 1 of 2 or more)")})
+        "share of each client's samples it trains on (its count rounded half up; at least 1 where the client "
+        "has 2 samples or more)")})
     val: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0, "help": (
-        "share held out for validation (0: none); LEAF with leaf_split: true takes it out of LEAF's train part")})
+        "share held out for validation (0: none), scored as val_* by eval.validation; LEAF with leaf_split: "
+        "true takes it out of LEAF's train part")})
     test: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0, "help": (
-        "share held out for testing, what the evaluation scores: the samples left after train and val")})
+        "share held out for testing, which accuracy, test_loss and the other unprefixed metrics score: the "
+        "samples left after train and val")})
 
 
 @dataclass(frozen=True)
