@@ -164,7 +164,8 @@ def check_row(row: list[str], key: str, cls, f) -> list[str]:
     meta = effective_meta(cls, f)
     shown = set(re.split(r"[\s|,]+", allowed))
     for choice in meta.get("choices", ()):
-        if str(choice) not in shown:
+        written = ("true" if choice else "false") if isinstance(choice, bool) else str(choice)   # as in YAML
+        if written not in shown:
             problems.append(f"{key}: allowed {allowed!r} lacks the choice {choice!r}")
     for k in ("min", "max", "gt", "lt"):
         if k in meta and not any(_same_number(meta[k], w) for w in shown):
