@@ -119,24 +119,32 @@ class SweepResult:
                   .reorder_levels(["variant", "seed", "round"]) for (v, s), r in self.runs.items()]
         return pd.concat(frames) if frames else pd.DataFrame()
 
-    def compare(self, metrics: Sequence[str] | None = None, over: str = "seeds") -> pd.DataFrame:
-        """The table again with other columns or spread (``raysim compare --metrics --over``).
+    def compare(self, metrics: Sequence[str] | None = None, over: str = "seeds",
+                select: str | None = None) -> pd.DataFrame:
+        """The table again with other columns or spread (``raysim compare --metrics --over
+        --select``).
 
         Args:
             metrics: Metrics the runs logged, e.g. ``["accuracy", "global_accuracy",
                 "best_accuracy"]`` (default: accuracy, or mse).
             over: ``"seeds"``: the std over seeds; ``"clients"``: the mean over seeds of each
                 run's std over clients, as the papers report it.
+            select: A validation metric, e.g. ``"val_accuracy"``: per method and dataset only
+                the variant whose mean of it over the seeds is best, its test metrics in the
+                rows (``method`` is then the algorithm; ``variant`` names the one chosen,
+                ``selection_mean`` its mean validation score).
 
         Returns:
             The table as a DataFrame, as ``table``.
 
         Raises:
-            raysim.compare.CompareError: None of the runs logged these metrics, or ``over``
-                is neither ``"seeds"`` nor ``"clients"``.
+            raysim.compare.CompareError: None of the runs logged these metrics, ``over``
+                is neither ``"seeds"`` nor ``"clients"``, or ``select`` is not a validation
+                metric the runs logged.
         """
         _, client = _client(self.tracking_uri)
-        return _table(client, self.parent_run_id, list(metrics) if metrics else None, over, strict=True)[0]
+        return _table(client, self.parent_run_id, list(metrics) if metrics else None, over, strict=True,
+                      select=select)[0]
 
     def __repr__(self) -> str:
         return f"SweepResult(parent_run_id={self.parent_run_id!r}, runs={list(self.runs)})\n{self.markdown}"
@@ -421,20 +429,21 @@ def _loaded(client, run, uri: str) -> Result:
 
 
 def _table(client, parent_run_id: str, metrics: list[str] | None = None, over: str = "seeds",
-           strict: bool = False) -> tuple[pd.DataFrame, str]:
+           strict: bool = False, select: str | None = None) -> tuple[pd.DataFrame, str]:
     """``raysim compare``'s table of a parent run's children: (DataFrame, Markdown); when
     there is nothing to compare (no run evaluated), an empty DataFrame and the reason, or
     with ``strict`` the CompareError."""
     import pandas as pd
     from raysim import compare
     try:
-        markdown, (methods, columns, cells) = compare.table(client, [parent_run_id], None, metrics, over)
+        markdown, (methods, columns, cells) = compare.table(client, [parent_run_id], None, metrics, over, select)
     except compare.CompareError as e:
         if strict:
             raise
         return pd.DataFrame(), str(e)
     rows = [{"method": m, "dataset": d, "metric": c.metric, "mean": c.mean, "std": c.std,
              "bottom_decile_mean": c.bottom_mean, "bottom_decile_std": c.bottom_std, "n": c.n,
-             "seeds": [int(s) if s.isdigit() else s for s in c.seeds], "run_ids": c.run_ids}
+             "seeds": [int(s) if s.isdigit() else s for s in c.seeds], "run_ids": c.run_ids,
+             **({"variant": c.variant, "selection_mean": c.selection_mean} if select else {})}
             for m in methods for d, metric in columns if (c := cells.get((m, d, metric))) is not None]
     return pd.DataFrame(rows), markdown

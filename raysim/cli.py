@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "global_accuracy,best_accuracy (default: accuracy, or mse)")
     cp.add_argument("--over", default="seeds", choices=("seeds", "clients"),
                     help="± the std over seeds (default) or over clients (as the papers; averaged over seeds)")
+    cp.add_argument("--select", default=None, metavar="VAL_METRIC",
+                    help="per method and dataset, show only the sweep variant whose mean of this validation "
+                         "metric over its seeds is best (e.g. val_accuracy; best_val_accuracy with --metrics "
+                         "test_at_val_best_accuracy picks the round too), named in each cell")
     return p
 
 
@@ -142,7 +146,8 @@ def _dispatch(args, early_ray: bool = False) -> int:
     if args.command == "compare":
         from raysim.compare import compare
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-        text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over)
+        text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over,
+                               args.select)
         print(text)
         print(f"written to {md} and {cv}")
         return EXIT_OK

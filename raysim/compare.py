@@ -8,6 +8,13 @@ primary one, accuracy or mse). ``over``: ``seeds`` (default) gives the mean ± s
 seeds; ``clients`` gives the papers' mean ± std over clients (each run's ``<metric>_std``, the
 test-size-weighted population std), both averaged over the seeds of a cell.
 
+``select`` (``--select val_accuracy``) picks, per method and dataset, one variant of a sweep:
+the one whose mean of a validation metric over its seeds is best (the largest; the smallest for
+a loss or error), and shows that variant's test metrics, naming it in the cell; the Markdown
+lists every candidate's validation mean under the table. Only validation metrics (``val_*``,
+``best_val_*``) select: choosing a setting by its test score would report a maximum over the
+grid.
+
 Runs are chosen by id (a sweep's or seeded run's parent stands for its children), or as every
 finished run of an MLflow experiment. A row is a method: the algorithm, with the sweep variant
 when the run is one; a column a dataset. Runs of the same row and column are the seeds of one
@@ -17,6 +24,7 @@ are the last evaluation's, read from the runs' metrics; accuracies are shown in 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +42,8 @@ class Row:
     value: float
     bottom: float | None
     client_std: float | None = None
+    algorithm: str = ""
+    variant: str | None = None          # the sweep variant, None for a run of no sweep
 
 
 OVER = ("seeds", "clients")
@@ -84,14 +94,23 @@ def rows(runs, metrics: list[str] | None = None) -> list[Row]:
             get = lambda k: float(m[k]) if k in m else None      # noqa: E731
             out.append(Row(r.info.run_id, method, tags.get("dataset", "?"),
                            tags.get("seed", r.data.params.get("seed", "?")), metric, float(m[metric]),
-                           get(f"bottom_decile_{metric}"), get(f"{metric}_std")))
+                           get(bottom_decile(metric)), get(f"{metric}_std"), algorithm, variant))
     if not out:
         if metrics and any(r.data.metrics for r in runs):
-            have = sorted({k for r in runs for k in r.data.metrics if not k.startswith("bottom_decile_")
+            have = sorted({k for r in runs for k in r.data.metrics if "bottom_decile_" not in k
                            and not k.endswith("_std")})
             raise CompareError(f"none of the chosen runs logged {', '.join(metrics)} (they have: {', '.join(have)})")
         raise CompareError("none of the chosen runs has an evaluation to compare")
     return out
+
+
+def bottom_decile(k: str) -> str:
+    """The key of mean k's bottom decile: ``driver.summarize`` writes its prefix (``unseen_``,
+    ``val_``, ``val_unseen_``) before ``bottom_decile_``."""
+    for prefix in ("val_unseen_", "val_", "unseen_"):
+        if k.startswith(prefix):
+            return f"{prefix}bottom_decile_{k.removeprefix(prefix)}"
+    return f"bottom_decile_{k}"
 
 
 @dataclass
@@ -104,6 +123,66 @@ class Cell:
     n: int
     seeds: list[str]
     run_ids: list[str]
+    variant: str | None = None          # with select: the variant chosen
+    selected_by: str | None = None
+    selection_mean: float | None = None
+
+
+@dataclass
+class Choice:
+    """The variant a method gets on a dataset (``pick_variants``) and every candidate's mean
+    of the selection metric over its seeds: [(variant, mean, n)], in the runs' order."""
+    method: str
+    variant: str
+    mean: float
+    candidates: list[tuple[str, float, int]]
+    selected_by: str | None = None
+
+
+def validation_metric(metric: str) -> bool:
+    """A metric a variant may be chosen by: a validation one (``val_*``, ``best_val_*``)."""
+    return "val" in metric.split("_")
+
+
+def pick_variants(found: list[Row], metric: str) -> dict[tuple[str, str], Choice]:
+    """{(algorithm, dataset): Choice} from rows of the selection ``metric``: per algorithm and
+    dataset, the variant (the row's method) whose mean of ``metric`` over its runs (seeds) is
+    best, the largest or, for a loss or error, the smallest; of equal means the first in the
+    runs' order."""
+    from raysim.core.tasks import lower_is_better
+    sign = 1.0 if lower_is_better(metric) else -1.0
+    groups: dict[tuple[str, str], dict[str, list[Row]]] = {}
+    for r in found:
+        if r.metric == metric:
+            groups.setdefault((r.algorithm, r.dataset), {}).setdefault(r.method, []).append(r)
+    out = {}
+    for key, by_method in groups.items():
+        means = [(m, float(np.mean([r.value for r in rs])), len(rs)) for m, rs in by_method.items()]
+        best = min(range(len(means)), key=lambda i: (sign * means[i][1], i))
+        label = lambda m: by_method[m][0].variant or by_method[m][0].algorithm      # noqa: E731
+        out[key] = Choice(means[best][0], label(means[best][0]), means[best][1],
+                          [(label(m), v, n) for m, v, n in means])
+    return out
+
+
+def chosen_rows(runs, metrics: list[str] | None, select: str) -> tuple[list[Row], dict]:
+    """The rows of the variants ``pick_variants`` chooses by ``select``, each under its
+    algorithm's name, and the choices."""
+    if not validation_metric(select):
+        raise CompareError(f"--select {select}: not a validation metric; choose a variant by one the runs "
+                           f"scored on their validation split, e.g. val_accuracy, val_mse or best_val_accuracy "
+                           f"(choosing by a test score reports the best of the grid on test data)")
+    try:
+        sel = rows(runs, [select])
+    except CompareError as e:
+        scored = any(k.startswith("val_") for r in runs for k in r.data.metrics)
+        hint = "" if scored else ("; no run scored a validation split: a run does when its clients have one "
+                                  "(data.splits.val > 0) and eval.validation is not false")
+        raise CompareError(f"--select {select}: {e}{hint}") from None
+    choices = pick_variants(sel, select)
+    found = [dataclasses.replace(r, method=r.algorithm) for r in rows(runs, metrics)
+             if (c := choices.get((r.algorithm, r.dataset))) is not None and c.method == r.method]
+    return found, choices
 
 
 def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[str, str]], dict]:
@@ -149,7 +228,7 @@ def _fmt(metric: str, mean: float | None, std: float | None) -> str:
     return f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}")
 
 
-def markdown(methods, columns, table, over: str = "seeds") -> str:
+def markdown(methods, columns, table, over: str = "seeds", choices: dict | None = None) -> str:
     one = len({metric for _, metric in columns}) == 1
     head = "| method | " + " | ".join(f"{d}{'' if one else ' ' + metric} (avg / bottom decile)"
                                       for d, metric in columns) + " |"
@@ -159,7 +238,8 @@ def markdown(methods, columns, table, over: str = "seeds") -> str:
         for d, metric in columns:
             c = table.get((m, d, metric))
             row.append("-" if c is None else f"{_fmt(c.metric, c.mean, c.std)} / "
-                       f"{_fmt(c.metric, c.bottom_mean, c.bottom_std)} (n={c.n})")
+                       f"{_fmt(c.metric, c.bottom_mean, c.bottom_std)} (n={c.n}"
+                       + ("" if c.variant is None else f"; {c.variant}") + ")")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     metric = {c.metric for c in table.values()}
     shown = sorted(x for x in metric if percent(x))
@@ -171,40 +251,76 @@ def markdown(methods, columns, table, over: str = "seeds") -> str:
             "(seeds) of a cell")
     lines.append(f"{what}; {unit}; bottom decile: the 10th percentile of "
                  "the clients' scores (90th for an error).")
+    if choices:
+        lines += _selection(choices)
     return "\n".join(lines)
+
+
+def _selection(choices: dict) -> list[str]:
+    """The Markdown under a table with ``select``: how each cell's variant was chosen."""
+    metric = next(iter(choices.values())).selected_by
+    lines = ["", f"Each cell is the variant (named in it) whose mean {metric} over its seeds is the "
+             f"{'lowest' if _lower(metric) else 'highest'} among the method's variants on that dataset; "
+             f"the table shows its test metrics.", "",
+             f"| method | dataset | variant | {metric} (mean over seeds) | n |", "|---|---|---|---|---|"]
+    for (algorithm, dataset), c in choices.items():
+        for variant, mean, n in c.candidates:
+            mark = f"**{variant}** (chosen)" if variant == c.variant else variant
+            lines.append(f"| {algorithm} | {dataset} | {mark} | {_fmt(metric, mean, None)} | {n} |")
+    return lines
+
+
+def _lower(metric: str) -> bool:
+    from raysim.core.tasks import lower_is_better
+    return lower_is_better(metric)
 
 
 def write_csv(path: Path, methods, columns, table, over: str = "seeds") -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "dataset", "metric", "mean", "std", "bottom_decile_mean", "bottom_decile_std",
-                    "n", "seeds", "run_ids", "std_over"])
+                    "n", "seeds", "run_ids", "std_over", "variant", "selected_by", "selection_mean"])
         for m in methods:
             for d, metric in columns:
                 c = table.get((m, d, metric))
                 if c is not None:
                     w.writerow([m, d, c.metric, c.mean, "" if c.std is None else c.std, c.bottom_mean,
-                                c.bottom_std, c.n, " ".join(c.seeds), " ".join(c.run_ids), over])
+                                c.bottom_std, c.n, " ".join(c.seeds), " ".join(c.run_ids), over,
+                                c.variant or "", c.selected_by or "",
+                                "" if c.selection_mean is None else c.selection_mean])
 
 
 def table(client, run_ids: list[str], experiment: str | None = None, metrics: list[str] | None = None,
-          over: str = "seeds") -> tuple[str, tuple]:
-    """(the Markdown table, (methods, columns, cells)) of the chosen runs."""
-    found = cells(rows(select(client, run_ids, experiment), metrics), over)
-    return markdown(*found, over), found
+          over: str = "seeds", select_by: str | None = None) -> tuple[str, tuple]:
+    """(the Markdown table, (methods, columns, cells)) of the chosen runs; with ``select_by``
+    (a validation metric) one variant per method and dataset (``pick_variants``), each cell
+    naming it (``Cell.variant``, ``selected_by``, ``selection_mean``)."""
+    runs = select(client, run_ids, experiment)
+    if select_by is None:
+        found = cells(rows(runs, metrics), over)
+        return markdown(*found, over), found
+    chosen, choices = chosen_rows(runs, metrics, select_by)
+    found = cells(chosen, over)
+    for (m, d, _), c in found[2].items():
+        choice = choices[m, d]
+        c.variant, c.selected_by, c.selection_mean = choice.variant, select_by, choice.mean
+    for c in choices.values():
+        c.selected_by = select_by
+    return markdown(*found, over, choices), found
 
 
 def compare(run_ids: list[str], experiment: str | None = None, uri: str | None = None,
             out: str | Path = "report", metrics: list[str] | None = None,
-            over: str = "seeds") -> tuple[str, Path, Path]:
-    """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``."""
+            over: str = "seeds", select_by: str | None = None) -> tuple[str, Path, Path]:
+    """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``;
+    ``select_by``: one variant per method and dataset, chosen by this validation metric."""
     from raysim.report import client_for
     if not run_ids and experiment is None:
         raise CompareError("give run ids (a sweep's parent stands for its runs) or --experiment NAME")
     if over not in OVER:
         raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     _, client = client_for(uri)
-    text, found = table(client, run_ids, experiment, metrics, over)
+    text, found = table(client, run_ids, experiment, metrics, over, select_by)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md, cv = out / "compare.md", out / "compare.csv"

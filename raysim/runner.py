@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from raysim.compare import bottom_decile
 from raysim.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost
@@ -240,15 +241,6 @@ def means(record: dict) -> list[str]:
     """The metrics of an evaluation over the clients (``driver.summarize``): the means, reported
     with their std beside them, and the values on the union of the test splits (``*_union``)."""
     return [k for k in record if f"{k}_std" in record or k.endswith("_union")]
-
-
-def bottom_decile(k: str) -> str:
-    """The key of mean k's bottom decile: ``driver.summarize`` writes its prefix (``unseen_``,
-    ``val_``, ``val_unseen_``) before ``bottom_decile_``."""
-    for prefix in ("val_unseen_", "val_", "unseen_"):
-        if k.startswith(prefix):
-            return f"{prefix}bottom_decile_{k.removeprefix(prefix)}"
-    return f"bottom_decile_{k}"
 
 
 def best_over(evaluated: list[dict]) -> dict[str, float]:
