@@ -1,7 +1,8 @@
 """The `raysim` command: run, validate, list, data info, report, compare.
 
 Exit codes: 0 success; 2 invalid input (scenario, override, missing data, an unreachable
-tracking store or unwritable output); 1 failure during the run; 130 interrupted (Ctrl-C); 143
+tracking store, unwritable output, or a Ray cluster that --address cannot join without its
+token); 1 failure during the run; 130 interrupted (Ctrl-C); 143
 terminated (SIGTERM).
 """
 from __future__ import annotations

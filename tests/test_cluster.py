@@ -210,3 +210,66 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     finally:
         ray_start.shutdown()
     assert {name: Node.__dict__[name] for name in before} == before
+
+
+TOKEN_HEAD = """
+import sys
+from ray.cluster_utils import Cluster
+c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+print(c.address, flush=True)
+sys.stdin.read()
+c.shutdown()
+"""
+
+
+def test_joining_a_token_cluster_says_in_one_line_what_to_set_and_joins_with_the_token(tmp_path):
+    """A Ray started with RAY_AUTH_MODE=token (as cluster/*.yaml start theirs): raysim joining
+    it without token mode, or with another token, stops before the run (exit 2) with one line
+    saying what to set, without Ray's 20 s of InvalidAuthToken retries; with the mode and the
+    cluster's token it runs."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from tests.conftest import ROOT
+    token = "5f" * 32
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
+    head = subprocess.Popen([sys.executable, "-c", TOKEN_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True,
+                            env={**plain, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_TMPDIR": ray_tmp})
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the token-authenticated Ray did not start"
+        path = tracked(tmp_path, TINY)
+
+        def join(**auth):
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", path, "-q", "--address", address,
+                                   "--summary", str(tmp_path / "s.json")],
+                                  capture_output=True, text=True, cwd=ROOT, env={**plain, **auth}, timeout=300)
+            return proc, time.perf_counter() - t0
+        proc, _ = join()
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, proc.stderr
+        assert lines[-1] == (f"raysim: --address {address}: the Ray cluster at {address} requires token "
+                             "authentication; set RAY_AUTH_MODE=token for raysim too (export RAY_AUTH_MODE=token), "
+                             "with the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+        assert "InvalidAuthToken" not in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "mlflow.db").exists()            # refused before any MLflow run
+        proc, _ = join(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="a0" * 32)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            f"raysim: --address {address}: the Ray cluster at {address} refused raysim's token"), proc.stderr
+        proc, _ = join(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+        assert proc.returncode == 0, proc.stderr
+        import json
+        assert [h["round"] for h in json.loads((tmp_path / "s.json").read_text())["history"]] == [1, 2, 3]
+    finally:
+        head.stdin.close()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, 9)
+            head.wait()
