@@ -7,8 +7,11 @@ per-client assignment), trains it with local SGD and replies with it under that 
 the server sets each cluster model to the average of its members' models. A cluster nobody
 picked keeps its model. Each cluster model starts from its own random initialization.
 Evaluation: every client picks its cluster the same way (current models, its train split) and
-is scored with that model; ``cluster_accuracy`` is the chosen model's accuracy, reported as
-``accuracy``, and the client's state keeps its last pick.
+is scored with that model: ``evaluate`` returns the task's scores of the chosen cluster model
+(``accuracy`` with the task's other scores; ``mse`` for regression), and the client's state
+keeps its last pick. The cluster models (``centers``) and the picks (``importance``, one-hot)
+give the engine's cluster report: each center's score per source and, where the data has
+true sources, ``cluster_ari``.
 
 ``weighting``: ``samples`` (default: members weighted by n_k, FedAvg's estimator of the cluster's
 population loss) or ``uniform`` (the official code's unweighted mean; equal under equal sizes).
