@@ -5,7 +5,10 @@ paths of their own, in one sweep (one Ray start):
 - MOCHA: the statistics phase (the m tasks), one message part per client (w_t, Σ_tt, σ'),
   ``PerClient`` Δb replies, an Ω update (every 2 rounds) and the duals kept on hosts;
 - FedRep: the head step then the body step (two batched jobs with masked objectives), heads
-  kept on hosts, replies carrying the body only.
+  kept on hosts, replies carrying the body only;
+
+each also scoring its clients' validation split (``val_*``, the summary's ``val_best_round`` and
+``test_at_val_best_*``).
 """
 import json
 
@@ -24,7 +27,8 @@ sweep:
 
 @pytest.mark.ray
 def test_scaffold_mocha_and_fedrep_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
-    text = TINY.replace("rounds: 3", "rounds: 4") + SWEEP + (
+    text = TINY.replace("rounds: 3", "rounds: 4").replace(
+        "max_samples: 80", "max_samples: 80\n  splits: {train: 0.6, val: 0.2, test: 0.2}") + SWEEP + (
         f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n")
     path = write_scenario(tmp_path, text)
     out = {}
@@ -37,3 +41,5 @@ def test_scaffold_mocha_and_fedrep_on_three_ray_hosts_equal_the_serial_engine(tm
         assert on_ray["final"] == serial["final"], variant
         assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]], variant
         assert serial["final"]["accuracy"] > 0.5, variant       # binary labels: they learned something
+        assert serial["final"]["val_accuracy"] != serial["final"]["accuracy"], variant
+        assert serial["final"]["val_best_round"] in (1, 2, 3, 4), variant
