@@ -8,6 +8,7 @@ its defaults come from one place. Every problem is reported as ONE line
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -163,6 +164,36 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
                 out.append((str(name), validate(one, str(path), check_data=check_data and i == 0)))
             except ScenarioError as e:
                 raise ScenarioError(f"{e} (in sweep variant '{name}')") from None
+    return out
+
+
+def resolved(sc: Scenario) -> dict:
+    """The scenario as it runs, every key given: each section's options with their defaults
+    filled in, each component's name beside its own options, relative paths made absolute.
+    A mapping of plain values (JSON-ready) that ``validate`` turns back into the same scenario;
+    a run logs it as ``scenario/resolved.json`` and, flattened, as its MLflow parameters."""
+    def plain(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        return value
+
+    def named_options(c, key: str) -> dict:
+        return {key: c.name, **plain(c.params)}
+    d = sc.data
+    out = {}
+    for key in TOP_KEYS:
+        if key == "data":
+            out[key] = {**named_options(d.dataset, "dataset"), "clients": d.clients,
+                        "partition": named_options(d.partition, "kind") if d.partition is not None else None,
+                        "splits": plain(d.splits)}
+        elif key in ("model", "algorithm"):
+            out[key] = named_options(getattr(sc, key), "name")
+        else:
+            out[key] = plain(getattr(sc, key))
     return out
 
 

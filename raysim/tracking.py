@@ -14,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
+import functools
 import json
 import logging
 import math
 import os
 import queue
+import re
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -86,6 +89,46 @@ def resumable_run(client: MlflowClient, run_id: str, uri: str):
         raise ScenarioError(f"--resume {run_id}: the run is still RUNNING (driver {run.data.tags[DRIVER_TAG]}); "
                             "stop it first (Ctrl-C or SIGTERM)")
     return run
+
+
+GIVEN, RESOLVED = "given.json", "resolved.json"      # a run's scenario artifacts (under scenario/)
+VERSION_TAG, COMMIT_TAG, DIRTY_TAG = "raysim.version", "raysim.git_commit", "raysim.git_dirty"
+
+
+def provenance() -> dict[str, str]:
+    """The tags that say which raysim ran: its version and, when its source is a git checkout
+    (the folder above the ``raysim`` package holds ``.git``), the commit checked out and
+    whether raysim's own files (``raysim/``, ``algorithms/``) differ from it (``git_dirty``);
+    the commit is "unknown" elsewhere (an installed wheel) or when git cannot tell (no git,
+    another user's checkout), without failing."""
+    import raysim
+    return {VERSION_TAG: raysim.__version__, **source_commit(Path(raysim.__file__).resolve().parent.parent)}
+
+
+@functools.lru_cache(maxsize=None)
+def source_commit(root: Path) -> dict[str, str]:
+    """``provenance``'s git tags for the source tree at ``root`` (looked up once a process)."""
+    tags = {COMMIT_TAG: "unknown"}
+    if not (root / ".git").exists():
+        return tags
+    # this checkout's git only; --no-optional-locks: status never takes the index's lock, which
+    # a git command of the user's may hold meanwhile
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, text=True, env=env,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+    commit = (git("rev-parse", "--verify", "HEAD") or "").strip()
+    if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+        tags[COMMIT_TAG] = commit
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "raysim", "algorithms")
+        if changed is not None:
+            tags[DIRTY_TAG] = "true" if changed.strip() else "false"
+    return tags
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -174,19 +217,29 @@ class Tracker:
         self.reap(exp.experiment_id)
         run = self.client.create_run(exp.experiment_id, run_name=sc.name, tags={
             "algorithm": sc.algorithm.name, "dataset": sc.data.dataset.name, "model": sc.model.name,
-            "scenario": os.path.basename(sc.path), "seed": str(sc.seed), **(tags or {})})
+            "scenario": os.path.basename(sc.path), "seed": str(sc.seed), **provenance(), **(tags or {})})
         self.run_id = run.info.run_id
         self._start_heartbeat()
-        params = flatten({k: v for k, v in sc.raw.items()})
-        items = [mlflow.entities.Param(k, v[:6000]) for k, v in sorted(params.items())]
+        self._record_scenario(sc)
+
+    def _record_scenario(self, sc: Scenario) -> None:
+        """What reproduces the run: every key of the resolved scenario (``config.resolved``:
+        defaults filled in) as a parameter, and as artifacts under ``scenario/`` the file as
+        written, ``given.json`` (the keys the file, its sweep variant and ``--set`` gave) and
+        ``resolved.json`` (every key, as the run used it; ``raysim run`` of it runs the same
+        scenario)."""
+        from raysim.config import resolved as resolve
+        full = resolve(sc)
+        items = [mlflow.entities.Param(k, v[:6000]) for k, v in sorted(flatten(full).items())]
         for i in range(0, len(items), 100):            # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=items[i:i + 100])
-        self.client.log_artifact(self.run_id, sc.path, "scenario")
+        if os.path.isfile(sc.path):
+            self.client.log_artifact(self.run_id, sc.path, "scenario")
         with tempfile.TemporaryDirectory() as tmp:
-            resolved = os.path.join(tmp, "resolved.json")
-            with open(resolved, "w") as f:
-                json.dump(sc.raw, f, indent=2, default=str)
-            self.client.log_artifact(self.run_id, resolved, "scenario")
+            for name, mapping in ((GIVEN, sc.raw), (RESOLVED, full)):
+                with open(os.path.join(tmp, name), "w") as f:
+                    json.dump(mapping, f, indent=2, default=str)
+                self.client.log_artifact(self.run_id, os.path.join(tmp, name), "scenario")
 
     def log_round(self, record: dict[str, float]) -> None:
         """Hand the round's metrics to this run's writer thread, so a round does not wait on
@@ -348,7 +401,7 @@ def start_parent(sc: Scenario, name: str, runs: list[tuple[str | None, int]]) ->
     the parent read its children)."""
     _, client, exp = open_store(sc)
     run = client.create_run(exp.experiment_id, run_name=name, tags={
-        "raysim.parent": "1", "scenario": os.path.basename(sc.path), "algorithm": "sweep"})
+        "raysim.parent": "1", "scenario": os.path.basename(sc.path), "algorithm": "sweep", **provenance()})
     variants = sorted({v for v, _ in runs if v is not None})
     seeds = sorted({s for _, s in runs})
     client.log_batch(run.info.run_id, params=[

@@ -130,6 +130,28 @@ def test_every_shipped_scenario_validates():
             assert sc.rounds >= 1, path
 
 
+def test_the_resolved_scenario_gives_every_key_and_validates_back_to_the_same_scenario():
+    """config.resolved (a run's scenario/resolved.json): every shipped scenario and variant,
+    through JSON, validates to the scenario it came from; the keys a file leaves out are
+    there at their defaults."""
+    import dataclasses
+    import glob
+    import json
+    count = 0
+    for path in sorted(glob.glob("scenarios/*.yaml")) + sorted(glob.glob("bench/*.yaml")):
+        for variant, sc in config.load_variants(path, check_data=False):
+            full = json.loads(json.dumps(config.resolved(sc)))
+            back = config.validate(full, path, check_data=False)
+            assert dataclasses.replace(back, raw=sc.raw) == sc, (path, variant)
+            count += 1
+    assert count > 50
+    quick = config.resolved(config.load("scenarios/quickstart.yaml", check_data=False))
+    assert list(quick) == list(config.TOP_KEYS)
+    assert quick["algorithm"]["momentum"] == 0.0 and quick["resources"]["max_host_losses"] == 3   # not in the file
+    assert quick["data"]["partition"] == {"kind": "dirichlet", "alpha": 0.5, "min_size": 2}
+    assert quick["sampling"] == {"fraction": 0.5, "count": None} and quick["topology"] is None
+
+
 SWEEP = TINY + """
 sweep:
   slow: {algorithm.lr: 0.01}

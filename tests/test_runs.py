@@ -231,3 +231,55 @@ def test_divergence_stops_the_run_naming_the_round_and_clients_and_keeps_the_las
     ck = checkpoint.server_part(tmp_path / "ck" / run.info.run_id)
     assert ck["round"] == bad_round - 1                          # the last good round, checkpointed every round
     assert all(math.isfinite(h["train_loss"]) for h in ck["history"])
+
+
+def test_a_run_records_its_resolved_scenario_raysim_version_and_source_commit(tmp_path):
+    """What reproduces a run is in MLflow: every key of the scenario with its defaults filled in
+    (parameters and scenario/resolved.json, which runs again to the same numbers), the keys the
+    file and --set gave (scenario/given.json), raysim's version and its source's git commit."""
+    import tomllib
+
+    from raysim import config
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    path = tracked(tmp_path, TINY)
+    s = summary_of(tmp_path, path, "--engine", "serial", "--set", "algorithm.lr=0.05")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(s["mlflow_run_id"])
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert run.data.tags["raysim.version"] == version
+    assert run.data.tags["raysim.git_commit"] == head and len(head) == 40
+    assert run.data.tags["raysim.git_dirty"] in ("true", "false")
+    p = run.data.params         # keys TINY leaves out, at their defaults; the override as given
+    assert (p["algorithm.lr"], p["algorithm.momentum"], p["algorithm.optimizer"]) == ("0.05", "0.0", "sgd")
+    assert (p["resources.max_host_losses"], p["eval.finetune.lr_source"], p["data.splits.train"]) == ("3", "base", "0.8")
+    art = tmp_path / "art"
+    given = json.loads(open(client.download_artifacts(run.info.run_id, "scenario/given.json", str(art))).read())
+    assert given["algorithm"] == {"name": "fedavg", "lr": 0.05, "batch_size": 16}
+    assert "momentum" not in given["algorithm"] and "splits" not in given["data"]
+    resolved = json.loads(open(client.download_artifacts(run.info.run_id, "scenario/resolved.json", str(art))).read())
+    assert resolved == json.loads(json.dumps(config.resolved(config.load(path, ["algorithm.lr=0.05"]))))
+    assert resolved["algorithm"]["momentum"] == 0.0 and resolved["resources"]["max_host_losses"] == 3
+    again = tmp_path / "resolved.yaml"          # the resolved scenario alone reruns the same run
+    again.write_text(json.dumps(resolved))
+    rerun = summary_of(tmp_path, str(again), "--engine", "serial", name="again.json")
+    assert rerun["final"] == s["final"]
+
+
+def test_the_source_commit_is_the_checkouts_or_unknown_without_failing(tmp_path, monkeypatch):
+    from raysim.tracking import COMMIT_TAG, DIRTY_TAG, source_commit
+    assert source_commit(tmp_path) == {COMMIT_TAG: "unknown"}          # not a checkout (an installed wheel)
+    repo = tmp_path / "repo"
+    (repo / "raysim").mkdir(parents=True)
+    (repo / "raysim" / "a.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "raysim/a.py"], ["commit", "-qm", "one"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert source_commit(repo) == {COMMIT_TAG: head, DIRTY_TAG: "false"}
+    (repo / "raysim" / "a.py").write_text("x = 2\n")          # raysim's own files edited since the commit
+    source_commit.cache_clear()
+    assert source_commit(repo) == {COMMIT_TAG: head, DIRTY_TAG: "true"}
+    monkeypatch.setenv("PATH", str(tmp_path / "no-such-folder"))       # no git at all
+    source_commit.cache_clear()
+    assert source_commit(repo) == {COMMIT_TAG: "unknown"}
+    source_commit.cache_clear()
