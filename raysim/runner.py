@@ -83,13 +83,12 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     ckpt_path = None
     if resume:
         ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
-        if not checkpoint.exists(ckpt_path):
-            raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {resume} at {ckpt_path}")
-        checkpoint.verify(ckpt_path)       # every file, before a run or host is touched
-        stored = checkpoint.server_part(ckpt_path).get("scenario")
-        if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
-            raise ScenarioError(f"{sc.path}: the scenario differs from the one run {resume} was started with "
-                                f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options")
+        if checkpoint.exists(ckpt_path):
+            checkpoint.verify(ckpt_path)       # every file, before a run or host is touched
+            _check_same(sc, resume, checkpoint.server_part(ckpt_path).get("scenario"))
+        else:       # a run that failed before its first checkpoint starts again from round 1
+            _check_restart(sc, resume, ckpt_path)
+            ckpt_path = None
     t0 = time.perf_counter()
     pending = None
     if engine == "ray":
@@ -146,6 +145,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                     # a driver killed just after it loses no round's metrics
                     tracker.flush()
                     _save(server, path, sc)
+                    tracker.note_checkpoint(path)
             except HostLost as err:
                 if stop.requested:          # a SIGTERM to the whole job took the hosts too
                     raise KeyboardInterrupt from err
@@ -210,9 +210,31 @@ def _results_part(raw: dict) -> dict:
     return {k: v for k, v in raw.items() if k not in FREE_ON_RESUME}
 
 
+def _check_same(sc: Scenario, run_id: str, stored: dict | None) -> None:
+    """``--resume``: the scenario's keys that change results are those the run was started
+    with (``stored``: its given keys, None when not recorded)."""
+    if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
+        raise ScenarioError(f"{sc.path}: the scenario differs from the one run {run_id} was started with "
+                            f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options")
+
+
+def _check_restart(sc: Scenario, run_id: str, path: Path) -> None:
+    """``--resume`` of a run with no checkpoint at ``path``: it starts again from round 1 in
+    the same MLflow run (the rounds it logged before are not logged again: redone rounds give
+    the same numbers) when it never wrote a checkpoint and its scenario is this one. A run that
+    did write one (tagged with its folder), since removed or under another ``checkpoint.dir``,
+    is refused rather than silently redone."""
+    from raysim import tracking
+    given, wrote = tracking.run_record(sc, run_id)
+    if wrote:
+        raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {run_id} at {path}, where it wrote "
+                            f"its checkpoints to {wrote}; resume with the checkpoint.dir that holds them")
+    _check_same(sc, run_id, given)
+
+
 def tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:
     path = checkpoint.run_dir(sc.checkpoint.dir, run_id)
-    where = "no checkpoint yet: it starts again from round 1"
+    where = "no checkpoint yet: resumed, it starts again from round 1 in the same MLflow run"
     if checkpoint.exists(path):
         try:
             where = f"its last checkpoint, round {int(checkpoint.manifest(path)['round'])}, is {path}"

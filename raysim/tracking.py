@@ -39,6 +39,7 @@ STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0
 STALE_S = 600.0
 DRIVER_TAG, BEAT_TAG, RESUME_TAG = "raysim.driver", "raysim.heartbeat", "raysim.resume"
+CHECKPOINT_TAG = "raysim.checkpoint"        # the folder of a run's checkpoints, once it has written one
 
 
 def _alive(pid: int) -> bool:
@@ -129,6 +130,28 @@ def source_commit(root: Path) -> dict[str, str]:
         if changed is not None:
             tags[DIRTY_TAG] = "true" if changed.strip() else "false"
     return tags
+
+
+def run_record(sc: Scenario, run_id: str) -> tuple[dict | None, str | None]:
+    """For ``--resume RUN_ID`` of a run without a checkpoint: (the scenario keys it was started
+    with: its ``scenario/given.json``, or the ``resolved.json`` of a run recorded before
+    given.json existed, which held those keys; None if neither is there, the folder its
+    checkpoints were written to or None if it never wrote one). The same refusals as any
+    ``--resume`` (``resumable_run``)."""
+    from mlflow.exceptions import MlflowException
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")     # no bar for one small file
+    uri = resolve_uri(sc.tracking.uri)
+    client = MlflowClient(uri)
+    run = resumable_run(client, run_id, uri)
+    given = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in (GIVEN, RESOLVED):
+            try:
+                given = json.loads(Path(client.download_artifacts(run_id, f"scenario/{name}", tmp)).read_text())
+                break
+            except (MlflowException, OSError, ValueError):
+                continue
+    return given if isinstance(given, dict) else None, run.data.tags.get(CHECKPOINT_TAG)
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -375,6 +398,14 @@ class Tracker:
                   f"Continue it with: {command}", file=sys.stderr)
             gone.append(rid)
         return gone
+
+    def note_checkpoint(self, folder: str | os.PathLike) -> None:
+        """Tag the run with the folder of its checkpoints, once a process: a run tagged so that
+        has no checkpoint at ``--resume`` lost it (refused), one without the tag never wrote
+        one (it starts again from round 1)."""
+        if getattr(self, "_checkpoint_noted", None) != str(folder):
+            self.client.set_tag(self.run_id, CHECKPOINT_TAG, str(folder))
+            self._checkpoint_noted = str(folder)
 
     def note_resume(self, command: str) -> None:
         """The exact command that continues this run (shown if its driver dies unannounced)."""

@@ -123,10 +123,45 @@ def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
     MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").update_run(s["mlflow_run_id"], status="FAILED")
     proc = raysim("run", path, "--resume", s["mlflow_run_id"], "--set", "algorithm.lr=0.5", check=False)
     assert proc.returncode == 2 and "differs" in proc.stderr
-    import shutil                # a failed run whose checkpoint is gone
+    import shutil                # a failed run whose checkpoint is gone: refused, not silently redone
     shutil.rmtree(tmp_path / "ck" / s["mlflow_run_id"])
     proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], check=False)
-    assert proc.returncode == 2 and f"no checkpoint for run {s['mlflow_run_id']}" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"raysim: {path}: checkpoint.dir: no checkpoint for run {s['mlflow_run_id']} at {tmp_path}/ck/"
+        f"{s['mlflow_run_id']}, where it wrote its checkpoints to {tmp_path}/ck/{s['mlflow_run_id']}; resume "
+        "with the checkpoint.dir that holds them")
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_resumes_from_round_1_in_the_same_run(tmp_path):
+    """checkpoint.every 0 (only at the end) and a failure after round 2: the run says it has no
+    checkpoint yet and prints a --resume command, which starts it again from round 1 in the
+    same MLflow run; rounds 1 and 2, already logged, are not logged twice, and the run ends with
+    the numbers of an undisturbed run."""
+    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local"), every=0)
+    full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False)
+    assert proc.returncode == 1, proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (failed,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id],
+                                   filter_string="attributes.status = 'FAILED'")
+    run_id = failed.info.run_id
+    assert not (tmp_path / "ck" / run_id).exists() and "raysim.checkpoint" not in failed.data.tags
+    assert (f"MLflow run {run_id} marked FAILED; no checkpoint yet: resumed, it starts again from round 1 in "
+            "the same MLflow run") in proc.stderr
+    command = f"raysim run {path} --engine serial --resume {run_id}"
+    assert f"continue it with: {command}" in proc.stderr
+    assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [1, 2]
+    changed = raysim("run", path, "--engine", "serial", "--set", "algorithm.lr=0.5", "--resume", run_id, check=False)
+    assert changed.returncode == 2 and "the scenario differs from the one run" in changed.stderr
+    resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", run_id, name="resumed.json")
+    assert resumed["mlflow_run_id"] == run_id and resumed["final"] == full["final"]
+    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in full["history"]]
+    logged = client.get_metric_history(run_id, "train_loss")
+    assert [m.step for m in logged] == [1, 2, 3, 4, 5]                 # each round once
+    assert [m.value for m in logged] == pytest.approx([h["train_loss"] for h in full["history"]])
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["raysim.checkpoint"] == str(tmp_path / "ck" / run_id)
 
 
 def test_interrupt_marks_killed_and_resumes(tmp_path):
