@@ -19,14 +19,18 @@ Figures, where the run has what they show:
 - ``lambda_curve.png``: SuPerFed's accuracy against the mixing weight λ;
 - ``simplex.png``: SosicFL's simplex: client α's, the cluster centres and their subregions.
 
-With several runs, ``compare_accuracy.png`` draws their curves together.
+With several runs, ``compare_accuracy.png`` draws their curves together: one per configuration
+(name, method, sweep variant and every other key that changes results), the mean over its
+seeds with a ±std band; ``compare_accuracy.csv`` holds the numbers drawn.
 """
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 
@@ -261,39 +265,126 @@ def figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]:
     return [p for p in made if p is not None]
 
 
-def compare_figure(summaries: dict[str, dict], out: Path) -> Path | None:
-    """Every run's curve; runs of one name (seeds of one variant) drawn as their mean with a
-    ±std band over the rounds they share, the bottom decile dashed."""
-    groups: dict[str, list[dict]] = {}
-    for s in summaries.values():
-        groups.setdefault(s.get("name", "?"), []).append(s)
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 5.5))
-    drawn = 0
-    for name, runs in groups.items():
-        m = metric_of(runs[0])
-        color = None
-        for key, style in ((m, "-"), (f"bottom_decile_{m}", "--")):
-            curves = [dict(zip(*_evaluated(s, key))) for s in runs]
-            xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+@dataclass
+class Compared:
+    """One run to compare: its summary, its recorded scenario (``scenario/resolved.json``, or
+    None) and its MLflow tags."""
+    summary: dict
+    scenario: dict | None = None
+    tags: dict = field(default_factory=dict)
+
+
+@dataclass
+class Curve:
+    """One configuration's curve of ``compare_accuracy.png``: the mean over its runs (its
+    seeds) of ``key`` at the rounds every run evaluated, with the std over them (ddof 1; 0 for
+    one run)."""
+    label: str
+    key: str
+    rounds: list[int]
+    mean: list[float]
+    std: list[float]
+    runs: list[str]
+
+
+# a scenario's keys that do not make another configuration: the seed (its runs are averaged)
+# and where and how a run executes (they change no result)
+_NOT_CONFIG = ("seed", "resources", "tracking", "checkpoint")
+
+
+def _configuration(run: Compared) -> str:
+    """What tells two runs' configurations apart: their recorded scenario but for the seed and
+    the keys that change no result; without one, the name, method and sweep variant."""
+    if isinstance(run.scenario, dict):
+        return json.dumps({k: v for k, v in run.scenario.items() if k not in _NOT_CONFIG}, sort_keys=True,
+                          default=str)
+    s = run.summary
+    return json.dumps([s.get("name"), s.get("algorithm"), run.tags.get("variant")])
+
+
+def _flat(d, prefix: str = "") -> dict[str, str]:
+    if isinstance(d, dict):
+        return {k: v for key, value in d.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: json.dumps(d, default=str)}
+
+
+def compare_groups(runs: list[Compared]) -> list[tuple[str, list[Compared]]]:
+    """The runs grouped by configuration (``_configuration``: seeds of one configuration
+    together), in the order first seen, each labelled ``name (method[, variant], n runs)``.
+    Groups that would share a label (one file run with different ``--set`` options, say) also
+    name the keys whose values tell them apart (``algorithm.lr=0.05``)."""
+    groups: dict[str, list[Compared]] = {}
+    for run in runs:
+        groups.setdefault(_configuration(run), []).append(run)
+
+    def base(members: list[Compared]) -> str:
+        s, variant = members[0].summary, members[0].tags.get("variant")
+        name = str(s.get("name", "?"))
+        parts = [str(s.get("algorithm", "?"))]
+        if variant and not name.endswith(f"-{variant}"):
+            parts.append(f"variant {variant}")
+        return f"{name} ({', '.join(parts)}"
+    labels = {key: base(members) for key, members in groups.items()}
+    for label in set(labels.values()):
+        same = [key for key in groups if labels[key] == label]
+        if len(same) < 2:
+            continue
+        flats = {key: _flat({k: v for k, v in (groups[key][0].scenario or {}).items() if k not in _NOT_CONFIG})
+                 for key in same}
+        keys = sorted({k for f in flats.values() for k in f})
+        differ = [k for k in keys if len({f.get(k) for f in flats.values()}) > 1]
+        for key in same:
+            shown = ", ".join(f"{k}={flats[key][k] if k in flats[key] else '-'}" for k in differ[:3])
+            labels[key] = f"{label}, {shown or 'run ' + groups[key][0].summary.get('mlflow_run_id', '?')[:8]}"
+    return [(f"{labels[key]}, {len(members)} run{'s' if len(members) > 1 else ''})", members)
+            for key, members in groups.items()]
+
+
+def compare_curves(runs: list[Compared]) -> list[Curve]:
+    """Each configuration's mean curve of the task's metric and of its bottom decile."""
+    curves = []
+    for label, members in compare_groups(runs):
+        m = metric_of(members[0].summary)
+        for key in (m, f"bottom_decile_{m}"):
+            points = [dict(zip(*_evaluated(r.summary, key))) for r in members]
+            xs = sorted(set.intersection(*(set(p) for p in points)))
             if not xs:
                 continue
-            ys = np.array([[c[x] for x in xs] for c in curves])
-            label = f"{name} ({runs[0].get('algorithm', '')}, {len(runs)} run{'s' if len(runs) > 1 else ''})"
-            line, = ax.plot(xs, ys.mean(0), style, marker="." if style == "-" else None,
-                            label=label if style == "-" else None, color=color)
-            color = line.get_color()
-            if len(runs) > 1:
-                ax.fill_between(xs, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1),
-                                color=color, alpha=0.15)
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
+            ys = np.array([[p[x] for x in xs] for p in points])
+            std = ys.std(0, ddof=1) if len(members) > 1 else np.zeros(len(xs))
+            curves.append(Curve(label, key, xs, ys.mean(0).tolist(), std.tolist(),
+                                [r.summary.get("mlflow_run_id", "") for r in members]))
+    return curves
+
+
+def compare_figure(runs: list[Compared], out: Path) -> Path | None:
+    """Every configuration's curve (``compare_curves``): the mean over its seeds with a ±std
+    band, the bottom decile dashed in the same colour; ``compare_accuracy.csv`` beside it holds
+    the numbers drawn (label, metric, round, mean, std, n)."""
+    curves = compare_curves(runs)
+    if not curves:
         return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    colors: dict[str, str] = {}
+    for c in curves:
+        bottom = c.key.startswith("bottom_decile_")
+        line, = ax.plot(c.rounds, c.mean, "--" if bottom else "-", marker=None if bottom else ".",
+                        label=None if bottom else c.label, color=colors.get(c.label))
+        colors.setdefault(c.label, line.get_color())
+        if len(c.runs) > 1:
+            ax.fill_between(c.rounds, np.subtract(c.mean, c.std), np.add(c.mean, c.std), color=colors[c.label],
+                            alpha=0.15)
     ax.set(xlabel="round", ylabel="metric (dashed: bottom decile; band: ±std over seeds)", title="runs compared")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / "compare_accuracy.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["label", "metric", "round", "mean", "std", "n", "run_ids"])
+        for c in curves:
+            w.writerows([c.label, c.key, r, m, sd, len(c.runs), " ".join(c.runs)]
+                        for r, m, sd in zip(c.rounds, c.mean, c.std))
     return _save(fig, out / "compare_accuracy.png")
 
 
@@ -365,23 +456,24 @@ def load(client, run_id: str) -> tuple[dict, dict | None]:
 def report(run_ids: list[str], uri: str | None = None, out: str | Path = "report",
            log: bool = True) -> dict[str, list[Path]]:
     """Write each run's figures to ``out/<run id>/`` (and log them to the run under
-    ``report/``); with several runs also ``out/compare_accuracy.png``. A parent run (a sweep,
+    ``report/``); with several runs also ``out/compare_accuracy.png`` and ``.csv``. A parent run (a sweep,
     seeded runs) stands for its children."""
     uri, client = client_for(uri)
     out = Path(out)
     made: dict[str, list[Path]] = {}
-    summaries = {}
-    run_ids = [r.info.run_id for r in expand(client, run_ids)]
-    for run_id in run_ids:
+    compared = []
+    runs = expand(client, run_ids)
+    for run in runs:
+        run_id = run.info.run_id
         summary, scenario = load(client, run_id)
-        summaries[run_id] = summary
+        compared.append(Compared(summary, scenario, dict(run.data.tags)))
         paths = figures(summary, scenario, out / run_id)
         if log:
             for p in paths:
                 client.log_artifact(run_id, str(p), "report")
         made[run_id] = paths
-    if len(run_ids) > 1:
-        p = compare_figure(summaries, out)
+    if len(runs) > 1:
+        p = compare_figure(compared, out)
         if p is not None:
-            made["compare"] = [p]
+            made["compare"] = [p, p.with_suffix(".csv")]
     return made

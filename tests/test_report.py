@@ -35,6 +35,53 @@ def runs(tmp_path_factory):
                  "fedavg": small("synthetic_fedavg.yaml", tmp)}
 
 
+def test_the_compare_figure_draws_one_curve_per_method_of_one_file_averaging_its_seeds(runs, tmp_path):
+    """Two methods run from one file (--set algorithm.name=fedavg+, same scenario name) are
+    two curves, each labelled with its method, and two seeds of FedAvg one curve, their mean
+    (compare_accuracy.csv: the numbers drawn)."""
+    import csv
+    tmp, s = runs
+    seed1 = small("synthetic_fedavg.yaml", tmp, "seed=1")
+    plus = small("synthetic_fedavg.yaml", tmp, "algorithm.name=fedavg+")
+    out = tmp_path / "rep"
+    ids = [s["fedavg"]["mlflow_run_id"], seed1["mlflow_run_id"], plus["mlflow_run_id"]]
+    assert cli.main(["report", *ids, "--tracking-uri", f"sqlite:///{tmp}/m.db", "--out", str(out), "--no-log"]) == 0
+    looks_drawn(out / "compare_accuracy.png")
+    rows = list(csv.DictReader(open(out / "compare_accuracy.csv")))
+    by = {(r["label"], r["metric"]): r for r in rows if r["round"] == "4"}
+    assert sorted(by) == [("synthetic-fedavg (fedavg+, 1 run)", "accuracy"),
+                          ("synthetic-fedavg (fedavg+, 1 run)", "bottom_decile_accuracy"),
+                          ("synthetic-fedavg (fedavg, 2 runs)", "accuracy"),
+                          ("synthetic-fedavg (fedavg, 2 runs)", "bottom_decile_accuracy")]
+    two = [s["fedavg"]["final"]["accuracy"], seed1["final"]["accuracy"]]
+    assert float(by["synthetic-fedavg (fedavg, 2 runs)", "accuracy"]["mean"]) == pytest.approx(np.mean(two))
+    assert float(by["synthetic-fedavg (fedavg, 2 runs)", "accuracy"]["std"]) == pytest.approx(np.std(two, ddof=1))
+    assert float(by["synthetic-fedavg (fedavg+, 1 run)", "accuracy"]["mean"]) == pytest.approx(plus["final"]["accuracy"])
+    assert [r["round"] for r in rows[:2]] == ["2", "4"]          # evaluated every 2 rounds
+
+
+def test_compare_groups_seeds_of_a_configuration_and_tells_apart_what_differs():
+    """By hand: two seeds of FedAvg (0.5, 0.7 then 0.6, 0.8: mean 0.6, 0.7, std 0.1414), a
+    sweep's variant, and a run of the same file and method with another lr, named by the key
+    that differs."""
+    def run(seed, accs, algorithm="fedavg", name="quick", lr=0.1, variant=None):
+        history = [{"round": r, "accuracy": a, "bottom_decile_accuracy": a - 0.2, "eval_seconds": 0.1}
+                   for r, a in zip((5, 10), accs)]
+        summary = {"name": name, "algorithm": algorithm, "seed": seed, "mlflow_run_id": f"{name}{algorithm}{seed}{lr}",
+                   "history": history}
+        scenario = {"name": name, "seed": seed, "algorithm": {"name": algorithm, "lr": lr},
+                    "resources": {"hosts": 2 + seed}, "tracking": {"uri": f"sqlite:///{seed}.db"}}
+        return report.Compared(summary, scenario, {"variant": variant} if variant else {})
+    runs = [run(0, [0.5, 0.6]), run(1, [0.7, 0.8]), run(0, [0.4, 0.5], lr=0.05),
+            run(0, [0.9, 0.9], "fedprox", "quick-prox", variant="prox"), run(0, [0.3, 0.3], "fedprox", variant="mu")]
+    labels = [label for label, _ in report.compare_groups(runs)]
+    assert labels == ["quick (fedavg, algorithm.lr=0.1, 2 runs)", "quick (fedavg, algorithm.lr=0.05, 1 run)",
+                      "quick-prox (fedprox, 1 run)", "quick (fedprox, variant mu, 1 run)"]
+    first = report.compare_curves(runs)[0]
+    assert (first.label, first.key, first.rounds) == (labels[0], "accuracy", [5, 10])
+    assert first.mean == pytest.approx([0.6, 0.7]) and first.std == pytest.approx([0.141421, 0.141421], abs=1e-6)
+
+
 def test_report_draws_each_runs_figures_and_logs_them_to_mlflow(runs, tmp_path, capsys):
     tmp, s = runs
     ids = [s[k]["mlflow_run_id"] for k in ("fedem", "dfedem", "fedavg")]
