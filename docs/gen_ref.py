@@ -256,6 +256,10 @@ def _scalars() -> dict[str, tuple[str, str, str, str]]:
         "sweep": ("mapping", "none", "",
                   f"variants {code('{NAME: {dotted.key: value, ...}}')}, each applied to the rest of the file "
                   f"(run them with {code('raysim run')}; one with {code('--variant NAME')})"),
+        "grid": ("mapping", "none", "each list non-empty, its values distinct",
+                 f"{code('{dotted.key: [value, ...], ...}')}: one variant per combination of values (the cartesian "
+                 f"product), named by them ({code('lr=0.01,mu=0.1')}); with {code('sweep')}, every variant at "
+                 f"every combination ({code('fedprox,lr=0.01')})"),
         "data.dataset": ("string", "required", "a dataset below", "the dataset; its own options sit beside it in data"),
         "data.clients": ("integer", "required", "≥ 1", text(data_help["clients"] or "number of clients")),
         "data.partition.kind": ("string", "the dataset's first (iid for a pooled dataset)", "a partitioner below",
@@ -331,7 +335,7 @@ def scenario_page() -> str:
            "here is an error, and so is a value out of range: the message names the file and the key.\n",
            "## Top level { #top-level }\n"]
     rows = []
-    for key in (*TOP_KEYS[:3], "seeds", "sweep", *TOP_KEYS[3:]):
+    for key in (*TOP_KEYS[:3], "seeds", "sweep", "grid", *TOP_KEYS[3:]):
         if key in scalars:
             rows.append(_scalar_row(key, scalars[key]))
         else:

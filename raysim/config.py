@@ -113,22 +113,85 @@ def load(path: str | Path, overrides: list[str] = (), check_data: bool = True) -
     ``seeds`` list is for ``raysim run`` (one run per seed); here the scenario's ``seed`` holds."""
     raw = read_yaml(path)
     raw.pop("seeds", None)
-    if "sweep" in raw:
-        raise ScenarioError(f"{path}: sweep: this file is a sweep; run it with `raysim run`, or pick one "
-                            f"variant with --variant NAME")
+    for key in ("sweep", "grid"):
+        if key in raw:
+            raise ScenarioError(f"{path}: {key}: this file is a sweep; run it with `raysim run`, or pick one "
+                                f"variant with --variant NAME")
     for item in overrides:
         apply_override(raw, item, str(path))
     return validate(raw, str(path), check_data=check_data)
 
 
+GRID_EXAMPLE = "e.g. {algorithm.lr: [0.01, 0.1], algorithm.mu: [0.1, 1.0]}"
+NOT_GRID = {"seed": "list the seeds in seeds: [0, 1, 2] (or --seeds 0,1,2): every variant runs once per seed",
+            "name": "a grid variant's runs are named NAME-VARIANT already"}
+
+
+def grid_value(value) -> str:
+    """A grid value as it reads in a variant's name: numbers as Python writes them (0.01,
+    1e-05), true/false, null, text as it is, a list or mapping as compact JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, dict)):
+        import json
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def expand_grid(path: str | Path, sweep: dict | None, grid) -> dict[str, dict]:
+    """``grid: {dotted.key: [values], ...}`` as ordinary sweep variants: one per combination
+    (the cartesian product, the last key varying fastest), named by its values (``lr=0.01,mu=0.1``:
+    each key by its last part, or whole where two keys share it). With a ``sweep`` section, every
+    one of its variants at every combination (``fedprox,lr=0.01``): its own changes, then the
+    grid's."""
+    import itertools
+    where = f"{path}: grid"
+    if not isinstance(grid, dict) or not grid:
+        raise ScenarioError(f"{where}: expected a mapping of dotted keys to lists of values, {GRID_EXAMPLE}")
+    keys = [str(k) for k in grid]
+    for key, values in zip(keys, grid.values()):
+        if key in NOT_GRID:
+            raise ScenarioError(f"{where}.{key}: not a grid key; {NOT_GRID[key]}")
+        if not isinstance(values, list) or not values:
+            raise ScenarioError(f"{where}.{key}: expected a non-empty list of values, e.g. [0.01, 0.1]; got {values!r}")
+        shown = [grid_value(v) for v in values]
+        twice = next((v for i, v in enumerate(shown) if v in shown[:i]), None)
+        if twice is not None:
+            raise ScenarioError(f"{where}.{key}: {twice} is listed twice; list each value once")
+        set_key({}, key, None, where)           # a well-formed dotted key
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    short = [part if last.count(part) == 1 else k for k, part in zip(keys, last)]
+    points = [(",".join(f"{n}={grid_value(v)}" for n, v in zip(short, combo)), dict(zip(keys, combo)))
+              for combo in itertools.product(*grid.values())]
+    if not sweep:
+        return dict(points)
+    out = {}
+    for name, changes in sweep.items():
+        both = [k for k in changes if str(k) in keys]
+        if both:
+            raise ScenarioError(f"{path}: sweep.{name}: sets {both[0]}, which grid also sets; set it in one place")
+        for point, values in points:
+            out[f"{name},{point}"] = {**changes, **values}
+    return out
+
+
 def load_variants(path: str | Path, overrides: list[str] = (), only: str | None = None,
                   check_data: bool = True, seeds: list[int] | None = None) -> list[tuple[str | None, Scenario]]:
     """A scenario, or each variant of a sweep file: ``sweep: {NAME: {dotted.key: value, ...}}``
-    applies each variant's overrides (then the command line's) to the same base scenario.
-    With ``seeds``, every variant once per seed (variant-major order)."""
+    applies each variant's overrides (then the command line's) to the same base scenario;
+    ``grid: {dotted.key: [values], ...}`` adds one variant per combination of values
+    (``expand_grid``: ordinary variants, crossed with the sweep's when there are both). With
+    ``seeds``, every variant once per seed (variant-major order)."""
     raw = read_yaml(path)
     raw.pop("seeds", None)
     sweep = raw.pop("sweep", None)
+    grid = raw.pop("grid", None)
+    if sweep is not None:
+        _check_sweep(path, sweep)
+    if grid is not None:
+        sweep = expand_grid(path, sweep, grid)
     if sweep is None:
         if only is not None:
             raise ScenarioError(f"{path}: --variant {only}: the file has no sweep section")
@@ -141,11 +204,8 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
                 one["seed"] = s
             out.append((None, validate(one, str(path), check_data=check_data and not out)))
         return out
-    if not isinstance(sweep, dict) or not sweep or not all(isinstance(v, dict) for v in sweep.values()):
-        raise ScenarioError(f"{path}: sweep: expected a mapping of variant names to mappings of "
-                            "dotted keys, e.g. {{ring: {{topology.kind: ring}}}}")
     if only is not None and only not in sweep:
-        raise ScenarioError(f"{path}: --variant {only}: no such variant; choose one of {', '.join(map(str, sweep))}")
+        raise ScenarioError(f"{path}: --variant {only}: no such variant; choose one of {name_list(sweep)}")
     out = []
     for name, changes in sweep.items():
         if only is not None and name != only:
@@ -165,6 +225,19 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
             except ScenarioError as e:
                 raise ScenarioError(f"{e} (in sweep variant '{name}')") from None
     return out
+
+
+def name_list(names) -> str:
+    """Variant names in one line: comma-separated, or semicolon-separated where a name holds a
+    comma (a grid's ``lr=0.01,mu=0.1``)."""
+    names = [str(n) for n in names]
+    return ("; " if any("," in n for n in names) else ", ").join(names)
+
+
+def _check_sweep(path: str | Path, sweep) -> None:
+    if not isinstance(sweep, dict) or not sweep or not all(isinstance(v, dict) for v in sweep.values()):
+        raise ScenarioError(f"{path}: sweep: expected a mapping of variant names to mappings of "
+                            "dotted keys, e.g. {ring: {topology.kind: ring}}")
 
 
 def resolved(sc: Scenario) -> dict:

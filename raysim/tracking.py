@@ -33,7 +33,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from raysim.config import Scenario, ScenarioError
+from raysim.config import Scenario, ScenarioError, name_list
 
 STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0
@@ -436,7 +436,7 @@ def start_parent(sc: Scenario, name: str, runs: list[tuple[str | None, int]]) ->
     variants = sorted({v for v, _ in runs if v is not None})
     seeds = sorted({s for _, s in runs})
     client.log_batch(run.info.run_id, params=[
-        mlflow.entities.Param("variants", ",".join(variants)[:6000] or "-"),
+        mlflow.entities.Param("variants", name_list(variants)[:6000] or "-"),
         mlflow.entities.Param("seeds", ",".join(map(str, seeds))), mlflow.entities.Param("runs", str(len(runs)))])
     return client, run.info.run_id
 
