@@ -161,10 +161,10 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
 
     Every run is recorded in MLflow as the command records it (the store is the scenario's
     ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the
-    working directory). A sweep file (``sweep:``) or several seeds give several runs nested
-    under one parent MLflow run and compared at the end. On the ``ray`` engine the first run
-    starts a local Ray instance (or joins ``address``), which later runs in this process
-    reuse; ``shutdown()`` stops it.
+    working directory). A sweep file (``sweep:`` variants, a ``grid:`` of values, or both) or
+    several seeds give several runs nested under one parent MLflow run and compared at the
+    end. On the ``ray`` engine the first run starts a local Ray instance (or joins
+    ``address``), which later runs in this process reuse; ``shutdown()`` stops it.
 
     Args:
         scenario: A scenario YAML file, or the same mapping as a dict (validated exactly as
