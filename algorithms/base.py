@@ -148,12 +148,22 @@ class StatsRequest:
     message: Any = None
 
 
+FAMILIES = ("global model", "personalized", "clustered", "mixture", "local only")
+
+
 class Algorithm:
     """Base class: subclasses set ``name``, ``summary``, ``Hyper``, ``ClientState`` and
     override the methods they need."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # the methods catalogue (docs' Methods reference, generated from the registry): the paper
+    # ("Authors, Venue Year"), the family (one of FAMILIES), what a client keeps between rounds
+    # ("nothing" for a method whose clients hold no state) and what it sends the server
+    paper: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    personal: ClassVar[str] = ""
+    sends: ClassVar[str] = ""
     Hyper: ClassVar[type] = LocalTraining
     ClientState: ClassVar[type | None] = None     # a dataclass of tensors (checkpointed)
     decentralized: ClassVar[bool] = False         # has a gossip form (shared / with_shared)
