@@ -76,6 +76,10 @@ class APFLObjective(Objective):
 class APFL(FedAvg):
     name = "apfl"
     summary = "APFL (Deng et al. 2020): global and local models mixed with an adaptive α per client"
+    paper = "Deng, Kamani & Mahdavi, arXiv 2020"
+    family = "personalized"
+    personal = "its local model v and its mixing weight α"
+    sends = "its copy of the global model w, weighted by n_k"
     Hyper = APFLHyper
     ClientState = APFLState
     decentralized = False

@@ -71,6 +71,10 @@ def bipartition(updates: torch.Tensor) -> np.ndarray:
 class CFL(Algorithm):
     name = "cfl"
     summary = "Clustered FL (Sattler et al. 2020): recursive bipartition by cosine similarity of updates"
+    paper = "Sattler, Müller & Samek, IEEE TNNLS 2020"
+    family = "clustered"
+    personal = "nothing (the server keeps each client's cluster)"
+    sends = "its update Δθ_i = θ_i − θ_c, under its cluster's key"
     Hyper = CFLHyper
 
     def init_server(self, rng) -> CFLServer:

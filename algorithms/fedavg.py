@@ -25,6 +25,10 @@ class FedAvgHyper(LocalTraining):
 class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg (McMahan et al. 2017): sample-weighted average of local SGD models; D-SGD with a topology"
+    paper = "McMahan et al., AISTATS 2017"
+    family = "global model"
+    personal = "nothing (with a topology: its own model)"
+    sends = "its model, weighted by n_k (with a topology: to its neighbours)"
     Hyper = FedAvgHyper
     decentralized = True
     personalized_is_global = True        # subclasses with a personal model set False

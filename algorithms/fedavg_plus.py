@@ -30,6 +30,10 @@ class FedAvgPlusHyper(FedAvgHyper):
 class FedAvgPlus(FedAvg):
     name = "fedavg+"
     summary = "FedAvg+ (Jiang et al. 2019): FedAvg with eval.finetune on (one local epoch at the base lr)"
+    paper = "Jiang et al., arXiv 2019"
+    family = "personalized"
+    personal = "nothing (each evaluation tunes a copy of the global model)"
+    sends = "its model, weighted by n_k"
     Hyper = FedAvgPlusHyper
 
     def default_finetune_epochs(self) -> int:

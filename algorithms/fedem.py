@@ -89,6 +89,10 @@ def mixture_log_prob(pi: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 class FedEM(Algorithm):
     name = "fedem"
     summary = "FedEM (Marfoq et al. 2021): M shared components, per-client mixture weights by EM; D-FedEM with a topology"
+    paper = "Marfoq et al., NeurIPS 2021"
+    family = "mixture"
+    personal = "its mixture weights π (with keep_momentum also its SGD momentum)"
+    sends = "its M component models (each trained on its loss weighted per sample by q), weighted by n_k"
     Hyper = FedEMHyper
     ClientState = FedEMState
     decentralized = True

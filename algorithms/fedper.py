@@ -161,3 +161,7 @@ class FedPer(SplitMethod):
     summary = "FedPer (Arivazhagan et al. 2019): the body averaged by FedAvg, each client keeps its own head"
     Hyper = FedPerHyper
     ClientState = FedPerState
+    paper = "Arivazhagan et al., arXiv 2019"
+    family = "personalized"
+    personal = "its head (personalization layers)"
+    sends = "its body (base layers), weighted by n_k"

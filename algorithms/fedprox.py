@@ -18,6 +18,10 @@ class FedProxHyper(FedAvgHyper):
 class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss"
+    paper = "Li et al., MLSys 2020"
+    family = "global model"
+    personal = "nothing"
+    sends = "its model, weighted by n_k"
     Hyper = FedProxHyper
 
     def consts(self, received) -> dict:

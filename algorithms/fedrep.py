@@ -75,6 +75,10 @@ class FedRepHyper(LocalTraining):
 class FedRep(SplitMethod):
     name = "fedrep"
     summary = "FedRep (Collins et al. 2021): per round the head trains on the frozen body, then the body; the body is averaged"
+    paper = "Collins et al., ICML 2021"
+    family = "personalized"
+    personal = "its head h_i"
+    sends = "its body φ_i (the representation)"
     Hyper = FedRepHyper
     ClientState = FedPerState
 

@@ -109,6 +109,10 @@ def select_per_cluster(ids: np.ndarray, v: np.ndarray, k: int, rng: np.random.Ge
 class FedSoft(Algorithm):
     name = "fedsoft"
     summary = "FedSoft (Ruan & Joe-Wong 2022): soft clusters, per-sample importance, proximal local models"
+    paper = "Ruan & Joe-Wong, AAAI 2022"
+    family = "clustered"
+    personal = "its local model w_k, its importance weights u_k and its Adam state"
+    sends = "its local model, to each center that drew it; every τ rounds its counts u_ks·n_k per center"
     Hyper = FedSoftHyper
     ClientState = FedSoftState
 

@@ -50,6 +50,11 @@ class Floco(SosicFL):
 
     name = "floco"
     summary = "Floco (NeurIPS 2024): a simplex head, each client placed on it from its trained classifier (PCA, Riesz energy)"
+    paper = "Grinwald, Wiesner & Nakajima, NeurIPS 2024"
+    family = "personalized"
+    personal = "nothing (the server keeps its place β_k on the simplex)"
+    sends = ("the shared parameters and the simplex endpoints, weighted by n_k; once, before round τ, its "
+             "trained classifier endpoints")
     Hyper = FlocoHyper
 
     @staticmethod
@@ -100,6 +105,11 @@ class Floco(SosicFL):
 class FlocoPlus(Personal, Floco):
     name = "floco+"
     summary = "Floco+ (NeurIPS 2024): Floco with Ditto on top (a personal copy per client)"
+    paper = "Grinwald, Wiesner & Nakajima, NeurIPS 2024"
+    family = "personalized"
+    personal = "a personal copy of every parameter (personal: endpoints, of the simplex endpoints)"
+    sends = ("the shared parameters and the simplex endpoints, weighted by n_k; once, before round τ, its "
+             "trained classifier endpoints")
     Hyper = FlocoPlusHyper
 
 

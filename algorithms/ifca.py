@@ -60,6 +60,11 @@ class IFCAState:
 class IFCA(Algorithm):
     name = "ifca"
     summary = "IFCA (Ghosh et al. 2020): S cluster models; each client trains the one of lowest loss"
+    paper = "Ghosh et al., NeurIPS 2020"
+    family = "clustered"
+    personal = "its last cluster pick (for evaluation and the report)"
+    sends = ("the model of the cluster it picked, under that cluster's key (before round 1: its pick under "
+             "the initial models)")
     Hyper = IFCAHyper
     ClientState = IFCAState
 

@@ -76,6 +76,10 @@ class LGFedAvgState:
 class LGFedAvg(SplitMethod):
     name = "lg_fedavg"
     summary = "LG-FedAvg (Liang et al. 2020): each client keeps its body (local representation), the head is averaged"
+    paper = "Liang et al., arXiv 2020"
+    family = "personalized"
+    personal = "its body (local representation)"
+    sends = "its head (the global layers)"
     Hyper = LGFedAvgHyper
     ClientState = LGFedAvgState
     keeps = "body"

@@ -29,6 +29,10 @@ class LocalState:
 class Local(Algorithm):
     name = "local"
     summary = "Local training only (no communication): each client keeps its own model"
+    paper = "a baseline, no paper (e.g. Marfoq et al., NeurIPS 2021, Table 2)"
+    family = "local only"
+    personal = "its model"
+    sends = "nothing"
     Hyper = LocalHyper
     ClientState = LocalState
 

@@ -192,6 +192,10 @@ class Mocha(Algorithm):
     name = "mocha"
     unseen = False         # one task per training client: none for a newcomer
     summary = "MOCHA (Smith et al. 2017): federated multi-task linear models, primal-dual SDCA with learned task relations Ω"
+    paper = "Smith et al., NeurIPS 2017"
+    family = "personalized"
+    personal = "its dual variables α_t, one per training sample (the server keeps its linear model w_t)"
+    sends = "Δb_t = X_tᵀ Δα_t / n_t"
     Hyper = MochaHyper
     ClientState = MochaState
     decentralized = False

@@ -77,6 +77,10 @@ class PFedMeObjective(Objective):
 class PFedMe(FedAvg):
     name = "pfedme"
     summary = "pFedMe (Dinh et al. 2020): Moreau-envelope personalization, θ solved per batch around w_loc"
+    paper = "Dinh, Tran & Nguyen, NeurIPS 2020"
+    family = "personalized"
+    personal = "its personalized model θ"
+    sends = "its local model w_loc, weighted by n_k"
     Hyper = PFedMeHyper
     ClientState = PFedMeState
     decentralized = False

@@ -97,6 +97,10 @@ class ScaffoldReply:
 class Scaffold(Algorithm):
     name = "scaffold"
     summary = "SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates c - c_i (option II)"
+    paper = "Karimireddy et al., ICML 2020"
+    family = "global model"
+    personal = "its control variate c_i"
+    sends = "Δy_i = y_i − x and Δc_i = c_i⁺ − c_i"
     Hyper = ScaffoldHyper
     ClientState = ScaffoldState
     decentralized = False

@@ -172,6 +172,10 @@ class SimplexObjective(Supervised):
 class SosicFL(FedAvg):
     name = "sosicfl"
     summary = "SosicFL (Grinwald et al. 2024): a solution simplex head, clients clustered on it by label LDA"
+    paper = "Grinwald, Wiesner & Nakajima, arXiv 2024"
+    family = "clustered"
+    personal = "nothing (the server keeps its α_k and its cluster)"
+    sends = "the shared parameters and the M + 1 simplex endpoints, weighted by n_k; once, its label counts"
     Hyper = SosicFLHyper
     ClientState = None
     decentralized = False
@@ -421,3 +425,7 @@ class SosicFLPlus(Personal, SosicFL):
     name = "sosicfl+"
     summary = "SosicFL+ (Grinwald et al. 2024): SosicFL with Ditto on the simplex (a personal copy per client)"
     Hyper = SosicFLPlusHyper
+    paper = "Grinwald, Wiesner & Nakajima, arXiv 2024"
+    family = "clustered"
+    personal = "a personal copy of the simplex endpoints (personal: all, of every parameter)"
+    sends = "the shared parameters and the M + 1 simplex endpoints, weighted by n_k; once, its label counts"

@@ -143,6 +143,10 @@ class SuPerFedMM(FedAvg):
 
     name = "superfed-mm"
     summary = "SuPerFed-MM (Hahn et al. 2022): global and local models mixed in weight space, one λ per batch"
+    paper = "Hahn, Jeong & Lee, KDD 2022"
+    family = "personalized"
+    personal = "its local model w^l"
+    sends = "its federated model w^f, weighted by n_k"
     Hyper = SuPerFedHyper
     ClientState = SuPerFedState
     decentralized = False
@@ -228,5 +232,9 @@ class SuPerFedMM(FedAvg):
 class SuPerFedLM(SuPerFedMM):
     name = "superfed-lm"
     summary = "SuPerFed-LM (Hahn et al. 2022): as SuPerFed-MM with one λ per layer"
+    paper = "Hahn, Jeong & Lee, KDD 2022"
+    family = "personalized"
+    personal = "its local model w^l"
+    sends = "its federated model w^f, weighted by n_k"
     Hyper = SuPerFedLMHyper
     layerwise = True
