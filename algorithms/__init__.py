@@ -11,6 +11,7 @@ from .cfl import CFL
 from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
+from .feddyn import FedDyn
 from .fedem import FedEM
 from .fedper import FedPer
 from .fedrep import FedRep
@@ -20,6 +21,7 @@ from .ifca import IFCA
 from .lg_fedavg import LGFedAvg
 from .local import Local
 from .mocha import Mocha
+from .moon import MOON
 from .pfedme import PFedMe
 from .scaffold import Scaffold
 from .floco import Floco, FlocoPlus
@@ -28,7 +30,8 @@ from .superfed import SuPerFedLM, SuPerFedMM
 
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
-                                                           Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha)}
+                                                           Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha,
+                                                           FedDyn, MOON)}
 
 
 def get(name: str) -> type[Algorithm]:

@@ -1,0 +1,150 @@
+"""MOON — Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021 (Algorithm 1).
+
+FedAvg whose local loss adds a model-contrastive term: the representation z of a sample under
+the local model being trained is pulled towards z_glob, its representation under the round's
+received global model, and pushed from z_prev, its representation under the client's previous
+local model:
+
+    ℓ = ℓ_sup(w; (x, y)) + μ·ℓ_con,
+    ℓ_con = −log( exp(sim(z, z_glob)/τ) / (exp(sim(z, z_glob)/τ) + exp(sim(z, z_prev)/τ)) ),
+
+sim the cosine similarity, averaged over the batch like the cross-entropy. The global and the
+previous models are frozen: their forward passes reach the objective (``MOONObjective``) as
+the job's constants ``glob`` and ``prev`` (their body parameters; as Ditto and FedProx pass an
+anchor) and take no gradient. The server is FedAvg's (sample-weighted mean of the models).
+
+Choices:
+
+- The representation z is the output of the model's body (the ``body`` parameter group:
+  everything before the head, ``model.head``; raysim/core/groups.py), i.e. the input of the
+  classifier. The paper adds a projection head (a 2-layer MLP to 256 dimensions) to the
+  network and contrasts its output; raysim does not change the model, so the zoo's models
+  work as they are — with ``model.head: 2`` on an MLP the projection-like last hidden layer
+  becomes part of the head. A model with no body is refused (``split``); the model must be a
+  sequence of layers (``nn.Sequential``, as the zoo's MLPs and CNNs) so that the body's output
+  can be computed alone.
+- The previous local model is the client's state (its whole model after its last round). At a
+  client's first round it is the received global model (as in the official code, where a
+  client's "previous" model starts as the initial network): z_prev = z_glob, so ℓ_con = log 2
+  with zero gradient and the first round is plain FedAvg for that client.
+- The frozen passes run the body in evaluation mode (dropout off, batch norm with its running
+  statistics); the paper's code is not checked on this point.
+- ``mu`` μ = 1: the paper's value for CIFAR-100 and Tiny-ImageNet (5 for CIFAR-10); ``tau``
+  τ = 0.5, the paper's temperature for all datasets. The official code's buffer of several
+  previous models (``model_buffer_size``, default 1) is not implemented: one previous model,
+  the paper's default.
+
+Metrics: ``accuracy`` and ``global_*`` score the global model; with ``eval.finetune`` the
+unprefixed metrics are the locally tuned global model's.
+
+Decentralized: no. On a graph the "global" model would be a client's mixed neighbourhood
+model; that variant is not in the paper, so a scenario with a ``topology`` is refused.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.core import forward as fwd
+
+from .base import Objective
+from .fedavg import FedAvg, FedAvgHyper
+
+
+@dataclass(frozen=True)
+class MOONHyper(FedAvgHyper):
+    mu: float = field(default=1.0, metadata={
+        "min": 0.0, "help": "μ, weight of the model-contrastive loss (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 on CIFAR-10)"})
+    tau: float = field(default=0.5, metadata={"gt": 0.0, "help": "τ, temperature of the contrastive loss (paper: 0.5)"})
+
+
+@dataclass
+class MOONState:
+    prev: list[torch.Tensor]         # the client's local model after its last round
+
+
+def split_model(model: nn.Module, body: tuple[int, ...]) -> tuple[nn.Sequential, nn.Sequential]:
+    """The model's layers as (body, head) sequences whose parameters are, in order, the body's
+    and the head's: the body ends before the first layer with a head parameter (activations
+    and flattening before it are the body's). ValueError where the model is not a sequence of
+    layers or its head is not its last layers."""
+    leaves = fwd.layers(model)
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"MOON needs the body's output alone: a model that is a sequence of layers "
+                         f"(nn.Sequential), not {type(model).__name__}")
+    ids = [id(p) for p in model.parameters()]
+    body_ids = {ids[i] for i in body}
+    cut = next((i for i, m in enumerate(leaves) if any(id(p) not in body_ids for p in m.parameters())), len(leaves))
+    first, second = nn.Sequential(*leaves[:cut]), nn.Sequential(*leaves[cut:])
+    if [id(p) for p in first.parameters()] + [id(p) for p in second.parameters()] != ids or \
+            {id(p) for p in first.parameters()} != body_ids:
+        raise ValueError("MOON needs the head to be the model's last layers (model.head)")
+    return first, second
+
+
+class MOONObjective(Objective):
+    """CE of the model + μ·ℓ_con on the body's outputs; constants ``glob`` and ``prev``: the
+    body parameters of the global and of the previous local model (frozen)."""
+
+    def __init__(self, task, model: nn.Module, body: tuple[int, ...], head: tuple[int, ...], mu: float, tau: float):
+        self.task, self.mu, self.tau = task, mu, tau
+        self.body_idx, self.head_idx = body, head
+        b, h = split_model(model, body)
+        frozen = copy.deepcopy(b).eval()
+        self.body, self.head, self.frozen = fwd.make_forward(b), fwd.make_forward(h), fwd.make_forward(frozen)
+
+    def contrastive(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
+        """ℓ_con per sample: (K, B, d) representations -> (K, B)."""
+        pos = F.cosine_similarity(z, z_glob, dim=-1) / self.tau
+        neg = F.cosine_similarity(z, z_prev, dim=-1) / self.tau
+        return -pos + torch.logaddexp(pos, neg)
+
+    def loss(self, forward, params, batch, consts, draws):
+        z = self.body([params[i] for i in self.body_idx], batch.x)
+        out = self.head([params[i] for i in self.head_idx], z)
+        per = self.task.per_sample(out, batch.y)
+        loss = (per * batch.weight).sum(1)
+        if self.mu:
+            with torch.no_grad():
+                zg = self.frozen(consts["glob"], batch.x)
+                zp = self.frozen(consts["prev"], batch.x)
+            con = self.contrastive(z.flatten(2), zg.flatten(2), zp.flatten(2))
+            loss = loss + self.mu * (con * batch.weight).sum(1)
+        return loss, (per.detach() * batch.valid).sum(1)
+
+
+class MOON(FedAvg):
+    name = "moon"
+    summary = "MOON (Li et al. 2021): FedAvg plus a contrastive loss pulling representations to the global model's"
+    paper = "Li, He & Song, CVPR 2021"
+    family = "global model"
+    personal = "its previous local model"
+    sends = "its model, weighted by n_k"
+    Hyper = MOONHyper
+    ClientState = MOONState
+    decentralized = False
+    split = True
+
+    def __init__(self, hyper, model_fn, rounds, task):
+        super().__init__(hyper, model_fn, rounds, task)
+        self._moon = None
+
+    @property
+    def moon(self) -> MOONObjective:
+        """The objective, made once (on first use: the groups need the model)."""
+        if self._moon is None:
+            g = self.groups
+            self._moon = MOONObjective(self.task, self.model_fn(), g.body, g.head, self.hp.mu, self.hp.tau)
+        return self._moon
+
+    def train(self, state, received, data, ctx):
+        glob = received.shared
+        prev = glob if state is None else state.prev
+        body = self.groups.body
+        (fit,) = yield [self.job(glob, data, ctx, objective=self.moon, consts={
+            "glob": [glob[i] for i in body], "prev": [prev[i] for i in body]})]
+        return MOONState(fit.params), self.reply(fit.params, glob, data.num_train), fit.loss
