@@ -22,6 +22,7 @@ from .lg_fedavg import LGFedAvg
 from .local import Local
 from .mocha import Mocha
 from .moon import MOON
+from .pfedhn import PFedHN
 from .pfedme import PFedMe
 from .scaffold import Scaffold
 from .floco import Floco, FlocoPlus
@@ -31,7 +32,7 @@ from .superfed import SuPerFedLM, SuPerFedMM
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
                                                            Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha,
-                                                           FedDyn, MOON)}
+                                                           FedDyn, MOON, PFedHN)}
 
 
 def get(name: str) -> type[Algorithm]:
