@@ -24,9 +24,10 @@ Choices:
   sequence of layers (``nn.Sequential``, as the zoo's MLPs and CNNs) so that the body's output
   can be computed alone.
 - The previous local model is the client's state (its whole model after its last round). At a
-  client's first round it is the received global model (as in the official code, where a
-  client's "previous" model starts as the initial network): z_prev = z_glob, so ℓ_con = log 2
-  with zero gradient and the first round is plain FedAvg for that client.
+  client's first round it is the received global model: z_prev = z_glob, so ℓ_con = log 2
+  with zero gradient and the first round is plain FedAvg for that client (the official code's
+  pool of previous models starts, as far as known here, from the initial networks, which is
+  the same at round 1; not checked against it).
 - The frozen passes run the body in evaluation mode (dropout off, batch norm with its running
   statistics); the paper's code is not checked on this point.
 - ``mu`` μ = 1: the paper's value for CIFAR-100 and Tiny-ImageNet (5 for CIFAR-10); ``tau``
