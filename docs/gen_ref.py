@@ -11,8 +11,10 @@ from it; none of them is committed:
   and help;
 - ``reference/cli.md``: ``raysim.cli.build_parser()``'s subcommands and arguments, and the exit
   codes (``raysim.cli``'s docstring, checked against ``raysim.errors``' constants);
-- ``reference/methods.md``: the registries: each algorithm's summary, docstrings and options,
-  and the datasets, models and partitioners.
+- ``reference/methods.md``: the registries: the methods catalogue (a row per algorithm from its
+  class attributes: paper, family, what a client keeps and sends, decentralized, unseen
+  clients, head/body split), each algorithm's summary, docstrings and options, and the
+  datasets, models and partitioners.
 
 A key the code adds without a description here (a new top-level section, a new exit code)
 stops the build with an error naming it, rather than leaving a page that silently misses it.
@@ -526,6 +528,50 @@ def cli_page() -> str:
 
 
 # ----------------------------------------------------------------------------- methods page
+CATALOGUE_HEADER = ["Method", "Paper", "Family", "Keeps", "Sends", "Gossip", "Unseen", "Split"]
+
+
+def by_family(reg: dict) -> list[tuple[str, type]]:
+    """The registry's (name, class) pairs grouped by family in ``FAMILIES``' order (registry
+    order within a family; a family outside ``FAMILIES`` last): the catalogue's and the
+    sections' order."""
+    from raysim.algorithms.base import FAMILIES
+    return sorted(reg.items(), key=lambda item: FAMILIES.index(item[1].family)
+                  if item[1].family in FAMILIES else len(FAMILIES))
+
+
+def catalogue(reg: dict) -> list[str]:
+    """The catalogue: one row per registered algorithm, from its class attributes (``paper``,
+    ``family``, ``personal``, ``sends``, ``decentralized``, ``unseen``, ``split``), grouped by
+    family in ``FAMILIES``' order (registry order within one). An algorithm without them (or
+    with a family outside ``FAMILIES``) is a warning, which ``mkdocs build --strict`` makes an
+    error naming its class."""
+    from raysim.algorithms.base import FAMILIES
+
+    for name, cls in reg.items():
+        missing = [a for a in ("paper", "family", "personal", "sends") if not getattr(cls, a, "")]
+        if missing:
+            log.warning(f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__}) sets no {', '.join(missing)}: "
+                        f"the methods catalogue needs them (algorithms/base.py)")
+        elif cls.family not in FAMILIES:
+            log.warning(f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__}): family {cls.family!r} "
+                        f"is not one of {FAMILIES}")
+
+    yn = lambda b: "yes" if b else "no"      # noqa: E731
+    rows = [[f"[{code(n)}](#{anchor('algorithm', n)})", text(a.paper or "(not set)"), text(a.family or "(not set)"),
+             text(a.personal or "(not set)"), text(a.sends or "(not set)"), yn(a.decentralized), yn(a.unseen),
+             yn(a.split)] for n, a in by_family(reg)]
+    counts = ", ".join(f"{sum(a.family == f for a in reg.values())} {f}" for f in FAMILIES)
+    return [f"{len(reg)} methods ({counts}). **Keeps**: what a client holds between rounds (its state, "
+            f"on its host; \"nothing\": stateless). **Sends**: what a trained client uploads each round. "
+            f"**Gossip**: has a decentralized form (a {code('topology')} in the scenario). **Unseen**: scores "
+            f"clients that never trained ({code('eval.unseen_fraction')}). **Split**: needs a model with a "
+            f"body and a head ({code('model.head')}). A name links to the method's section below: its "
+            f"update, its defaults and their source, its options.\n",
+            # md_in_html: a class for the catalogue's tighter cells (docs/assets/extra.css)
+            '<div class="catalogue" markdown>\n\n' + table(CATALOGUE_HEADER, rows) + '\n</div>\n']
+
+
 def methods_page() -> str:
     import raysim.algorithms as algorithms
     from raysim.data import DATASETS, PARTITIONERS, partitions_of
@@ -539,13 +585,14 @@ def methods_page() -> str:
            f"Its options are set in the scenario's {code('algorithm')} section "
            "([Scenario keys](scenario.md#algorithms)).\n",
            "## Algorithms { #algorithms }\n",
-           table(["Name", "Summary", "Decentralized", "Scores unseen clients"],
-                 [[f"[{code(n)}](#{anchor('algorithm', n)})", text(a.summary),
-                   "yes" if a.decentralized else "no", "yes" if a.unseen else "no"] for n, a in reg.items()])]
+           *catalogue(reg)]
     described: dict[str, str] = {}          # module -> the first algorithm that printed its docstring
-    for name, cls in reg.items():
+    for name, cls in by_family(reg):
         out.append(f"### {name} {{ #{anchor('algorithm', name)} }}\n")
         out.append(f"**{text(cls.summary)}**\n")
+        out.append(f"**Paper:** {text(cls.paper or '(not set)')}. **Family:** {text(cls.family or '(not set)')}. "
+                   f"**A client keeps:** {text(cls.personal or '(not set)')}. "
+                   f"**A client sends:** {text(cls.sends or '(not set)')}.\n")
         source = cls.__module__.replace("raysim.algorithms.", "algorithms/") + ".py"
         facts = [f"class {code(cls.__name__)} in {code(source)}",
                  "decentralized form (with a topology): " + ("yes" if cls.decentralized else "no"),

@@ -346,6 +346,71 @@ def test_methods_page_has_every_algorithm_with_summary_docstring_and_options(sit
     assert not problems, "\n".join(problems)
 
 
+CATALOGUE = ("paper", "family", "personal", "sends")
+
+
+def test_every_algorithm_sets_its_catalogue_attributes():
+    """Each registered algorithm states its paper, family (one of FAMILIES), what a client keeps
+    and what it sends; ``paper`` in its own class, so a subclass cannot show its parent's."""
+    import raysim.algorithms as algorithms
+    from raysim.algorithms.base import FAMILIES
+    problems = []
+    for name, cls in algorithms.REGISTRY.items():
+        where = f"{name} ({cls.__module__}.{cls.__qualname__})"
+        empty = [a for a in CATALOGUE if not str(getattr(cls, a, "") or "").strip()]
+        if empty:
+            problems.append(f"{where}: empty {', '.join(empty)}")
+        elif cls.family not in FAMILIES:
+            problems.append(f"{where}: family {cls.family!r} is not one of {FAMILIES}")
+        elif "paper" not in vars(cls):
+            problems.append(f"{where}: paper {cls.paper!r} is inherited; set the class's own")
+    assert not problems, "\n".join(problems)
+
+
+def test_methods_page_catalogue_has_a_row_per_algorithm(site):
+    """The catalogue under Algorithms: one row per registered algorithm with its attributes,
+    grouped by family in FAMILIES' order, and a link to its section."""
+    import raysim.algorithms as algorithms
+    from raysim.algorithms.base import FAMILIES
+    p = page(site, "reference/methods")
+    (section,) = p.section("Algorithms")
+    header, *rows = section["rows"]
+    assert header == ["Method", "Paper", "Family", "Keeps", "Sends", "Gossip", "Unseen", "Split"], header
+    by_name = {row[0]: row for row in rows}
+    assert len(by_name) == len(rows), "a method has two rows"
+    assert set(by_name) == set(algorithms.REGISTRY), \
+        f"rows {sorted(set(by_name) ^ set(algorithms.REGISTRY))} differ from the registry"
+    yn = lambda b: "yes" if b else "no"          # noqa: E731
+    problems = []
+    for name, cls in algorithms.REGISTRY.items():
+        want = [name, *(" ".join(str(getattr(cls, a)).split()) for a in CATALOGUE),
+                yn(cls.decentralized), yn(cls.unseen), yn(cls.split)]
+        if by_name[name] != want:
+            problems.append(f"{name}: row {by_name[name]} is not {want}")
+    assert not problems, "\n".join(problems)
+    families = [row[2] for row in rows]
+    order = [FAMILIES.index(f) if f in FAMILIES else len(FAMILIES) for f in families]
+    assert order == sorted(order), f"rows not grouped by family: {families}"
+    html_ = (site / "reference/methods/index.html").read_text(encoding="utf-8")
+    for name in algorithms.REGISTRY:
+        target = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("+", "-plus")).strip("-")
+        assert f'href="#algorithm-{target}"' in html_, f"{name}: no link to its section"
+        assert f'id="algorithm-{target}"' in html_, f"{name}: no section to link to"
+
+
+def test_methods_page_sections_state_the_catalogue_attributes(site):
+    import raysim.algorithms as algorithms
+    p = page(site, "reference/methods")
+    problems = []
+    for name, cls in algorithms.REGISTRY.items():
+        body = " ".join(" ".join("".join(s["text"]) for s in p.section(name)).split())
+        for label, attr in (("Paper:", "paper"), ("Family:", "family"), ("A client keeps:", "personal"),
+                            ("A client sends:", "sends")):
+            if f"{label} {' '.join(str(getattr(cls, attr)).split())}" not in body:
+                problems.append(f"{name}: its section lacks {label} {getattr(cls, attr)!r}")
+    assert not problems, "\n".join(problems)
+
+
 def test_methods_page_lists_datasets_models_and_partitioners(site):
     from raysim.data import DATASETS, PARTITIONERS
     from raysim.models import MODELS
