@@ -61,6 +61,10 @@ def test_one_hypernetwork_step_by_hand():
     for p, p0, p1 in zip(both.phi, server.phi, new.phi):
         assert torch.allclose(p, (p0 + p1) / 2)
     assert torch.allclose(both.embeddings, t([[2.125], [1.0]]))
+    # combine: sum adds them: client 7's zero VJP leaves client 4's step as it was alone
+    summed = plain(combine="sum").aggregate(server, reduce([PerClient({4: [t([[1.0]]), t([-2.0])]}),
+                                                           PerClient({7: [t([[0.0]]), t([0.0])]})]), 0)
+    assert all(torch.allclose(p, q) for p, q in zip(summed.phi + [summed.embeddings], new.phi + [new.embeddings]))
 
 
 def test_server_step_is_torch_sgd_with_momentum_weight_decay_and_clipping():
