@@ -15,6 +15,7 @@ from .feddyn import FedDyn
 from .fedem import FedEM
 from .fedper import FedPer
 from .fedrep import FedRep
+from .fedrod import FedRoD
 from .fedprox import FedProx
 from .fedsoft import FedSoft
 from .ifca import IFCA
@@ -24,6 +25,7 @@ from .mocha import Mocha
 from .moon import MOON
 from .pfedhn import PFedHN
 from .pfedme import PFedMe
+from .perfedavg import PerFedAvg
 from .scaffold import Scaffold
 from .floco import Floco, FlocoPlus
 from .sosicfl import SosicFL, SosicFLPlus
@@ -33,6 +35,7 @@ REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Loc
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
                                                            Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha,
                                                            FedDyn, MOON, PFedHN)}
+REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD)})
 
 
 def get(name: str) -> type[Algorithm]:

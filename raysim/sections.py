@@ -31,10 +31,10 @@ class FinetuneCfg:
     size at, in effect, the base lr); ``lr_source: schedule`` is SuPerFed's code, whose
     locally updated models are the round's local training at its decayed lr."""
     epochs: int | None = field(default=None, metadata={"min": 0, "help": (
-        "local-update epochs; 0: off; null: the method's default (off; fedavg+: 1)")})
+        "local-update epochs; 0: off; null: the method's default (off; fedavg+: 1; perfedavg: personal_epochs)")})
     lr: float | None = field(default=None, metadata={"gt": 0.0, "help": (
-        "its learning rate; null: the algorithm's base lr (never the round's scheduled lr, "
-        "unless lr_source: schedule)")})
+        "its learning rate; null: the algorithm's base lr (perfedavg: α; never the round's "
+        "scheduled lr, unless lr_source: schedule)")})
     lr_source: str = field(default="base", metadata={"choices": ("base", "schedule"), "help": (
         "base: lr as given, constant over the run (FedEM's FedAvg+); schedule: lr times the "
         "training schedule's factor at the evaluated round (SuPerFed's local update; with "
