@@ -10,8 +10,8 @@ local model:
 
 sim the cosine similarity, averaged over the batch like the cross-entropy. The global and the
 previous models are frozen: their forward passes reach the objective (``MOONObjective``) as
-the job's constants ``glob`` and ``prev`` (their body parameters; as Ditto and FedProx pass an
-anchor) and take no gradient. The server is FedAvg's (sample-weighted mean of the models).
+the job's constants ``glob`` and ``prev`` (their parameters, only the body's for a sequence
+of layers; as Ditto and FedProx pass an anchor) and take no gradient. The server is FedAvg's (sample-weighted mean of the models).
 
 Choices:
 
@@ -20,14 +20,16 @@ Choices:
   classifier. The paper adds a projection head (a 2-layer MLP to 256 dimensions) to the
   network and contrasts its output; raysim does not change the model, so the zoo's models
   work as they are — with ``model.head: 2`` on an MLP the projection-like last hidden layer
-  becomes part of the head. A model with no body is refused (``split``); the model must be a
-  sequence of layers (``nn.Sequential``, as the zoo's MLPs and CNNs) so that the body's output
-  can be computed alone.
+  becomes part of the head. A model with no body is refused (``split``). A sequence of layers
+  (``nn.Sequential``: the zoo's MLPs and CNNs) runs its body and head apart, stacked like any
+  job, and the frozen models' passes run the body only; any other model (ResNets, VGG) runs
+  whole, set by set, with z the input of the head's first layer (a forward pre-hook).
 - The previous local model is the client's state (its whole model after its last round). At a
   client's first round it is the received global model: z_prev = z_glob, so ℓ_con = log 2
-  with zero gradient and the first round is plain FedAvg for that client (the official code's
-  pool of previous models starts, as far as known here, from the initial networks, which is
-  the same at round 1; not checked against it).
+  with zero gradient and the first round is plain FedAvg for that client. (As far as known
+  here, not checked: the official code's previous models start as the initial network, the
+  same at round 1, but for a client first sampled later its z_prev would be the initial
+  model's.)
 - The frozen passes run the body in evaluation mode (dropout off, batch norm with its running
   statistics); the paper's code is not checked on this point.
 - ``mu`` μ = 1: the paper's value for CIFAR-100 and Tiny-ImageNet (5 for CIFAR-10); ``tau``
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from raysim.core import forward as fwd
 
@@ -69,14 +72,13 @@ class MOONState:
 
 
 def split_model(model: nn.Module, body: tuple[int, ...]) -> tuple[nn.Sequential, nn.Sequential]:
-    """The model's layers as (body, head) sequences whose parameters are, in order, the body's
-    and the head's: the body ends before the first layer with a head parameter (activations
-    and flattening before it are the body's). ValueError where the model is not a sequence of
-    layers or its head is not its last layers."""
-    leaves = fwd.layers(model)
+    """A sequence of layers (``nn.Sequential``) as (body, head) sequences whose parameters are,
+    in order, the body's and the head's: the body ends before the first layer with a head
+    parameter (activations and flattening before it are the body's). ValueError where the model
+    is not a sequence of layers or its head is not its last layers."""
     if not isinstance(model, nn.Sequential):
-        raise ValueError(f"MOON needs the body's output alone: a model that is a sequence of layers "
-                         f"(nn.Sequential), not {type(model).__name__}")
+        raise ValueError(f"{type(model).__name__} is not a sequence of layers (nn.Sequential)")
+    leaves = fwd.layers(model)
     ids = [id(p) for p in model.parameters()]
     body_ids = {ids[i] for i in body}
     cut = next((i for i, m in enumerate(leaves) if any(id(p) not in body_ids for p in m.parameters())), len(leaves))
@@ -87,16 +89,63 @@ def split_model(model: nn.Module, body: tuple[int, ...]) -> tuple[nn.Sequential,
     return first, second
 
 
+class _HeadInput:
+    """Any other model: the whole model run set by set (``functional_call``), the input of its
+    head's first layer caught by a forward pre-hook. The representation is then whatever that
+    layer receives (for the zoo's ResNets and VGGs the pooled, flattened features)."""
+
+    def __init__(self, model: nn.Module, head: tuple[int, ...]):
+        self.model = model
+        self.names = [n for n, _ in model.named_parameters()]
+        target = list(model.parameters())[head[0]]
+        layer = next(m for m in model.modules() if any(p is target for p in m.parameters(recurse=False)))
+        self.caught: list[torch.Tensor] = []
+        layer.register_forward_pre_hook(lambda _m, args: self.caught.append(args[0]))
+
+    def __call__(self, params: list[torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(representations (K, B, ...), outputs (K, B, ...)) of the K stacked sets."""
+        outs, zs = [], []
+        for k in range(x.shape[0]):
+            self.caught.clear()
+            outs.append(functional_call(self.model, {n: p[k] for n, p in zip(self.names, params)}, (x[k],)))
+            zs.append(self.caught[0])
+        self.caught.clear()
+        return torch.stack(zs), torch.stack(outs)
+
+
 class MOONObjective(Objective):
     """CE of the model + μ·ℓ_con on the body's outputs; constants ``glob`` and ``prev``: the
-    body parameters of the global and of the previous local model (frozen)."""
+    parameters of the global and of the previous local model (frozen; a sequence of layers
+    needs only their body's, ``body_only``)."""
 
     def __init__(self, task, model: nn.Module, body: tuple[int, ...], head: tuple[int, ...], mu: float, tau: float):
         self.task, self.mu, self.tau = task, mu, tau
         self.body_idx, self.head_idx = body, head
-        b, h = split_model(model, body)
-        frozen = copy.deepcopy(b).eval()
-        self.body, self.head, self.frozen = fwd.make_forward(b), fwd.make_forward(h), fwd.make_forward(frozen)
+        try:
+            b, h = split_model(model, body)
+            self.body_only = True
+        except ValueError:
+            self.body_only = False
+        if self.body_only:
+            frozen = copy.deepcopy(b).eval()
+            self.modules = [b, h, frozen]
+            self.body, self.head, self.frozen = fwd.make_forward(b), fwd.make_forward(h), fwd.make_forward(frozen)
+        else:
+            frozen = copy.deepcopy(model).eval()
+            self.modules = [model, frozen]
+            self.whole, self.frozen_whole = _HeadInput(model, head), _HeadInput(frozen, head)
+        self.device = torch.device("cpu")
+
+    def to(self, device: torch.device) -> None:
+        """The layers' buffers, if any, where the parameters are (the first call on a device)."""
+        if device != self.device:
+            for m in self.modules:
+                m.to(device)
+            self.device = device
+
+    def const_params(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What of a frozen model's parameters the job carries."""
+        return [params[i] for i in self.body_idx] if self.body_only else list(params)
 
     def contrastive(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
         """ℓ_con per sample: (K, B, d) representations -> (K, B)."""
@@ -105,14 +154,20 @@ class MOONObjective(Objective):
         return -pos + torch.logaddexp(pos, neg)
 
     def loss(self, forward, params, batch, consts, draws):
-        z = self.body([params[i] for i in self.body_idx], batch.x)
-        out = self.head([params[i] for i in self.head_idx], z)
+        self.to(batch.x.device)
+        if self.body_only:
+            z = self.body([params[i] for i in self.body_idx], batch.x)
+            out = self.head([params[i] for i in self.head_idx], z)
+        else:
+            z, out = self.whole(params, batch.x)
         per = self.task.per_sample(out, batch.y)
         loss = (per * batch.weight).sum(1)
         if self.mu:
             with torch.no_grad():
-                zg = self.frozen(consts["glob"], batch.x)
-                zp = self.frozen(consts["prev"], batch.x)
+                if self.body_only:
+                    zg, zp = self.frozen(consts["glob"], batch.x), self.frozen(consts["prev"], batch.x)
+                else:
+                    zg, zp = self.frozen_whole(consts["glob"], batch.x)[0], self.frozen_whole(consts["prev"], batch.x)[0]
             con = self.contrastive(z.flatten(2), zg.flatten(2), zp.flatten(2))
             loss = loss + self.mu * (con * batch.weight).sum(1)
         return loss, (per.detach() * batch.valid).sum(1)
@@ -132,20 +187,12 @@ class MOON(FedAvg):
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
-        self._moon = None
-
-    @property
-    def moon(self) -> MOONObjective:
-        """The objective, made once (on first use: the groups need the model)."""
-        if self._moon is None:
-            g = self.groups
-            self._moon = MOONObjective(self.task, self.model_fn(), g.body, g.head, self.hp.mu, self.hp.tau)
-        return self._moon
+        g = self.groups          # made once, here: a model that cannot be split fails at setup
+        self.moon = MOONObjective(task, model_fn(), g.body, g.head, hyper.mu, hyper.tau)
 
     def train(self, state, received, data, ctx):
         glob = received.shared
         prev = glob if state is None else state.prev
-        body = self.groups.body
-        (fit,) = yield [self.job(glob, data, ctx, objective=self.moon, consts={
-            "glob": [glob[i] for i in body], "prev": [prev[i] for i in body]})]
+        keep = self.moon.const_params
+        (fit,) = yield [self.job(glob, data, ctx, objective=self.moon, consts={"glob": keep(glob), "prev": keep(prev)})]
         return MOONState(fit.params), self.reply(fit.params, glob, data.num_train), fit.loss

@@ -150,3 +150,28 @@ def test_a_convolutional_body_and_two_clients_in_one_pass():
     alone = run(moon, moon.train(first[1][0], Received(glob), data[1], ctx(1, 1)))
     # client 1 trained beside client 0 or alone: the same numbers
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(again[1][1].values, alone[0][1].values))
+
+
+def test_a_model_that_is_not_a_sequence_gives_the_same_loss_through_its_head_input():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.feat, self.act, self.fc = nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(self.act(self.feat(x)))
+
+    torch.manual_seed(0)
+    net = Net()
+    seq = nn.Sequential(net.feat, net.act, net.fc)
+    a, b = make("moon", model_fn=lambda variant=0: net), make("moon", model_fn=lambda variant=0: seq)
+    assert not a.moon.body_only and b.moon.body_only
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(2, *p.shape, generator=g) for p in net.parameters()]      # K = 2 jobs
+    glob = [torch.randn(2, *p.shape, generator=g) for p in net.parameters()]
+    prev = [torch.randn(2, *p.shape, generator=g) for p in net.parameters()]
+    batch = Batch(torch.randn(2, 4, 2, generator=g), torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0]]),
+                  torch.full((2, 4), 0.25), torch.ones(2, 4))
+    la, _ = a.moon.loss(None, params, batch, {"glob": a.moon.const_params(glob), "prev": a.moon.const_params(prev)}, None)
+    lb, _ = b.moon.loss(None, params, batch, {"glob": b.moon.const_params(glob), "prev": b.moon.const_params(prev)}, None)
+    assert torch.allclose(la, lb, atol=1e-6)
