@@ -11,6 +11,8 @@ from .cfl import CFL
 from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedavg_plus import FedAvgPlus
+from .fedbabu import FedBABU
+from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedem import FedEM
 from .fedper import FedPer
@@ -34,7 +36,7 @@ from .superfed import SuPerFedLM, SuPerFedMM
 REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
                                                            Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha,
-                                                           FedDyn, MOON, PFedHN)}
+                                                           FedDyn, MOON, PFedHN, FedBN, FedBABU)}
 REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD)})
 
 

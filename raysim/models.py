@@ -13,7 +13,7 @@ from typing import Callable
 from torch import nn
 
 from raysim import plugins
-from raysim.core.norm import BatchNorm2d
+from raysim.core.norm import BatchNorm1d, BatchNorm2d
 
 from raysim import vision_models as vision
 from raysim.vision_models import group_norm as _group_norm, load_weights as _load_weights
@@ -47,6 +47,9 @@ class MLPParams(ModelParams):
     hidden: tuple[int, ...] = field(default=(200, 200), metadata={"min": 1, "help": "hidden layer widths"})
     bias: bool = field(default=True, metadata={"help": "false: bias-free layers"})
     init: str = _init_field()
+    norm: str = field(default="none", metadata={"choices": ("none", "batch"), "help": (
+        "normalization after each hidden linear layer: none, or batch (BatchNorm1d before the ReLU, "
+        "its running statistics client state like the weights; FedBN's digits model has one after each layer)")})
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,15 @@ def linear(params: LinearParams, input_shape: tuple[int, ...], classes: int) -> 
 
 
 def mlp(params: MLPParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """Fully connected ReLU network with the given hidden widths."""
+    """Fully connected ReLU network with the given hidden widths (``norm: batch``: each hidden
+    layer Linear -> BatchNorm1d -> ReLU)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for h in params.hidden:
-        layers += [nn.Linear(width, h, bias=params.bias), nn.ReLU()]
+        layers += [nn.Linear(width, h, bias=params.bias)]
+        if params.norm == "batch":
+            layers.append(BatchNorm1d(h))
+        layers.append(nn.ReLU())
         width = h
     layers.append(nn.Linear(width, classes, bias=params.bias))
     return _initialized(nn.Sequential(*layers), params.init)

@@ -16,8 +16,11 @@ Groups every model has:
   wherever they are: part of the model's state like the parameters (sent, averaged or kept by
   the same rules), never trained by the optimizer (they are parameters with
   ``requires_grad=False``; the loop updates them in the forward pass).
+- ``norm``: every parameter of the normalization layers (batch, group, layer and instance norm):
+  their affine weight and bias and their running statistics (FedBN keeps it local).
 - ``all``; each layer by its module name (``"0"``, ``"features.3"``, ``"out"``); each parameter
   by its full name (``"0.weight"``).
+- ``~group``: the complement of any of these (``~norm``: everything but the normalization layers).
 """
 from __future__ import annotations
 
@@ -35,25 +38,31 @@ class Groups:
     head: tuple[int, ...]
     body: tuple[int, ...]
     stats: tuple[int, ...]
+    norm: tuple[int, ...] = ()
 
     def of(self, group: str | Sequence[int]) -> tuple[int, ...]:
-        """The indices of a group: head, body, stats, all, a layer name, a parameter name, or
-        already indices."""
+        """The indices of a group: head, body, stats, norm, all, a layer name, a parameter name,
+        ``~`` and any of these (its complement), or already indices."""
         if not isinstance(group, str):
             return tuple(int(i) for i in group)
+        if group.startswith("~"):
+            out = set(self.of(group[1:]))
+            return tuple(i for i in range(len(self.names)) if i not in out)
         if group == "head":
             return self.head
         if group == "body":
             return self.body
         if group == "stats":
             return self.stats
+        if group == "norm":
+            return self.norm
         if group == "all":
             return tuple(range(len(self.names)))
         if group in self.layers:
             return self.layers[group]
         if group in self.names:
             return (self.names.index(group),)
-        raise KeyError(f"no parameter group {group!r}; groups: head, body, stats, all, or a layer: "
+        raise KeyError(f"no parameter group {group!r}; groups: head, body, stats, norm, all, or a layer: "
                        f"{', '.join(self.layers)}")
 
     def mask(self, group) -> tuple[bool, ...]:
@@ -76,6 +85,9 @@ class Groups:
         return out
 
 
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+
 def _owner(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else ""
 
@@ -92,6 +104,8 @@ def groups_of(model: nn.Module, head: int | Sequence[str] | None = None) -> Grou
     for i, n in enumerate(names):
         layers.setdefault(_owner(n), []).append(i)
     stats = tuple(i for i, (_, p) in enumerate(named) if not p.requires_grad)
+    in_norm = {id(p) for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(recurse=False)}
+    norm = tuple(i for i, (_, p) in enumerate(named) if id(p) in in_norm)
     order = list(layers)
     spec = head if head is not None else getattr(model, "raysim_head", None)
     if spec is None:
@@ -116,4 +130,4 @@ def groups_of(model: nn.Module, head: int | Sequence[str] | None = None) -> Grou
             chosen += [i for i in hit if i not in chosen]
     head_idx = tuple(sorted(set(chosen)))
     body = tuple(i for i in range(len(names)) if i not in head_idx)
-    return Groups(names, {k: tuple(v) for k, v in layers.items()}, head_idx, body, stats)
+    return Groups(names, {k: tuple(v) for k, v in layers.items()}, head_idx, body, stats, norm)
