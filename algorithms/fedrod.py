@@ -19,7 +19,9 @@ rate) updates all three from the same point: exactly the sequential updates of P
 ``clientrod.py``, whose personal-head loss is computed on the representation taken before the
 generic step. p_k(z.detach()) is the model's forward pass with the body detached and the head
 replaced by p_k (so a multi-layer ``model.head`` works as well). The prior is the job's
-constant ``log_prior`` (K, C).
+constant ``log_prior`` (K, C). Running statistics (batch norm) are trained by no one: the body's
+follow the generic forward pass and are averaged with the model; a personal head that holds
+some (a ``model.head`` reaching back over a normalization layer) keeps its initial ones.
 
 Prediction: generic ŷ = g(z) (``global_*``: the generic model, what the server holds, also what
 ``eval.finetune`` updates), personalized ŷ = g(z) + p_k(z) (``accuracy`` etc.).
@@ -73,8 +75,9 @@ class BalancedSoftmax(Objective):
     ``log_prior``, (K, C)) plus the cross-entropy of g(z).detach() + p(z.detach()). The data
     loss reported is the generic model's plain cross-entropy."""
 
-    def __init__(self, task, groups, n: int):
+    def __init__(self, task, groups, n: int, trainable: tuple[bool, ...] | None = None):
         self.task, self.groups, self.n = task, groups, n
+        self.trainable = trainable
 
     def balanced(self, out: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
         """Per-sample balanced softmax loss of logits ``out`` (K, B, C), prior (K, C)."""
@@ -117,7 +120,9 @@ class FedRoD(FedAvg):
         init = params_of(model_fn())
         self.n = len(init)
         self.classes = int(init[self.groups.head[-1]].shape[0])
-        self.bsm = BalancedSoftmax(task, self.groups, self.n)
+        # running statistics (not trained) wherever they are, in the model and in the personal head
+        req = tuple(p.requires_grad for p in model_fn().parameters())
+        self.bsm = BalancedSoftmax(task, self.groups, self.n, req + tuple(req[i] for i in self.groups.head))
         self._init_head = self.groups.pick(init, "head")
 
     def _head(self, state, device) -> list[torch.Tensor]:
