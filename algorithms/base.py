@@ -313,6 +313,32 @@ class Algorithm:
     def has_global_model(cls) -> bool:
         return cls.global_model is not Algorithm.global_model
 
+    # -- server optimizer (the scenario's ``server`` section) ---------------------------------
+    def server_params(self, server: Any) -> list[torch.Tensor] | None:
+        """The global model's parameters in the server state that a server optimizer (FedAvgM,
+        FedAdam, FedYogi, FedAdagrad: ``raysim.core.server_opt``) steps, in a fixed order, or
+        None (the default): the method has none, and a scenario giving it ``server.optimizer``
+        is refused. The engine reads them before and after ``aggregate``, steps them with the
+        pseudo-gradient (after − before) and writes them back with ``with_server_params``; the
+        optimizer's state is the engine's, checkpointed beside the server state. A method's
+        aggregate stays as it is: the server optimizer is one hook for every such method.
+        Batch-norm running statistics (group "stats") are best left out (``global_indices``)."""
+        return None
+
+    def with_server_params(self, server: Any, params: list[torch.Tensor]) -> Any:
+        """The server state with ``server_params`` replaced by ``params``."""
+        raise NotImplementedError
+
+    @classmethod
+    def has_server_params(cls) -> bool:
+        return cls.server_params is not Algorithm.server_params
+
+    def global_indices(self, group="all") -> tuple[int, ...]:
+        """Indices of ``group``'s parameters that a server optimizer steps: all but the
+        batch-norm running statistics (averaged, as the method does, not stepped)."""
+        stats = set(self.groups.of("stats"))
+        return tuple(i for i in self.groups.of(group) if i not in stats)
+
     def finetune_settings(self, ctx: Context) -> Settings | None:
         """The local update's settings (None: off). Each null option of ``eval.finetune`` is the
         algorithm's own (``lr``, ``batch_size``, ``optimizer``, ``momentum``, ``weight_decay``);

@@ -58,6 +58,12 @@ class FedAvg(Algorithm):
             return server
         return reduced.mean(server[0].dtype)
 
+    def server_params(self, server):
+        return self.groups.pick(server, self.global_indices())
+
+    def with_server_params(self, server, params):
+        return self.groups.merge(server, self.global_indices(), params)
+
     def round_metrics(self, reduced):
         return {"total_variance": reduced.head.variance()} if isinstance(reduced, Tracked) else {}
 

@@ -140,6 +140,13 @@ class SplitMethod(Algorithm):
             return server
         return self.groups.merge(server, self.shares, reduced.mean(server[0].dtype))
 
+    def server_params(self, server):
+        """The shared part (``shares``), stepped by a server optimizer."""
+        return self.groups.pick(server, self.global_indices(self.shares))
+
+    def with_server_params(self, server, params):
+        return self.groups.merge(server, self.global_indices(self.shares), params)
+
     # -- client ----------------------------------------------------------------------------
     def train(self, state, received, data, ctx):
         (fit,) = yield [self.job(self.model(state, received.shared, ctx.device), data, ctx)]

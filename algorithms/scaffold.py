@@ -133,6 +133,13 @@ class Scaffold(Algorithm):
         c = [(o.double() + v / total).to(o.dtype) for o, v in zip(server.c, reduced.dc.values)]
         return ScaffoldServer(x, c, server.clients, server.samples)
 
+    def server_params(self, server):
+        return self.groups.pick(server.x, self.global_indices())
+
+    def with_server_params(self, server, params):
+        return ScaffoldServer(self.groups.merge(server.x, self.global_indices(), params), server.c,
+                              server.clients, server.samples)
+
     # -- client ----------------------------------------------------------------------------
     def steps(self, n: int) -> int:
         """K: the local steps a client with n training samples takes in a round."""

@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from . import simplex
-from .base import (Message, PerClient, StatsRequest, Supervised, UpdateStats, Weighted, params_of,
+from .base import (Algorithm, Message, PerClient, StatsRequest, Supervised, UpdateStats, Weighted, params_of,
                    training_field)
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -180,6 +180,7 @@ class SosicFL(FedAvg):
     ClientState = None
     decentralized = False
     personalized_is_global = False       # a personal model beside the global one
+    server_params = Algorithm.server_params     # a simplex server state: no server optimizer (yet)
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)

@@ -19,11 +19,11 @@ from raysim import plugins
 from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
-                             SamplingCfg, Scenario, SplitsCfg, TopologyCfg, TrackingCfg)
+                             SamplingCfg, Scenario, ServerCfg, SplitsCfg, TopologyCfg, TrackingCfg)
 
 
 TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
-            "resources", "tracking", "checkpoint", "topology")
+            "resources", "tracking", "checkpoint", "topology", "server")
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -391,6 +391,15 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         if sampling.count is not None or sampling.fraction != 1.0:
             ctx.fail("sampling", "every client takes part in every gossip round; leave sampling out with a topology")
 
+    server = load_dataclass(ctx, "server", ServerCfg, raw.get("server"))
+    if server.optimizer != "none":
+        if not method.has_server_params():
+            stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_server_params())
+            ctx.fail("server.optimizer", f"'{algorithm.name}' has no global model for a server optimizer to "
+                     f"step; use none, or one of {stepped}")
+        if topology is not None:
+            ctx.fail("server.optimizer", "a server optimizer needs a server; use none with a topology")
+
     problem = method.check(algorithm.params, topology is not None)
     if problem is not None:
         ctx.fail(f"algorithm.{problem[0]}", problem[1])
@@ -398,7 +407,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     model = _absolute_model_paths(model)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
-                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw)
+                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc

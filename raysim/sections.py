@@ -135,6 +135,29 @@ class TopologyCfg:
 
 
 @dataclass(frozen=True)
+class ServerCfg:
+    """The server optimizer of a method with a global model (Reddi et al., "Adaptive Federated
+    Optimization", ICLR 2021, Algorithm 2): the round's aggregate minus the previous global model
+    is a pseudo-gradient Δ, and the server steps the global model with it (how-to: server
+    optimizers). none: the global model is the aggregate, as each method defines it."""
+    optimizer: str = field(default="none", metadata={
+        "choices": ("none", "sgd", "adam", "yogi", "adagrad"),
+        "help": "none: the method's own aggregate; sgd: FedAvgM (v ← momentum·v + Δ, x ← x + lr·v); adam, yogi, "
+                "adagrad: FedAdam, FedYogi, FedAdagrad (m ← β₁m + (1−β₁)Δ, v per the optimizer, "
+                "x ← x + lr·m/(√v + τ)). Only for a method with a global model, without a topology"})
+    lr: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "η, the server learning rate (tune it); null: sgd 1, adam and yogi 0.01, adagrad 0.1")})
+    momentum: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "β, sgd's server momentum (FedAvgM; 0.9 as Hsu et al. 2019; 0 with lr 1 is the method's own aggregate)")})
+    beta1: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "β₁, the adaptive optimizers' first-moment decay (Reddi et al.: 0.9)")})
+    beta2: float = field(default=0.99, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "β₂, adam's and yogi's second-moment decay (Reddi et al.: 0.99; adagrad ignores it)")})
+    tau: float = field(default=1e-3, metadata={"gt": 0.0, "help": (
+        "τ, the adaptivity: x ← x + η m/(√v + τ), and v starts at τ² (Reddi et al.: 1e-3)")})
+
+
+@dataclass(frozen=True)
 class SplitsCfg:
     train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0, "help": (
         "share of each client's samples it trains on (its count rounded half up; at least 1 where the client "
@@ -174,3 +197,4 @@ class Scenario:
     checkpoint: CheckpointCfg
     topology: TopologyCfg | None
     raw: dict            # the validated mapping after overrides (logged as params/artifact)
+    server: ServerCfg = field(default_factory=ServerCfg)

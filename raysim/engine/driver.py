@@ -17,6 +17,7 @@ import torch
 
 from raysim import rng
 from raysim.config import Scenario, make_source
+from raysim.core import server_opt
 from raysim.core.replies import Accumulator
 from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
 from raysim.engine import checkpoint
@@ -209,6 +210,10 @@ class RoundDriver:
         self._source_tests: list | None = None
         self._shares: dict[int, list[float]] | None = None
         self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
+        # the server optimizer's state (scenario ``server``; None: none), checkpointed beside
+        self.server_opt = None
+        if sc.server.optimizer != "none":
+            self.server_opt = server_opt.init_state(sc.server, self.algo.server_params(self.server_state))
         self.train_ids, self.unseen_ids = split_unseen(sc)
         self.eval_ids = eval_sample(sc, self.train_ids)
         self.round = 0              # rounds completed
@@ -251,7 +256,9 @@ class RoundDriver:
             compute += secs
         check_finite(losses, r + 1)
         reduced = total.result()
+        before = self.server_state
         self.server_state = self.algo.aggregate(self.server_state, reduced, r)
+        self._server_step(before)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
@@ -262,6 +269,19 @@ class RoundDriver:
             **self.algo.round_metrics(reduced),
         }
         return self._finish(record, t0, compute)
+
+    def _server_step(self, before: Any) -> None:
+        """The server optimizer's step on the global model (``Algorithm.server_params``): the
+        pseudo-gradient is the aggregate minus the model before the round. A round that left the
+        model as it was (nobody trained) takes no step."""
+        if self.server_opt is None:
+            return
+        old = self.algo.server_params(before)
+        new = self.algo.server_params(self.server_state)
+        if all(a is b or torch.equal(a, b) for a, b in zip(old, new)):
+            return
+        stepped, self.server_opt = server_opt.step(self.sc.server, self.server_opt, old, new)
+        self.server_state = self.algo.with_server_params(self.server_state, stepped)
 
     def _finish(self, record: dict, t0: float, compute: float) -> dict:
         if self.round % self.sc.eval.every == 0 or self.round == self.sc.rounds:
@@ -367,6 +387,7 @@ class RoundDriver:
                 **head,
                 "hosts": hosts,
                 "server": state_to_tree(self.server_state),
+                **({"server_opt": state_to_tree(self.server_opt)} if self.server_opt is not None else {}),
                 "history": self.history,
             })
             checkpoint.commit(folder, head, server, hosts)
@@ -378,6 +399,11 @@ class RoundDriver:
         self.round = int(ck["round"])
         t = type(self.server_state)
         self.server_state = tree_to_state(t, ck["server"]) if is_dataclass(t) else ck["server"]
+        if self.server_opt is not None:
+            if "server_opt" not in ck:
+                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no server optimizer state "
+                                                 f"(written with server.optimizer: none?)")
+            self.server_opt = {k: list(v) for k, v in ck["server_opt"].items()}
         self.transport.load_clients(str(folder), doc, checkpoint.token(folder))
         self.history = list(ck["history"])
         return self.round
