@@ -7,6 +7,13 @@ paths of their own, in one sweep (one Ray start):
 - FedRep: the head step then the body step (two batched jobs with masked objectives), heads
   kept on hosts, replies carrying the body only;
 
+- FedDyn: the statistics phase (m), h_k kept on hosts, the linear and proximal constants;
+- MOON: the previous local model kept on hosts, the contrastive objective's frozen models;
+- FedRoD: the personal head kept on hosts, the balanced softmax with each client's prior;
+- FedBN: batch-norm layers (weights and running statistics) kept on hosts, the rest averaged;
+- pFedHN: each client its own group with its own θ_k, ``PerClient`` Δθ replies, the
+  hypernetwork's VJP on the server;
+
 each also scoring its clients' validation split (``val_*``, the summary's ``val_best_round`` and
 ``test_at_val_best_*``).
 """
@@ -22,11 +29,16 @@ sweep:
   scaffold: {algorithm.name: scaffold}
   mocha: {algorithm: {name: mocha, lam: 0.03, omega_every: 2}}
   fedrep: {algorithm: {name: fedrep, head_epochs: 2, lr: 0.1, batch_size: 16}, model: {name: mlp, hidden: [8]}}
+  feddyn: {algorithm.name: feddyn}
+  moon: {algorithm.name: moon, model: {name: mlp, hidden: [8]}}
+  fedrod: {algorithm.name: fedrod, model: {name: mlp, hidden: [8]}}
+  fedbn: {algorithm.name: fedbn, model: {name: mlp, hidden: [8], norm: batch}}
+  pfedhn: {algorithm.name: pfedhn}
 """
 
 
 @pytest.mark.ray
-def test_scaffold_mocha_and_fedrep_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
+def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
     text = TINY.replace("rounds: 3", "rounds: 4").replace(
         "max_samples: 80", "max_samples: 80\n  splits: {train: 0.6, val: 0.2, test: 0.2}") + SWEEP + (
         f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n")
@@ -35,7 +47,7 @@ def test_scaffold_mocha_and_fedrep_on_three_ray_hosts_equal_the_serial_engine(tm
     for name, extra in (("ray", ("--set", "resources.hosts=3")), ("serial", ("--engine", "serial"))):
         raysim("run", path, "-q", "--concurrent", "1", "--summary", str(tmp_path / f"{name}.json"), *extra)
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
-    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 3
+    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 8
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]
         assert on_ray["final"] == serial["final"], variant

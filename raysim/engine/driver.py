@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import is_dataclass
 from typing import Any, Protocol
 
@@ -200,6 +201,24 @@ class HostLost(RuntimeError):
     client work is a pure function of state, message, round and client id, so the redone
     rounds give the same results."""
 
+@contextmanager
+def server_math():
+    """The server's computations (the algorithm's init_server, absorb_stats, select, message,
+    aggregate, the server optimizer, the cluster centers' scores) on one thread: a result must
+    not depend on the process's thread count, and a BLAS product sums in another order on more
+    threads (pFedHN's hypernetwork differed in the 9th digit between the serial engine, whose
+    process runs hosts at ``cpus_per_host`` threads, and a Ray driver at the machine's)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 class RoundDriver:
     def __init__(self, sc: Scenario, transport: Transport, source=None):
         self.sc = sc
@@ -209,7 +228,8 @@ class RoundDriver:
         self.clusters: dict[str, Any] = {}     # the last evaluation's cluster report
         self._source_tests: list | None = None
         self._shares: dict[int, list[float]] | None = None
-        self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
+        with server_math():
+            self.server_state = self.algo.init_server(rng.generator(sc.seed, "server_init"))
         # the server optimizer's state (scenario ``server``; None: none), checkpointed beside
         self.server_opt = None
         if sc.server.optimizer != "none":
@@ -234,7 +254,8 @@ class RoundDriver:
             total = Accumulator()
             for acc in self.transport.stats(r, req.message, self._by_host(who)):
                 total.merge(acc)
-            self.server_state = self.algo.absorb_stats(self.server_state, total.result(), r)
+            with server_math():
+                self.server_state = self.algo.absorb_stats(self.server_state, total.result(), r)
 
     def step(self) -> dict:
         """Run the next round; return its metrics record."""
@@ -242,9 +263,10 @@ class RoundDriver:
         r = self.round
         sampled = sample_clients(self.sc, self.train_ids, r)
         self._prepare(r, sampled)
-        assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
-                                      rng.generator(self.sc.seed, "select", r))
-        message = self.algo.message(self.server_state, r)
+        with server_math():
+            assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
+                                          rng.generator(self.sc.seed, "select", r))
+            message = self.algo.message(self.server_state, r)
         by_host = groups_by_host(assignment, self.transport.placement)
         parts = self.transport.train(r, message, by_host)
         total = Accumulator()
@@ -257,8 +279,10 @@ class RoundDriver:
         check_finite(losses, r + 1)
         reduced = total.result()
         before = self.server_state
-        self.server_state = self.algo.aggregate(self.server_state, reduced, r)
-        self._server_step(before)
+        with server_math():
+            self.server_state = self.algo.aggregate(self.server_state, reduced, r)
+            self._server_step(before)
+            round_metrics = self.algo.round_metrics(reduced)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
@@ -266,7 +290,7 @@ class RoundDriver:
             "train_loss": mean_train_loss(losses),
             "bytes_down": float(self.transport.message_nbytes(message, by_host)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
-            **self.algo.round_metrics(reduced),
+            **round_metrics,
         }
         return self._finish(record, t0, compute)
 
@@ -294,11 +318,13 @@ class RoundDriver:
         return record
 
     def eval_message(self) -> Any:
-        return self.algo.message(self.server_state, self.round)
+        with server_math():
+            return self.algo.message(self.server_state, self.round)
 
     def evaluate(self) -> dict[str, float]:
         everyone = np.concatenate([self.eval_ids, self.unseen_ids])
-        chosen = self.algo.eval_groups(self.server_state, everyone)
+        with server_math():
+            chosen = self.algo.eval_groups(self.server_state, everyone)
         groups = {int(c): 0 for c in everyone}
         groups.update(chosen)
         results: dict[int, tuple[dict[str, float], int]] = {}
@@ -314,8 +340,10 @@ class RoundDriver:
         centers = self.algo.centers(self.server_state)
         if not importance and centers is not None and chosen:     # hard clusters held by the server
             importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items() if g >= 0}
-        out.update(self._cluster_report(importance, centers))
-        self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.eval_ids}, self.server_state))
+        with server_math():
+            out.update(self._cluster_report(importance, centers))
+            self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.eval_ids},
+                                                  self.server_state))
         # each client's primary score (the distribution behind the mean and bottom decile)
         metric = self.algo.task.metric
         for prefix, ids in (("", [int(c) for c in self.eval_ids]), ("unseen_", unseen)):
