@@ -132,7 +132,9 @@ class SweepResult:
             select: A validation metric, e.g. ``"val_accuracy"``: per method and dataset only
                 the variant whose mean of it over the seeds is best, its test metrics in the
                 rows (``method`` is then the algorithm; ``variant`` names the one chosen,
-                ``selection_mean`` its mean validation score).
+                ``selection_mean`` its mean validation score). Every row has
+                ``seconds_per_run``, the mean wall time of its runs (MLflow's end minus start);
+                ``dataset`` is ``"name (partition kind)"`` where the runs differ in partition.
 
         Returns:
             The table as a DataFrame, as ``table``.
@@ -444,6 +446,7 @@ def _table(client, parent_run_id: str, metrics: list[str] | None = None, over: s
     rows = [{"method": m, "dataset": d, "metric": c.metric, "mean": c.mean, "std": c.std,
              "bottom_decile_mean": c.bottom_mean, "bottom_decile_std": c.bottom_std, "n": c.n,
              "seeds": [int(s) if s.isdigit() else s for s in c.seeds], "run_ids": c.run_ids,
+             "seconds_per_run": c.seconds,
              **({"variant": c.variant, "selection_mean": c.selection_mean} if select else {})}
             for m in methods for d, metric in columns if (c := cells.get((m, d, metric))) is not None]
     return pd.DataFrame(rows), markdown

@@ -11,13 +11,17 @@ test-size-weighted population std), both averaged over the seeds of a cell.
 ``select`` (``--select val_accuracy``) picks, per method and dataset, one variant of a sweep:
 the one whose mean of a validation metric over its seeds is best (the largest; the smallest for
 a loss or error), and shows that variant's test metrics, naming it in the cell; the Markdown
-lists every candidate's validation mean under the table. Only validation metrics (``val_*``,
+lists every candidate's validation mean under the table, and each cell the mean wall seconds per
+run of the chosen variant (MLflow's end minus start time; the CSV's ``seconds_per_run`` for every
+cell). Only validation metrics (``val_*``,
 ``best_val_*``) select: choosing a setting by its test score would report a maximum over the
 grid.
 
 Runs are chosen by id (a sweep's or seeded run's parent stands for its children), or as every
 finished run of an MLflow experiment. A row is a method: the algorithm, with the sweep variant
-when the run is one; a column a dataset. Runs of the same row and column are the seeds of one
+when the run is one; a column a dataset, or a dataset and its partition (``fashion_mnist
+(shards)``, ``fashion_mnist (dirichlet)``) where the runs of one dataset differ in
+``data.partition.kind``. Runs of the same row and column are the seeds of one
 cell (a run repeated with the same seed counts once more; the CSV lists every run id). Values
 are the last evaluation's, read from the runs' metrics; accuracies are shown in %.
 """
@@ -44,6 +48,8 @@ class Row:
     client_std: float | None = None
     algorithm: str = ""
     variant: str | None = None          # the sweep variant, None for a run of no sweep
+    partition: str = ""                 # data.partition.kind
+    seconds: float | None = None        # the run's wall time in MLflow (end - start)
 
 
 OVER = ("seeds", "clients")
@@ -94,14 +100,33 @@ def rows(runs, metrics: list[str] | None = None) -> list[Row]:
             get = lambda k: float(m[k]) if k in m else None      # noqa: E731
             out.append(Row(r.info.run_id, method, tags.get("dataset", "?"),
                            tags.get("seed", r.data.params.get("seed", "?")), metric, float(m[metric]),
-                           get(bottom_decile(metric)), get(f"{metric}_std"), algorithm, variant))
+                           get(bottom_decile(metric)), get(f"{metric}_std"), algorithm, variant,
+                           r.data.params.get("data.partition.kind", ""), wall_seconds(r)))
     if not out:
         if metrics and any(r.data.metrics for r in runs):
             have = sorted({k for r in runs for k in r.data.metrics if "bottom_decile_" not in k
                            and not k.endswith("_std")})
             raise CompareError(f"none of the chosen runs logged {', '.join(metrics)} (they have: {', '.join(have)})")
         raise CompareError("none of the chosen runs has an evaluation to compare")
-    return out
+    return by_partition(out)
+
+
+def by_partition(found: list[Row]) -> list[Row]:
+    """The rows with ``dataset`` ``"fashion_mnist (shards)"``, ``"fashion_mnist (dirichlet)"``
+    where runs of one dataset differ in ``data.partition.kind`` (two splits, two columns); as
+    they were where they do not."""
+    kinds: dict[str, set[str]] = {}
+    for r in found:
+        kinds.setdefault(r.dataset, set()).add(r.partition)
+    return [dataclasses.replace(r, dataset=f"{r.dataset} ({r.partition or 'default'})")
+            if len(kinds[r.dataset]) > 1 else r for r in found]
+
+
+def wall_seconds(run) -> float | None:
+    """The run's wall time from MLflow, its end minus its start (start-up, data, rounds,
+    evaluations and checkpoints; a resumed run's from its first start); None while it runs."""
+    start, end = run.info.start_time, run.info.end_time
+    return (end - start) / 1000.0 if start and end else None
 
 
 def bottom_decile(k: str) -> str:
@@ -126,6 +151,7 @@ class Cell:
     variant: str | None = None          # with select: the variant chosen
     selected_by: str | None = None
     selection_mean: float | None = None
+    seconds: float | None = None        # the mean wall seconds per run (None where none recorded)
 
 
 @dataclass
@@ -208,10 +234,11 @@ def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[
             else:
                 c = [r.client_std for r in group if r.client_std is not None]
                 std = float(np.mean(c)) if len(c) == len(group) else None
+            t = [r.seconds for r in group if r.seconds is not None]
             table[m, d, metric] = Cell(metric, float(v.mean()), std, float(np.mean(b)) if b else None,
                                        sd(np.array(b)) if b and over == "seeds" else None, len(group),
                                        [r.seed for r in group],
-                                       [r.run_id for r in group])
+                                       [r.run_id for r in group], seconds=float(np.mean(t)) if t else None)
     return methods, columns, table
 
 
@@ -239,7 +266,9 @@ def markdown(methods, columns, table, over: str = "seeds", choices: dict | None 
             c = table.get((m, d, metric))
             row.append("-" if c is None else f"{_fmt(c.metric, c.mean, c.std)} / "
                        f"{_fmt(c.metric, c.bottom_mean, c.bottom_std)} (n={c.n}"
-                       + ("" if c.variant is None else f"; {c.variant}") + ")")
+                       + ("" if c.variant is None else f"; {c.variant}")
+                       + ("" if c.variant is None or c.seconds is None else f"; {_seconds(c.seconds)}/run")
+                       + ")")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     metric = {c.metric for c in table.values()}
     shown = sorted(x for x in metric if percent(x))
@@ -256,12 +285,19 @@ def markdown(methods, columns, table, over: str = "seeds", choices: dict | None 
     return "\n".join(lines)
 
 
+def _seconds(s: float) -> str:
+    """Wall time as a cell shows it: 4.2 s, 95 s, 12.5 min, 3.1 h."""
+    return f"{s:.2g} s" if s < 10 else f"{s:.0f} s" if s < 600 else f"{s / 60:.1f} min" if s < 7200 \
+        else f"{s / 3600:.1f} h"
+
+
 def _selection(choices: dict) -> list[str]:
     """The Markdown under a table with ``select``: how each cell's variant was chosen."""
     metric = next(iter(choices.values())).selected_by
     lines = ["", f"Each cell is the variant (named in it) whose mean {metric} over its seeds is the "
              f"{'lowest' if _lower(metric) else 'highest'} among the method's variants on that dataset; "
-             f"the table shows its test metrics.", "",
+             f"the table shows its test metrics, and the mean wall time of its runs (MLflow's end minus "
+             f"start: start-up, data, training and evaluation).", "",
              f"| method | dataset | variant | {metric} (mean over seeds) | n |", "|---|---|---|---|---|"]
     for (algorithm, dataset), c in choices.items():
         for variant, mean, n in c.candidates:
@@ -279,7 +315,8 @@ def write_csv(path: Path, methods, columns, table, over: str = "seeds") -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "dataset", "metric", "mean", "std", "bottom_decile_mean", "bottom_decile_std",
-                    "n", "seeds", "run_ids", "std_over", "variant", "selected_by", "selection_mean"])
+                    "n", "seeds", "run_ids", "std_over", "variant", "selected_by", "selection_mean",
+                    "seconds_per_run"])
         for m in methods:
             for d, metric in columns:
                 c = table.get((m, d, metric))
@@ -287,7 +324,8 @@ def write_csv(path: Path, methods, columns, table, over: str = "seeds") -> None:
                     w.writerow([m, d, c.metric, c.mean, "" if c.std is None else c.std, c.bottom_mean,
                                 c.bottom_std, c.n, " ".join(c.seeds), " ".join(c.run_ids), over,
                                 c.variant or "", c.selected_by or "",
-                                "" if c.selection_mean is None else c.selection_mean])
+                                "" if c.selection_mean is None else c.selection_mean,
+                                "" if c.seconds is None else c.seconds])
 
 
 def table(client, run_ids: list[str], experiment: str | None = None, metrics: list[str] | None = None,
