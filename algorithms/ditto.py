@@ -36,7 +36,7 @@ class DittoState:
 class Ditto(FedAvg):
     name = "ditto"
     summary = "Ditto (Li et al. 2021): FedAvg plus a personal model per client pulled towards the global one"
-    paper = "Li, Hu, Beirami & Smith, ICML 2021"
+    paper = "Li et al., ICML 2021"
     family = "personalized"
     personal = "its personal model v"
     sends = "its copy of the global model w, weighted by n_k"

@@ -75,7 +75,7 @@ class FedBNState:
 class FedBN(SplitMethod):
     name = "fedbn"
     summary = "FedBN (Li et al. 2021): FedAvg on everything but batch norm, which each client keeps"
-    paper = "Li, Jiang, Zhang, Kamp & Dou, ICLR 2021"
+    paper = "Li et al., ICLR 2021"
     family = "personalized"
     personal = "its batch-norm layers: weights, biases and running statistics"
     sends = "every parameter but the batch-norm layers'"

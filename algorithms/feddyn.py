@@ -71,7 +71,7 @@ class FedDynState:
 class FedDyn(Algorithm):
     name = "feddyn"
     summary = "FedDyn (Acar et al. 2021): local loss with a linear term h_k and (α/2)‖θ − θ_global‖², server correction −h/α"
-    paper = "Acar, Zhao, Navarro, Mattina, Whatmough & Saligrama, ICLR 2021"
+    paper = "Acar et al., ICLR 2021"
     family = "global model"
     personal = "h_k, its gradient estimate (one tensor per parameter)"
     sends = "its model θ_k"

@@ -162,7 +162,7 @@ class EmbeddingOnly(Supervised):
 class PFedHN(Algorithm):
     name = "pfedhn"
     summary = "pFedHN (Shamsian et al. 2021): a server hypernetwork emits each client's model from its embedding"
-    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
+    paper = "Shamsian et al., ICML 2021"
     family = "personalized"
     personal = "nothing (an unseen client: its model from a new embedding)"
     sends = "Δθ_k, its model's update, per client"
