@@ -29,7 +29,7 @@ per client (with 10 clients a round, the mean at lr 1e-2 moves φ ten times less
 than the paper: on digits it learns as the mean at lr 0.1 does).
 
 Defaults and their source (the official code, github.com/AvivSham/pFedHN,
-``experiments/pfedhn/trainer.py``; where I am unsure of a detail it says so):
+``experiments/pfedhn/trainer.py``, checked against it: its argparse defaults and optimizer set-up):
 
 - server optimizer SGD, ``server_lr`` 1e-2, ``server_momentum`` 0.9, ``server_weight_decay``
   1e-3 (on φ and V alike, as the code's one optimizer over ``hnet.parameters()``), ``embed_lr``
@@ -52,8 +52,8 @@ Unseen clients (the paper's §5.4 generalization to novel clients): ``personaliz
 trains only a new embedding v on the client's train split through h (the objective
 ``EmbeddingOnly``: the task loss of h(v; φ), trainable v alone), ``unseen_epochs`` epochs
 (default ``local_epochs``) of the local optimizer. The new embedding starts at the mean of the
-trained embeddings (I am unsure how the official code initializes a novel client's embedding;
-the mean is the natural neutral start). The client's personalized model h(v; φ) is its state.
+trained embeddings (the official pFedHN trainer has no novel-client step, so this is raysim's
+choice: the mean is the neutral start). The client's personalized model h(v; φ) is its state.
 
 pFedHN-PC (a personalized classifier kept on the client beside the hypernetwork's feature
 extractor) is not implemented.
