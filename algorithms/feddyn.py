@@ -25,10 +25,13 @@ Defaults and choices:
 
 - ``alpha`` α = 0.01: the paper's most common setting (it tunes α ∈ {0.1, 0.01, 0.001} per
   dataset and reports 0.01 for most of its experiments).
-- The participants' mean is uniform (1/|P_t|, the paper). The authors' code divides α by the
-  client's relative sample count (α_k = α / (n_k m / Σ_j n_j)) and folds α‖θ‖²/2 into the
-  optimizer's weight decay; raysim uses one α for every client (the paper's algorithm) — from
-  memory of the official code, not checked here, hence no option for it.
+- The participants' mean is uniform (1/|P_t|, the paper and the authors' code). The authors'
+  code (github.com/alpemreacar/FedDyn, ``utils_methods.py``, ``train_FedDyn``) divides α by the
+  client's relative sample count, α_k = α / (n_k m / Σ_j n_j), and keeps Σ_t (θ_k^t − θ^{t−1})
+  per client in place of h_k = −α_k times it, its server adding the mean over all m clients of
+  those sums to the participants' mean (the same θ^t as here when every n_k is equal). raysim
+  uses one α for every client, the paper's Algorithm 1; the code's per-client α is not offered
+  yet (it needs Σ_j n_j in the statistics phase and α_k in the message).
 - Running statistics (batch norm, the ``stats`` group) are not trained: h and h_k stay 0 there
   and θ^t is their plain mean.
 - The paper's analysis assumes the exact argmin; with few local steps the h_k are only
