@@ -29,9 +29,12 @@ Defaults and choices:
   code (github.com/alpemreacar/FedDyn, ``utils_methods.py``, ``train_FedDyn``) divides α by the
   client's relative sample count, α_k = α / (n_k m / Σ_j n_j), and keeps Σ_t (θ_k^t − θ^{t−1})
   per client in place of h_k = −α_k times it, its server adding the mean over all m clients of
-  those sums to the participants' mean (the same θ^t as here when every n_k is equal). raysim
-  uses one α for every client, the paper's Algorithm 1; the code's per-client α is not offered
-  yet (it needs Σ_j n_j in the statistics phase and α_k in the message).
+  those sums to the participants' mean (the same θ^t as here when every n_k is equal). The
+  default ``alpha_scaling: uniform`` is the paper's Algorithm 1, one α for every client;
+  ``alpha_scaling: by_size`` is the authors' code: the statistics phase also sums Σ_j n_j, the
+  message carries the mean train size Σ_j n_j / m, and client k trains and updates h_k with
+  α_k. The server step is unchanged: h^t/α is −(1/m) Σ_k Σ_t (θ_k^t − θ^{t−1}) either way,
+  exactly the authors' correction.
 - Running statistics (batch norm, the ``stats`` group) are not trained: h and h_k stay 0 there
   and θ^t is their plain mean.
 - The paper's analysis assumes the exact argmin; with few local steps the h_k are only
@@ -57,13 +60,18 @@ from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted, par
 class FedDynHyper(LocalTraining):
     alpha: float = field(default=0.01, metadata={
         "gt": 0.0, "help": "α, the dynamic regularizer's coefficient (the paper's common 0.01)"})
+    alpha_scaling: str = field(default="uniform", metadata={
+        "choices": ("uniform", "by_size"),
+        "help": "uniform: one α for every client (the paper's Algorithm 1); by_size: the authors' code, "
+                "α_k = α / (n_k m / Σ_j n_j), a client with more data pulled less towards θ"})
 
 
 @dataclass
 class FedDynServer:
     theta: list[torch.Tensor]        # θ^t, the global model
-    h: list[torch.Tensor]            # h^t = (1/m) Σ_k h_k
+    h: list[torch.Tensor]            # h^t = −(α/m) Σ_k Σ_t (θ_k^t − θ^{t−1}) (uniform: (1/m) Σ_k h_k)
     clients: float = 0.0             # m: every training client (0: not counted yet)
+    samples: float = 0.0             # Σ_j n_j over them (alpha_scaling: by_size)
 
 
 @dataclass
@@ -92,13 +100,21 @@ class FedDyn(Algorithm):
         return StatsRequest("all") if server.clients == 0 else None
 
     def client_stats(self, state, received, data, ctx):
-        return state, 1.0
+        return state, torch.tensor([1.0, float(data.num_train)], dtype=torch.float64)
 
     def absorb_stats(self, server, reduced, round_):
-        return FedDynServer(server.theta, server.h, float(reduced))
+        return FedDynServer(server.theta, server.h, float(reduced[0]), float(reduced[1]))
 
     def message(self, server, round_):
-        return Message(server.theta)
+        # the clients' mean train size Σ_j n_j / m, for by_size's α_k (group 0: every trainer's)
+        mean_n = server.samples / server.clients if server.clients else 0.0
+        return Message(server.theta, {0: mean_n} if self.hp.alpha_scaling == "by_size" else {})
+
+    def client_alpha(self, received, n_k: int) -> float:
+        """α for this client: α (uniform), or α / (n_k / mean n) (by_size, the authors' code)."""
+        if self.hp.alpha_scaling == "uniform" or not received.part or not n_k:
+            return self.hp.alpha
+        return self.hp.alpha * float(received.part) / n_k
 
     def aggregate(self, server, reduced, round_):
         if reduced is None or reduced.weight == 0:
@@ -117,13 +133,13 @@ class FedDyn(Algorithm):
             hn = h0.double() - (a / m) * drift
             h.append(hn.to(h0.dtype))
             theta.append((mean - hn / a).to(t0.dtype))
-        return FedDynServer(theta, h, server.clients)
+        return FedDynServer(theta, h, server.clients, server.samples)
 
     # -- client ----------------------------------------------------------------------------
     def train(self, state, received, data, ctx):
         theta = received.shared
         hk = [torch.zeros_like(p) for p in theta] if state is None else state.h
-        a = self.hp.alpha
+        a = self.client_alpha(received, data.num_train)
         (fit,) = yield [self.job(theta, data, ctx, consts={
             "linear": [-h for h in hk], "anchor": theta, "mu": a})]
         stats = set(self.groups.stats)

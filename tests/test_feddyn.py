@@ -95,3 +95,38 @@ def test_feddyn_learns_a_pathological_digits_split_at_least_as_well_as_fedavg(tm
     acc, fedavg = final_accuracy(tmp_path, "feddyn"), final_accuracy(tmp_path, "fedavg")
     assert acc > 0.6, acc                                  # 10 classes: chance is 0.1
     assert acc > fedavg + 0.01, (acc, fedavg)
+
+
+def test_by_size_alpha_is_the_authors_per_client_alpha_and_the_server_step_is_theirs():
+    """alpha_scaling: by_size: α_k = α · mean n / n_k (the authors' code). Client 0 (2 samples)
+    and client 1 (3) of m = 2 clients with Σ n = 5: mean n 2.5, α_0 = 1.25 α, α_1 = α / 1.2; the
+    statistics phase counts m and Σ n; θ = mean + (1/m) Σ_k (θ_k − θ^{t−1}) as theirs."""
+    lr, alpha = 0.1, 0.5
+    algo = make("feddyn", lr=lr, alpha=alpha, alpha_scaling="by_size", batch_size=4, local_epochs=2,
+                momentum=0.0, weight_decay=0.0)
+    theta = [torch.tensor([[0.3], [-0.2]]), torch.tensor([0.1, 0.0])]
+    a, b = client(0, [2.0, -1.0], [0, 1]), client(1, [1.0, 0.5, 3.0], [1, 1, 0])
+    stats = Accumulator()
+    for d in (a, b):
+        stats.add(algo.client_stats(None, Received(), d, ctx(0))[1])
+    server = algo.absorb_stats(FedDynServer(theta, [torch.zeros_like(t) for t in theta]), stats.result(), 0)
+    assert (server.clients, server.samples) == (2.0, 5.0)
+    msg = algo.message(server, 0)
+    assert msg.groups == {0: 2.5}
+    (s0, r0, _), (s1, r1, _) = run(algo, algo.train(None, Received(msg.shared, 2.5), a, ctx(0)),
+                                   algo.train(None, Received(msg.shared, 2.5), b, ctx(1)))
+    zero = [torch.zeros_like(t) for t in theta]
+    p0, hk0 = client_by_hand(theta, zero, [2.0, -1.0], [0, 1], lr, alpha * 2.5 / 2, 2)
+    p1, hk1 = client_by_hand(theta, zero, [1.0, 0.5, 3.0], [1, 1, 0], lr, alpha * 2.5 / 3, 2)
+    for got, want in ((r0.values, p0), (r1.values, p1), (s0.h, hk0), (s1.h, hk1)):
+        assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want))
+    acc = Accumulator()
+    acc.add(r0)
+    acc.add(r1)
+    new = algo.aggregate(server, acc.result(), 0)
+    for i in range(2):
+        mean = (p0[i] + p1[i]) / 2
+        drift_mean = ((p0[i] - theta[i]) + (p1[i] - theta[i])) / 2     # (1/m) Σ_k drift, m = 2
+        assert torch.allclose(new.theta[i], mean + drift_mean, atol=1e-6)
+    # uniform (the default) trains both clients at α itself
+    assert make("feddyn", alpha=alpha).client_alpha(Received(theta, 2.5), 2) == alpha
