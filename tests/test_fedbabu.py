@@ -13,9 +13,9 @@ from raysim import config
 from raysim.algorithms.base import Received
 from raysim.core.forward import params_of
 from raysim.core.loop import drive
-from raysim.core.replies import Accumulator
 from raysim.engine.serial import serial_driver
 from tests.conftest import write_scenario
+from tests.test_personal_layers import equal, reduce
 from tests.test_algorithms import CPU, client, ctx, make, run
 
 # two clients of 3 and 2 samples; batch 3: every step is full batch
@@ -24,19 +24,8 @@ B = client(1, [1.0, 3.0], [1, 1], test=([1.0], [1]))
 PLAIN = dict(lr=0.1, batch_size=3, momentum=0.0, weight_decay=0.0)
 
 
-def equal(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
-
-
 def close(a, b):
     return len(a) == len(b) and all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
-
-
-def reduce(*replies):
-    acc = Accumulator()
-    for r in replies:
-        acc.add(r)
-    return acc.result()
 
 
 

@@ -15,10 +15,10 @@ from raysim.algorithms.fedbn import FedBNState
 from raysim.core.forward import params_of
 from raysim.core.groups import groups_of
 from raysim.core.norm import BatchNorm1d
-from raysim.core.replies import Accumulator
 from raysim.engine.serial import serial_driver
 from raysim.models import MLPParams, mlp
 from tests.conftest import write_scenario
+from tests.test_personal_layers import equal, reduce
 from tests.test_algorithms import client, ctx, make, run
 
 # two clients of 3 and 2 samples; batch 3: every step is full batch
@@ -28,19 +28,8 @@ PLAIN = dict(lr=0.1, batch_size=3, momentum=0.0, weight_decay=0.0)
 EPS = 1e-5
 
 
-def equal(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
-
-
 def close(a, b):
     return len(a) == len(b) and all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
-
-
-def reduce(*replies):
-    acc = Accumulator()
-    for r in replies:
-        acc.add(r)
-    return acc.result()
 
 
 
