@@ -5,7 +5,8 @@ The global model w is trained by FedAvg. Every client also keeps a personal mode
 on its host), trained on its own objective h_k(v; w) = F_k(v) + (λ/2)‖v − w‖² with w the
 round's received global model held fixed. As in the official code, a selected client takes
 each mini-batch twice: a personal step on v and a plain step on its copy of w — here two jobs
-of the one loop with the same sample orders, trained in one pass. v starts from the initial
+of the one loop with the same sample orders, trained in one ``fit`` call (w's job carries no
+proximal term, so it trains at FedAvg's cost). v starts from the initial
 global model and persists across rounds; the personalized metrics come from v, the global ones
 from w. An unseen client trains a personal model from the received w for ``personal_epochs``.
 
@@ -55,7 +56,7 @@ class Ditto(FedAvg):
 
     def train(self, state, received, data, ctx):
         v = received.shared if state is None else state.personal
-        glob = self.job(received.shared, data, ctx, consts={"anchor": received.shared, "mu": 0.0})
+        glob = self.job(received.shared, data, ctx)
         same = self.hp.personal_epochs in (None, self.hp.local_epochs)
         fitted_w, fitted_v = yield [glob, self._personal_job(v, received, data, ctx, glob.orders if same else None)]
         return DittoState(fitted_v.params), self.reply(fitted_w.params, received.shared, data.num_train), fitted_w.loss

@@ -233,3 +233,60 @@ def test_drive_batches_every_clients_jobs_and_supports_several_phases():
     out = drive([two_phases("x"), "value", two_phases("y"), no_jobs()], fit)
     assert out[0] == ["trained x1", "trained x2", "trained x3"] and out[1] == "value" and out[3] == "plain"
     assert calls == [4, 2]          # both clients' phase-1 jobs in one pass, then both phase-2 jobs
+
+
+CHAINS = {
+    "mlp relu": lambda: nn.Sequential(nn.Flatten(), nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)),
+    "tanh sigmoid leaky, no bias": lambda: nn.Sequential(nn.Linear(5, 6, bias=False), nn.Tanh(), nn.Linear(6, 4),
+                                                         nn.Sigmoid(), nn.Linear(4, 5), nn.LeakyReLU(0.1),
+                                                         nn.Linear(5, 3, bias=False)),
+    "linear": lambda: nn.Linear(5, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+@pytest.mark.parametrize("consts", ["none", "prox", "linear"])
+@pytest.mark.parametrize("momentum, wd", [(0.9, 1e-3), (0.0, 0.0), (0.0, 1e-3)])
+def test_chain_gradients_by_hand_equal_autograd(name, consts, momentum, wd):
+    """The fast path (chain.py) and autograd train the same: weights, prox and linear terms,
+    padded batches (across clients), a frozen first layer; SGD with momentum (products fused
+    into the momentum buffers), plain SGD (fused into the weights where nothing else is added)
+    and SGD with weight decay (not fused)."""
+    torch.manual_seed(1)
+    model = CHAINS[name]()
+    start = fwd.params_of(model)
+    datas = clients([5, 17, 23], dim=5)
+    s = Settings(lr=0.1, epochs=2, batch_size=4, momentum=momentum, weight_decay=wd)
+    extra = {"none": {}, "prox": {"anchor": [p + 0.3 for p in start], "mu": 0.7},
+             "linear": {"linear": [torch.full_like(p, 0.05) for p in start]}}[consts]
+    for trainable in (None, (False,) + (True,) * (len(start) - 1)):
+        obj = Supervised(TASKS["classification"], trainable=trainable)
+        fast, slow = Trainer(model, "always"), Trainer(model, "always")
+        assert fast.chain is not None
+        slow.chain = None
+        jobs = [make_job(start, d, ctx_of(d), s, obj, weights=torch.rand(d.num_train), consts=extra) for d in datas]
+        for a, b in zip(fast.fit(jobs), slow.fit(jobs)):
+            assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a.params, b.params)), name
+            assert a.loss == pytest.approx(b.loss, rel=1e-6)
+        if trainable:
+            assert torch.equal(a.params[0], start[0])
+
+
+def test_chain_regression_and_unsupported_models():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    x, y = torch.randn(9, 4), torch.randn(9, 2)
+    d = ClientData(0, x, y, x[:0], y[:0], x, y)
+    s = Settings(lr=0.05, epochs=3, batch_size=4)
+    obj = Supervised(TASKS["regression"])
+    fast, slow = Trainer(model), Trainer(model)
+    slow.chain = None
+    jobs = [make_job(fwd.params_of(model), d, ctx_of(d), s, obj)]
+    (a,), (b,) = fast.fit(jobs), slow.fit(jobs)
+    assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a.params, b.params))
+    # batch norm, dropout, convolutions and an activation before any layer stay with autograd
+    for other in (nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2)),
+                  nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.1), nn.Linear(6, 2)),
+                  nn.Sequential(nn.ReLU(), nn.Linear(4, 2)),
+                  femnist_cnn(CNNParams(), (1, 28, 28), 62)):
+        assert Trainer(other).chain is None

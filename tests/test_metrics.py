@@ -163,7 +163,8 @@ def test_end_to_end_summary_has_every_metric(digits):
     for k in ("accuracy", "top5_accuracy", "ece", "test_loss", "global_top5_accuracy", "global_ece"):
         assert k in final and f"{k}_std" in final and f"best_{k}" in final and f"bottom_decile_{k}" in final
     assert 0 < final["accuracy_std"] < 0.5 and 0 <= final["ece"] <= 1
-    assert 0 <= final["global_ece_union"] <= final["global_ece"] and "best_global_ece_union" in final
+    # the union's ECE is at most the clients' mean (triangle inequality), up to the float64 rounding of the sums
+    assert 0 <= final["global_ece_union"] <= final["global_ece"] + 1e-12 and "best_global_ece_union" in final
     assert final["accuracy"] <= final["top5_accuracy"] <= 1
     assert final["best_accuracy"] == max(h["accuracy"] for h in evaluated)
     assert final["best_test_loss"] == min(h["test_loss"] for h in evaluated)

@@ -55,19 +55,6 @@ def batchable(model: nn.Module) -> bool:
     return stackable(model) and not any(isinstance(layer, nn.Conv2d) for layer in layers(model))
 
 
-# Measured on one CPU thread (bench/stacking.py): stacking 3 sets cuts the time of a linear
-# model or a 64-100-10 MLP by about a third, breaks even near 50 000 parameters per set and loses
-# beyond (the stacked gradients and momentum no longer fit in cache); grouped convolutions lose
-# (FEMNIST CNN: 0.85 s against 0.50 s a client).
-AUTO_MAX_PARAMS = 20_000
-
-
-def worth_stacking(model: nn.Module) -> bool:
-    """The ``auto`` rule: no convolution and at most AUTO_MAX_PARAMS parameters per set."""
-    return (not any(isinstance(layer, nn.Conv2d) for layer in layers(model))
-            and sum(p.numel() for p in model.parameters()) <= AUTO_MAX_PARAMS)
-
-
 STACK_MODES = ("auto", "always", "never")
 
 
@@ -76,19 +63,23 @@ def stacking_field():
     return field(default="auto", metadata={
         "choices": STACK_MODES,
         "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
-                "one stacked model: one pass per batch for all, the same batches and arithmetic. auto: "
-                "for small models without convolutions, where it is faster (bench/stacking.py); always: "
-                "whenever the architecture allows; never: one set after another"})
+                "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
+                "without convolutions, as many sets a pass as measured fastest on this machine (loop.Widths; "
+                "the numbers do not depend on it); always: every set in one pass wherever the architecture "
+                "allows (convolutions within a client only); never: one set after another"})
 
 
 def stack_within(mode: str, model: nn.Module) -> bool:
-    """Stack the parameter sets of one client (exact batch sizes)."""
-    return mode != "never" and stackable(model) and (mode == "always" or worth_stacking(model))
+    """Stack the parameter sets of one client (exact batch sizes): wherever the sets can be
+    stacked across clients, and with ``always`` for convolutions too (grouped convolutions:
+    the numbers depend on the group count, so never by default)."""
+    return stack_across(mode, model) or (mode == "always" and stackable(model))
 
 
 def stack_across(mode: str, model: nn.Module) -> bool:
-    """Stack the parameter sets of all a host's clients in lockstep (padded batches)."""
-    return stack_within(mode, model) and batchable(model)
+    """Stack the parameter sets of all a host's clients in lockstep (padded batches): models
+    made of matrix products only, unless ``never``."""
+    return mode != "never" and batchable(model)
 
 
 def stack(sets: list[list[torch.Tensor]]) -> list[torch.Tensor]:

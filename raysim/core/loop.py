@@ -8,12 +8,18 @@ per-job loss on a batch. The loop owns everything else: batching, epochs, the op
 with momentum and weight decay, or Adam), devices and the reported loss.
 
 ``Trainer.fit`` runs a list of jobs:
-- across clients (conv-free models, ``stack_across``): every job in lockstep, step t of every
-  job that has one as one stacked pass; batches are padded to the batch size (padding weighs
-  0), so each job's shapes, hence its numbers, do not depend on the other jobs;
+- across clients (conv-free models, ``stack_across``): jobs stacked into passes, a pass taking
+  its jobs through all their steps, step t of every job that has one as one stacked product;
+  batches are padded to the batch size (padding weighs 0), so each job's shapes, hence its
+  numbers, do not depend on the other jobs; how many jobs a pass holds is measured
+  (``Widths``);
 - within a client (``stack_within``): a client's jobs (e.g. FedEM's M components) stacked, batch
   sizes exact;
 - otherwise one job at a time. One job alone is the same loop with K = 1.
+
+A step's gradients come from autograd, or, for chains of linear layers trained on the task's
+loss (most pFL models), from ``chain.py``'s hand-written backward pass, which is 2-3x faster at
+batch 10; the optimizer step is ``optim.Stacked`` either way.
 
 ``drive`` runs client steps written as generators: a step yields the jobs it wants trained,
 gets ``Fitted`` back, and returns its result; ``drive`` trains the jobs every client of a host
@@ -22,12 +28,14 @@ yielded in one ``fit`` call, so a method written for one client is batched over 
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from . import chain as chn
 from . import forward as fwd
 from . import optim
 from .data import ClientData, Context
@@ -167,12 +175,15 @@ class Trainer:
     """Runs jobs on one model architecture (a host's scratch model), vectorized as the
     ``stacking`` mode and the model allow (forward.py)."""
 
-    def __init__(self, model: nn.Module, mode: str = "auto", budget: int = 1 << 26):
+    def __init__(self, model: nn.Module, mode: str = "auto", budget: int = 1 << 26, gradients: str = "auto"):
         self.model = model
         self.forward = fwd.make_forward(model)
         self.trainable = tuple(p.requires_grad for p in model.parameters())   # not running statistics
         self.across = fwd.stack_across(mode, model)
         self.within = fwd.stack_within(mode, model)
+        # gradients by hand where the model is a chain of linear layers (``gradients: autograd``: never)
+        self.chain = chn.make(model) if gradients == "auto" else None
+        self.widths = Widths(mode)
         self.budget = budget
         self._stack_key = None
         self._stack_val = None
@@ -214,18 +225,7 @@ class Trainer:
         s, obj = jobs[0].settings, jobs[0].objective
         bs, epochs = s.batch_size, s.epochs
         device = jobs[0].x.device
-        # the distinct data tensors, pooled once (a client's jobs share its data)
-        offsets: dict[int, int] = {}
-        xs, ys = [], []
-        total = 0
-        for j in jobs:
-            if id(j.x) not in offsets:
-                offsets[id(j.x)] = total
-                xs.append(j.x)
-                ys.append(j.y)
-                total += int(j.y.shape[0])
-        X = torch.cat(xs) if len(xs) > 1 else xs[0]
-        Y = torch.cat(ys) if len(ys) > 1 else ys[0]
+        X, Y, offsets = _pool(jobs)
         k_all = len(jobs)
         ns = [int(j.y.shape[0]) for j in jobs]
         steps = [epochs * -(-n // bs) for n in ns]
@@ -255,28 +255,63 @@ class Trainer:
             draws = torch.stack([_pad_steps(jobs[k].draws, t_max) for k in order]).to(device)
         opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained,
                             [jobs[k].opt_state for k in order])
-        chunk = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
+        cap = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
         widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
+        by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
+                   and self.chain.supports(obj.task, len(P), consts))
+        tune = (bs, tuple(tuple(p.shape[1:]) for p in P), train_mask, by_hand, id(obj), tuple(sorted(consts)))
         self._mode(True)
-        for t in range(t_max):
-            kt, width = active[t], widths[t]
-            for c0 in range(0, kt, chunk):
-                c1 = min(kt, c0 + chunk)
-                sub = [p[c0:c1].detach().requires_grad_(m) for p, m in zip(P, train_mask)]
-                at = first[c0:c1] + t
-                rows = IDX[at][:, :width]
-                batch = Batch(X[rows], Y[rows], WT[at][:, :width], VAL[at][:, :width])
-                cs = {key: [v[c0:c1] for v in val] if isinstance(val, list) else val[c0:c1]
-                      for key, val in consts.items()}
-                loss, data_sum, *assign = obj.loss(self.forward, sub, batch, cs,
-                                                   None if draws is None else draws[c0:c1, t])
-                grads = list(torch.autograd.grad(loss.sum(), [p for p, m in zip(sub, train_mask) if m]))
-                loss_sums[c0:c1] += data_sum.detach().to(torch.float64)
-                opt.step([p[c0:c1] for p in trained], grads, c0, c1)
+        # pass by pass: a pass trains jobs c0..c1-1 through all their steps, so its parameters
+        # stay in cache from step to step; its width is measured (Widths), the numbers are the
+        # same whatever it is (each job's products are its own)
+        c0 = 0
+        last_row = IDX.shape[0] - 1
+        while c0 < k_all:
+            c1 = min(k_all, c0 + min(cap, self.widths.pick(tune, k_all - c0) if self.across else k_all))
+            t0 = time.perf_counter()
+            cs = {key: [v[c0:c1] for v in val] if isinstance(val, list) else val[c0:c1]
+                  for key, val in consts.items()}
+            sub_P = [p[c0:c1] for p in P]
+            sub_trained = [p[c0:c1] for p in trained]
+            terms = self.chain.terms(cs, train_mask) if by_hand else None
+            t_pass = steps[order[c0]]
+            # the pass's batches at once: row of job i's step t (past a job's last step, any row)
+            at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
+            rows_p, wt_p, val_p = IDX[at], WT[at], VAL[at]
+            b = c1
+            for t in range(t_pass):
+                if active[t] < b:                  # jobs c0..b-1 have a step t
+                    b = max(c0, active[t])
+                    part = b - c0
+                    cs = {key: [v[:part] for v in val] if isinstance(val, list) else val[:part]
+                          for key, val in cs.items()}
+                    sub_P = [p[:part] for p in sub_P]
+                    sub_trained = [p[:part] for p in sub_trained]
+                    if terms is not None:
+                        terms = tuple(None if v is None else v[:part] if isinstance(v, torch.Tensor)
+                                      else [u[:part] for u in v] for v in terms)
+                width = widths[t]
+                rows = rows_p[:b - c0, t, :width]
+                assign = ()
+                if by_hand:
+                    data_sum, grads = self.chain.step(obj.task, sub_P, X[rows], Y[rows], wt_p[:b - c0, t, :width],
+                                                      val_p[:b - c0, t, :width], terms, train_mask, opt, c0, b)
+                else:
+                    sub = [p.detach().requires_grad_(m) for p, m in zip(sub_P, train_mask)]
+                    batch = Batch(X[rows], Y[rows], wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
+                    loss, data_sum, *assign = obj.loss(self.forward, sub, batch, cs,
+                                                       None if draws is None else draws[c0:b, t])
+                    grads = list(torch.autograd.grad(loss.sum(), [p for p, m in zip(sub, train_mask) if m]))
+                loss_sums[c0:b] += data_sum.detach().to(torch.float64)
+                if grads is not None:
+                    opt.step(sub_trained, grads, c0, b)
                 for i, value in (assign[0] if assign else {}).items():
                     if train_mask[i]:
                         raise ValueError(f"the objective sets parameter {i}, which the optimizer trains")
-                    P[i][c0:c1] = value.detach()
+                    P[i][c0:b] = value.detach()
+            if self.across:
+                self.widths.record(tune, c1 - c0, time.perf_counter() - t0, sum(steps[order[i]] for i in range(c0, c1)), k_all)
+            c0 = c1
         mean = (loss_sums / seen.clamp_min(1)).tolist()
         own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
         for i, k in enumerate(order):
@@ -311,6 +346,88 @@ class Trainer:
             else:
                 out.append(torch.cat([self.forward([p[j:j + 1] for p in P], xb.unsqueeze(0)) for j in range(k)]))
         return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+
+
+class Widths:
+    """How many jobs a stacked pass trains at once, by measurement: per kind of pass (model
+    shapes, batch size, objective), passes of 1, 2, 4, ... jobs are timed until a wider pass
+    is slower per job-step than the best so far (or the jobs run out); then the best width
+    is kept. Wide passes spread Python's and the step's fixed costs over more jobs; past some
+    width the jobs' parameters, gradients and momentum no longer fit in cache. The width
+    changes the speed only, never the numbers: a job's products are computed on their own.
+    ``always``: every job in one pass (up to the memory budget)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.best: dict = {}          # kind -> the chosen width
+        self.seen: dict = {}          # kind -> {width: seconds per job-step}
+
+    def pick(self, kind, left: int) -> int:
+        if self.mode == "always":
+            return left
+        if kind in self.best:
+            return self.best[kind]
+        return min(left, 2 ** len(self.seen.get(kind, {})))
+
+    def record(self, kind, width: int, seconds: float, job_steps: int, jobs: int) -> None:
+        """A pass of ``width`` jobs took ``seconds`` for ``job_steps`` steps in all, in a fit of
+        ``jobs`` jobs."""
+        if self.mode == "always" or kind in self.best or job_steps == 0:
+            return
+        tried = self.seen.setdefault(kind, {})
+        if width == 2 ** len(tried):           # the ladder's next width (not a remainder)
+            tried[width] = seconds / job_steps
+        if not tried:
+            return
+        best = min(tried, key=tried.get)
+        last = max(tried)
+        # stop where the last width lost, at the ladder's top, or where no fit has more jobs
+        if tried[last] > 1.1 * tried[best] or last >= 4096:
+            self.best[kind] = best
+        elif 2 * last > jobs:                  # still gaining at the widest pass these fits allow
+            self.best[kind] = max(jobs, last) if best == last else best
+
+
+def _pool(jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+    """The jobs' data as one tensor of inputs and one of targets, with each job's data's first
+    row in them (by ``id``; a client's jobs share its data). Where the data are row blocks of
+    one storage (a host's packed shards, ``data.pack``), that storage is used as it is;
+    otherwise the distinct tensors are concatenated."""
+    xs, ys = {}, {}
+    for j in jobs:
+        xs.setdefault(id(j.x), j.x)
+        ys.setdefault(id(j.x), j.y)
+    whole = _whole(list(xs.values())), _whole(list(ys.values()))
+    if whole[0] is not None and whole[1] is not None:
+        (X, xo), (Y, yo) = whole
+        if xo == yo:
+            return X, Y, dict(zip(xs, xo))
+    offsets, total = {}, 0
+    for key, y in ys.items():
+        offsets[key] = total
+        total += int(y.shape[0])
+    X = torch.cat(list(xs.values())) if len(xs) > 1 else next(iter(xs.values()))
+    Y = torch.cat(list(ys.values())) if len(ys) > 1 else next(iter(ys.values()))
+    return X, Y, offsets
+
+
+def _whole(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
+    """(the storage's rows as one tensor, each tensor's first row) where every tensor is a
+    contiguous block of rows of one storage of that row shape; else None."""
+    if len(ts) == 1:
+        return ts[0], [0]
+    t0 = ts[0]
+    row = 1
+    for d in t0.shape[1:]:
+        row *= d
+    ptr = t0.untyped_storage().data_ptr()
+    if row == 0 or any(t.untyped_storage().data_ptr() != ptr or not t.is_contiguous() or t.shape[1:] != t0.shape[1:]
+                       or t.dtype != t0.dtype or t.storage_offset() % row for t in ts):
+        return None
+    storage = t0.untyped_storage()
+    rows = storage.nbytes() // (row * t0.element_size())
+    X = t0.new_empty(0).set_(storage, 0, (rows, *t0.shape[1:]))
+    return X, [t.storage_offset() // row for t in ts]
 
 
 def _schedule(jobs: list[Job], offsets: list[int], ns: list[int], epochs: int, bs: int, device

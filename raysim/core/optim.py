@@ -73,6 +73,47 @@ class Stacked:
             denom = (vi.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(self.eps)
             p.addcdiv_(mi * (-self.lr / bc1).to(p.dtype).view(shape), denom)
 
+    # -- the chain path's fused SGD (chain.py): a parameter's whole step at once, its gradient
+    # coming as a product added straight into the tensor the step adds it to
+    def fusable(self) -> bool:
+        return self.name == "sgd"
+
+    @torch.no_grad()
+    def fused(self, j: int, lo: int, hi: int, p: torch.Tensor, c: torch.Tensor | None, d: torch.Tensor | None,
+              a: torch.Tensor | None = None, b: torch.Tensor | None = None, g: torch.Tensor | None = None) -> None:
+        """One SGD step of sets lo..hi-1 of trained parameter j (``p``: that slice) whose
+        gradient is bmm(a, b) (or ``g``) + c·p + d, with c (K,) per set and d constant terms
+        of the objective (either may be None), weight decay added to c:
+
+            no momentum:  p ← (1 − lr·c)·p − lr·d − lr·bmm(a, b)
+            momentum μ:   m ← μ·m + bmm(a, b) + c·p + d,  p ← p − lr·m
+
+        the arithmetic of ``step`` up to rounding, in two to four passes over p instead of a
+        gradient tensor and its several passes."""
+        if self.wd:
+            c = torch.full((p.shape[0],), self.wd, dtype=p.dtype, device=p.device) if c is None else c + self.wd
+        cv = None if c is None else c.view(-1, *([1] * (p.dim() - 1)))
+        if not self.momentum:
+            if cv is not None:
+                p.mul_(1 - self.lr * cv)
+            if d is not None:
+                p.add_(d, alpha=-self.lr)
+            if g is None:
+                p.baddbmm_(a, b, alpha=-self.lr)
+            else:
+                p.add_(g, alpha=-self.lr)
+            return
+        m = self.buffers["momentum"][j][lo:hi]
+        if g is None:
+            m.baddbmm_(a, b, beta=self.momentum)
+        else:
+            m.mul_(self.momentum).add_(g)
+        if cv is not None:
+            m.addcmul_(p, cv)
+        if d is not None:
+            m.add_(d)
+        p.add_(m, alpha=-self.lr)
+
     def state_of(self, k: int) -> dict:
         """Set k's state (own storage)."""
         out = {key: [b[k].clone() for b in bufs] for key, bufs in self.buffers.items()}

@@ -19,7 +19,7 @@ from raysim.algorithms.base import Received
 from raysim import rng
 from raysim.config import Scenario, make_source
 from raysim.core import mixing
-from raysim.core.data import ClientData, Context
+from raysim.core.data import ClientData, Context, pack
 from raysim.core.loop import drive
 from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
@@ -81,8 +81,8 @@ class Host:
         every_round = self.sc.topology is not None or (
             s.count >= self.sc.data.clients if s.count is not None else s.fraction >= 1.0)
         if every_round:
-            for cid in self.cids:
-                self.data(cid)
+            packed = pack([self.data(cid) for cid in self.cids])
+            self._data.update(zip(self.cids, packed))
 
     def num_samples(self) -> dict[int, int]:
         return {c: self.source.num_samples(c) for c in self.cids}

@@ -1,0 +1,105 @@
+"""raysim on the workloads a personalized-FL researcher runs every day, against a bare loop
+written the way PFLlib and FL-bench train (bench/bare_pfl.py).
+
+    python bench/pfl_workload.py                      # the four workloads, 10 rounds
+    python bench/pfl_workload.py fedavg-100 --rounds 3
+    python bench/pfl_workload.py --hosts 1            # raysim on one host actor
+
+Fashion-MNIST, 50 clients, pathological 2-class split, every client every round, 1 local
+epoch of batch 10, plain SGD at lr 0.01, evaluation after the last round; FedAvg and Ditto
+(λ = 1) on the MLPs 784-100-10 and 784-200-200-10. Both sides run as the user runs them, a
+process each from exec to exit (raysim: `raysim run`, Ray's start, its host actors, MLflow);
+for each, this prints the wall seconds, the CPU seconds of every process of the run (Ray's
+included; the machine's busy time), the peak non-shared memory (USS summed over the
+processes) and the final accuracy, then raysim's figures over the bare loop's. Last, raysim's
+Ditto round against its FedAvg round (median round seconds, same model). Run it on an
+otherwise idle machine; the measuring is bench/proctree.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from proctree import measure  # noqa: E402
+
+WORKLOADS = {"fedavg-100": ("fedavg", [100]), "ditto-100": ("ditto", [100]),
+             "fedavg-200-200": ("fedavg", [200, 200]), "ditto-200-200": ("ditto", [200, 200])}
+
+
+def scenario(method: str, hidden: list[int], rounds: int, hosts: int, root: str) -> dict:
+    algo = {"name": method, "lr": 0.01, "local_epochs": 1, "batch_size": 10}
+    if method == "ditto":
+        algo["lam"] = 1.0
+    return {"name": f"pfl-{method}-{'-'.join(map(str, hidden))}", "seed": 0, "rounds": rounds,
+            "data": {"dataset": "fashion_mnist", "root": root, "clients": 50,
+                     "partition": {"kind": "shards", "classes_per_client": 2, "assign": "strided"}},
+            "model": {"name": "mlp", "hidden": hidden},
+            "algorithm": algo, "eval": {"every": rounds}, "resources": {"hosts": hosts},
+            "checkpoint": {"every": 0}}
+
+
+def run_raysim(sc: dict, tmp: Path) -> dict:
+    path = tmp / f"{sc['name']}.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    summary = tmp / f"{sc['name']}.json"
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--summary", str(summary),
+           "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck"]
+    r = measure(cmd, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    if r["rc"]:
+        raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
+    s = json.loads(summary.read_text())
+    r["accuracy"] = s["final"]["accuracy"]
+    r["round"] = statistics.median(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"])
+    return r
+
+
+def run_bare(method: str, hidden: list[int], rounds: int, root: str) -> dict:
+    cmd = [sys.executable, str(HERE / "bare_pfl.py"), method, ",".join(map(str, hidden)), "--rounds", str(rounds),
+           "--root", root]
+    r = measure(cmd)
+    if r["rc"]:
+        raise SystemExit(f"bare loop failed ({r['rc']}):\n{r['stderr'][-3000:]}")
+    r["accuracy"] = float(re.search(r"accuracy=([\d.]+)", r["stdout"]).group(1))
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
+    args = ap.parse_args()
+    print(f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'acc':>6} | "
+          f"{'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9}", flush=True)
+    rounds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.workloads:
+            method, hidden = WORKLOADS[name]
+            bare = run_bare(method, hidden, args.rounds, args.root)
+            ours = run_raysim(scenario(method, hidden, args.rounds, args.hosts, args.root), Path(tmp))
+            rounds[name] = ours["round"]
+            for side, r in (("bare", bare), ("raysim", ours)):
+                ratios = (f" {r['wall'] / bare['wall']:10.2f} {r['cpu'] / bare['cpu']:9.2f} "
+                          f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f}") if r is ours else ""
+                print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
+                      f"{r['accuracy']:6.3f} |{ratios}", flush=True)
+    for size in ("100", "200-200"):
+        if f"fedavg-{size}" in rounds and f"ditto-{size}" in rounds:
+            print(f"raysim Ditto round / FedAvg round, MLP {size}: "
+                  f"{rounds[f'ditto-{size}'] / rounds[f'fedavg-{size}']:.2f}x "
+                  f"({rounds[f'ditto-{size}']:.3f} s / {rounds[f'fedavg-{size}']:.3f} s)")
+
+
+if __name__ == "__main__":
+    main()

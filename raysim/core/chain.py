@@ -1,0 +1,185 @@
+"""Gradients by hand for chains of linear layers (the loop's fast path).
+
+Most personalized-FL workloads train small multilayer perceptrons with batches of 10: a step
+is then a few small matrix products, and autograd's graph, its per-node allocations and the
+cross-entropy's backward cost more than the products themselves (about 2.5x a step for the
+784-100-10 MLP, bench/pfl_workload.py). For a model that is a chain of ``Linear`` layers and
+element-wise activations (``Flatten`` first allowed), trained on ``Supervised``'s loss, this
+module runs the step's forward pass and writes each parameter's gradient directly:
+
+    z_i = a_{i-1} W_iᵀ + b_i            a_i = σ_i(z_i)
+    δ_L = w ⊙ (softmax(z_L) − onehot(y))                      cross-entropy
+    δ_L = w ⊙ 2 (z_L − y) / D                                  squared error (mean over D outputs)
+    ∂W_i = δ_iᵀ a_{i-1}     ∂b_i = Σ_rows δ_i     δ_{i-1} = (δ_i W_i) ⊙ σ'_{i-1}(z_{i-1})
+
+for K parameter sets at once (batched products, as ``forward.stacked_forward``), with w the
+batch's per-row loss weights (per-sample weight / rows in the batch, 0 on padding), plus the
+objective's constant terms: μ (W − anchor) for a proximal pull and ``linear`` for a gradient
+correction. The optimizer step is the loop's own (optim.Stacked), unchanged.
+
+The same (model, objective) always takes the same path, so a run's numbers never depend on
+which path another run took; stacked and one-job passes of this path agree bit for bit, as
+the autograd path's do (each set's products are computed on their own). The two paths agree
+to float32 rounding, not bitwise: tests hold them within 1e-6.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .tasks import Classification, Regression
+
+ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.Tanh, nn.Sigmoid, nn.Identity)
+
+
+def plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The model as [(kind, layer)] where it is a chain this module differentiates, else None:
+    an optional leading Flatten(1, -1), then Linear layers with element-wise activations
+    between or after them, no buffers."""
+    from .forward import layers
+    if any(True for _ in model.buffers()):
+        return None
+    out: list[tuple[str, nn.Module]] = []
+    for i, layer in enumerate(layers(model)):
+        if isinstance(layer, nn.Linear):
+            out.append(("linear", layer))
+        elif isinstance(layer, ACTIVATIONS):
+            if not out:            # an activation on the raw inputs: leave it to autograd
+                return None
+            out.append(("act", layer))
+        elif isinstance(layer, nn.Flatten) and i == 0 and layer.start_dim == 1 and layer.end_dim == -1:
+            continue
+        else:
+            return None
+    return out if any(k == "linear" for k, _ in out) else None
+
+
+class Chain:
+    """Loss and gradients of ``Supervised``'s objective for a chain model (``plan``)."""
+
+    def __init__(self, model: nn.Module, steps: list[tuple[str, nn.Module]]):
+        self.layers: list[tuple[bool, list]] = []     # per Linear: (has bias, following activations)
+        for kind, layer in steps:
+            if kind == "linear":
+                self.layers.append((layer.bias is not None, []))
+            else:
+                self.layers[-1][1].append(layer)
+        self.first: list[int] = []                     # each layer's first parameter index
+        pos = 0
+        for has_bias, _ in self.layers:
+            self.first.append(pos)
+            pos += 1 + has_bias
+        self.count = pos                               # parameters, in model order
+
+    def supports(self, task, params: int, consts) -> bool:
+        """For ``Supervised``'s loss (the loop checks the objective) on this task, with
+        ``params`` parameters a job and these constants."""
+        return (isinstance(task, (Classification, Regression)) and params == self.count
+                and set(consts) <= {"mu", "anchor", "linear"})
+
+    def terms(self, consts: dict, train_mask: tuple[bool, ...]) -> tuple[torch.Tensor | None, list | None]:
+        """The objective's gradient terms beside the data's, as c·w + d per trained parameter:
+        a proximal pull μ(w − anchor) and a ``linear`` correction give c = μ (K,) and
+        d = linear − μ·anchor (constant over a pass's steps: made once per pass)."""
+        c = d = None
+        if "mu" in consts:
+            c = consts["mu"].to(torch.float32)
+            anchors = [a for a, t in zip(consts["anchor"], train_mask) if t]
+            d = [a * -c.view(-1, *([1] * (a.dim() - 1))) for a in anchors]
+        if "linear" in consts:
+            lins = [l for l, t in zip(consts["linear"], train_mask) if t]
+            d = lins if d is None else [u + v for u, v in zip(d, lins)]
+        return c, d
+
+    def step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+             valid: torch.Tensor, terms: tuple, train_mask: tuple[bool, ...], opt=None, lo: int = 0, hi: int = 0
+             ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """One step's data loss summed over each set's valid rows (K,) and the gradients of the
+        trained parameters in model order (``terms`` included: ``terms(...)`` of these sets);
+        or, given an ``opt`` (optim.Stacked, sets lo..hi-1 of it: ``params`` are their slices)
+        that fuses, the step itself, each parameter updated by ``opt.fused`` as soon as its
+        gradient is known (and after the layer below has its error from the weights before the
+        step); None then comes back for the gradients."""
+        k, b = x.shape[0], x.shape[1]
+        c, d = terms
+        fuse = opt is not None and opt.fusable()
+        slot = {i: j for j, i in enumerate(i for i, t in enumerate(train_mask) if t)}
+        a = x.reshape(k, b, -1)
+        inputs, seqs, weights = [], [], []
+        it = iter(params)
+        for has_bias, acts in self.layers:
+            w = next(it)
+            bias = next(it) if has_bias else None
+            weights.append(w)
+            inputs.append(a)
+            z = torch.bmm(a, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
+            seq = [z]
+            for act in acts:
+                seq.append(act(seq[-1]))
+            seqs.append(seq)
+            a = seq[-1]
+        if isinstance(task, Classification):
+            logp = a.log_softmax(-1)
+            target = logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+            data_sum = -(target * valid).sum(1)
+            delta = logp.exp_().mul_(weight.unsqueeze(-1))
+            delta.scatter_add_(-1, y.unsqueeze(-1), weight.neg().unsqueeze(-1))
+        else:
+            diff = a - (y.unsqueeze(-1) if y.dim() == a.dim() - 1 else y)
+            data_sum = ((diff * diff).mean(-1) * valid).sum(1)
+            delta = diff.mul_((2.0 / a.shape[-1]) * weight.unsqueeze(-1))
+        # the earliest parameter that trains: no gradient flows below its layer
+        lowest = next((i for i, t in enumerate(train_mask) if t), len(train_mask))
+        grads: dict[int, torch.Tensor] = {}
+        for li in range(len(self.layers) - 1, -1, -1):
+            has_bias, acts = self.layers[li]
+            seq = seqs[li]
+            for j in range(len(acts) - 1, -1, -1):          # through this layer's activations
+                delta = _act_back(acts[j], seq[j], seq[j + 1], delta)
+            p = self.first[li]
+            below = li > 0 and p > lowest
+            prev = torch.bmm(delta, weights[li]) if below else None     # with the weights before the step
+            if train_mask[p]:
+                self._apply(p, slot, params, c, d, grads, opt if fuse else None, lo, hi,
+                            ga=delta.transpose(1, 2), gb=inputs[li])
+            if has_bias and train_mask[p + 1]:
+                self._apply(p + 1, slot, params, c, d, grads, opt if fuse else None, lo, hi, g=delta.sum(1))
+            if not below:
+                break
+            delta = prev
+        if fuse:
+            return data_sum, None
+        out = [grads[i] for i, t in enumerate(train_mask) if t]
+        if c is not None:
+            trained = [p for p, t in zip(params, train_mask) if t]
+            torch._foreach_add_(out, [p * c.view(-1, *([1] * (p.dim() - 1))) for p in trained])
+        if d is not None:
+            torch._foreach_add_(out, d)
+        return data_sum, out
+
+
+    @staticmethod
+    def _apply(i, slot, params, c, d, grads, opt, lo, hi, ga=None, gb=None, g=None) -> None:
+        """Parameter i's gradient bmm(ga, gb) (or g): its fused step, or kept in ``grads``."""
+        if opt is not None:
+            opt.fused(slot[i], lo, hi, params[i], c, None if d is None else d[slot[i]], ga, gb, g)
+        else:
+            grads[i] = torch.bmm(ga, gb) if g is None else g
+
+
+def _act_back(act: nn.Module, z: torch.Tensor, a: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """δ through a = act(z)."""
+    if isinstance(act, nn.ReLU):
+        return torch.ops.aten.threshold_backward(delta, a, 0)
+    if isinstance(act, nn.LeakyReLU):
+        return torch.where(z > 0, delta, delta * act.negative_slope)
+    if isinstance(act, nn.Tanh):
+        return delta * (1 - a * a)
+    if isinstance(act, nn.Sigmoid):
+        return delta * (a * (1 - a))
+    return delta                                          # Identity
+
+
+def make(model: nn.Module) -> Chain | None:
+    steps = plan(model)
+    return Chain(model, steps) if steps is not None else None
