@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raysim.core.optim import OPTIMIZERS
+from raysim.core import OPTIMIZERS
 from raysim.schema import Component
 
 

@@ -95,3 +95,17 @@ def test_yaml_and_torch_load_are_safe():
         assert "yaml.load(" not in text and "pickle.load" not in text, f
         for call in re.findall(r"torch\.load\([^)]*\)", text):
             assert "weights_only=True" in call, f"{f}: {call}"
+
+
+def test_the_checks_before_ray_starts_import_neither_torch_nor_mlflow(tmp_path):
+    """`raysim run` reads and checks the scenario file (raysim.preflight) before Ray starts, so
+    that Ray's start overlaps the validation; importing torch there (seconds) delays it."""
+    import subprocess
+    import sys
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: x\nrounds: 1\ndata: {dataset: digits, clients: 4}\nalgorithm: {name: fedavg}\n")
+    code = ("import sys; from raysim.preflight import check_run; "
+            f"check_run({str(scenario)!r}, ['rounds=2'], None, None); "
+            "print(sorted(m for m in ('torch', 'mlflow', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

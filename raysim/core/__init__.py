@@ -11,3 +11,7 @@ engine runs it inside host actors.
 - ``replies``: summable reply types and their grouping-independent reduction;
 - ``mixing``: gossip mixing θ_i ← Σ_j W_ij θ_j and the consensus distance.
 """
+
+# the local optimizers (optim.py), named here where the scenario's sections read them without
+# importing torch (``raysim run`` checks the scenario file before Ray starts, torch-free)
+OPTIMIZERS = ("sgd", "adam")

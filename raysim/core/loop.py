@@ -382,10 +382,8 @@ class Widths:
         best = min(tried, key=tried.get)
         last = max(tried)
         # stop where the last width lost, at the ladder's top, or where no fit has more jobs
-        if tried[last] > 1.1 * tried[best] or last >= 4096:
+        if tried[last] > 1.1 * tried[best] or last >= 4096 or 2 * last > jobs:
             self.best[kind] = best
-        elif 2 * last > jobs:                  # still gaining at the widest pass these fits allow
-            self.best[kind] = max(jobs, last) if best == last else best
 
 
 def _pool(jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:

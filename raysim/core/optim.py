@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-OPTIMIZERS = ("sgd", "adam")
+from raysim.core import OPTIMIZERS  # noqa: F401 - re-exported
 
 
 def state_keys(name: str, momentum: float) -> tuple[str, ...]:
@@ -83,19 +83,19 @@ class Stacked:
               a: torch.Tensor | None = None, b: torch.Tensor | None = None, g: torch.Tensor | None = None) -> None:
         """One SGD step of sets lo..hi-1 of trained parameter j (``p``: that slice) whose
         gradient is bmm(a, b) (or ``g``) + c·p + d, with c (K,) per set and d constant terms
-        of the objective (either may be None), weight decay added to c:
+        of the objective (either may be None), and weight decay λ:
 
-            no momentum:  p ← (1 − lr·c)·p − lr·d − lr·bmm(a, b)
-            momentum μ:   m ← μ·m + bmm(a, b) + c·p + d,  p ← p − lr·m
+            no momentum:  p ← (1 − lr·(c + λ))·p − lr·d − lr·bmm(a, b)
+            momentum μ:   m ← μ·m + bmm(a, b) + c·p + λ·p + d,  p ← p − lr·m
 
         the arithmetic of ``step`` up to rounding, in two to four passes over p instead of a
         gradient tensor and its several passes."""
-        if self.wd:
-            c = torch.full((p.shape[0],), self.wd, dtype=p.dtype, device=p.device) if c is None else c + self.wd
         cv = None if c is None else c.view(-1, *([1] * (p.dim() - 1)))
         if not self.momentum:
             if cv is not None:
-                p.mul_(1 - self.lr * cv)
+                p.mul_(1 - self.lr * (cv + self.wd))
+            elif self.wd:
+                p.mul_(1 - self.lr * self.wd)
             if d is not None:
                 p.add_(d, alpha=-self.lr)
             if g is None:
@@ -110,6 +110,8 @@ class Stacked:
             m.mul_(self.momentum).add_(g)
         if cv is not None:
             m.addcmul_(p, cv)
+        if self.wd:
+            m.add_(p, alpha=self.wd)
         if d is not None:
             m.add_(d)
         p.add_(m, alpha=-self.lr)
