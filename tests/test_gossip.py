@@ -178,3 +178,30 @@ def test_fedavg_plus_with_a_topology_tunes_each_clients_own_model(tmp_path):
     d = run(load(tmp_path, text, "rounds=2"))
     last = d.history[-1]
     assert 0.5 < last["accuracy"] <= 1.0 and "global_accuracy" not in last
+
+
+def test_sparse_rows_mix_each_row_on_its_own_and_sums_add_row_by_row():
+    """A host's rows of W as one sparse product: a client's mixed vector is bit for bit what
+    its row alone gives (whichever other rows the host holds), equal to Σ_j W_ij θ_j by hand;
+    the consensus sum adds the rows one after another in float64."""
+    from raysim.core.mixing import Rows, squared_distances, squared_distances_rows
+    from raysim.core.replies import Accumulator
+    g = torch.Generator().manual_seed(0)
+    sources = {j: torch.randn(7, generator=g) for j in (0, 2, 5, 9, 11)}
+    rows = {2: [(0, 0.25), (2, 0.5), (5, 0.25)], 9: [(5, 1 / 3), (9, 1 / 3), (11, 1 / 3)], 11: [(9, 0.5), (11, 0.5)]}
+    together = Rows(rows).mix(sources)
+    for k, i in enumerate(sorted(rows)):
+        alone = Rows({i: rows[i]}).mix(sources)[0]
+        assert torch.equal(together[k], alone)
+        by_hand = sum(w * sources[j].double() for j, w in rows[i]).float()
+        assert torch.allclose(alone, by_hand, atol=1e-6)
+    acc = Accumulator()
+    acc.add_rows(together)
+    one_by_one = Accumulator()
+    for r in together:
+        one_by_one.add(r)
+    assert torch.equal(acc.result(), one_by_one.result()) and acc.count == one_by_one.count == 3
+    mean = together.mean(0)
+    per_row = squared_distances_rows(together, mean, [3, 4])
+    assert per_row[1] == squared_distances(together[1], mean, [3, 4])
+    assert per_row[1][0] == pytest.approx(float(((together[1, :3].double() - mean[:3].double()) ** 2).sum()))

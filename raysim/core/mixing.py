@@ -7,6 +7,7 @@ mean_k ‖θ_k − θ̄‖² per group.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -30,27 +31,54 @@ def group_sizes(template: list[list[torch.Tensor]]) -> list[int]:
     return [sum(t.numel() for t in g) for g in template]
 
 
+class Rows:
+    """A host's rows of W, {i: [(j, W_ij), ...]} in ascending j, as one sparse matrix over the
+    sources they read (ascending ids): built once while W stays the same."""
+
+    def __init__(self, rows: dict[int, list[tuple[int, float]]]):
+        import scipy.sparse as sp
+        self.cids = sorted(rows)
+        self.sources = sorted({j for row in rows.values() for j, _ in row})
+        col = {j: k for k, j in enumerate(self.sources)}
+        ptr, idx, val = [0], [], []
+        for i in self.cids:
+            for j, w in rows[i]:
+                idx.append(col[j])
+                val.append(float(w))
+            ptr.append(len(idx))
+        self.matrix = sp.csr_matrix((np.asarray(val, dtype=np.float64), np.asarray(idx, dtype=np.int64),
+                                     np.asarray(ptr, dtype=np.int64)), shape=(len(self.cids), len(self.sources)))
+        self.matrix.has_sorted_indices = True
+
+    def mix(self, sources: dict[int, torch.Tensor]) -> torch.Tensor:
+        """(rows, d): row i is Σ_j W_ij·sources[j] summed in float64 in ascending j (each row on
+        its own: its numbers depend only on its neighbourhood, whichever host holds which
+        client), cast back to the sources' dtype."""
+        if not self.cids:
+            return torch.zeros(0)
+        first = sources[self.sources[0]]
+        flat = torch.stack([sources[j] for j in self.sources]).to(torch.float64).numpy()
+        return torch.from_numpy(self.matrix @ flat).to(first.dtype)
+
+
 def mix_rows(sources: dict[int, torch.Tensor], rows: list[list[tuple[int, float]]]) -> list[torch.Tensor]:
     """For each row [(j, w_j), ...] (ascending j): Σ_j w_j·sources[j] in float64, cast back to
-    the sources' dtype. One product of a row's weights with its neighbours' rows of the stacked
-    sources, so a client's result depends only on its own neighbourhood, whichever host holds
-    which client."""
+    the sources' dtype (``Rows.mix`` for one list of rows)."""
     if not rows:
         return []
-    ids = sorted(sources)
-    pos = {j: k for k, j in enumerate(ids)}
-    dtype = sources[ids[0]].dtype
-    flat = torch.stack([sources[j] for j in ids]).to(torch.float64)
-    out = []
-    for row in rows:
-        idx = torch.tensor([pos[j] for j, _ in row], device=flat.device)
-        w = torch.tensor([float(wj) for _, wj in row], dtype=torch.float64, device=flat.device)
-        out.append((w @ flat[idx]).to(dtype))
-    return out
+    return list(Rows(dict(enumerate(rows))).mix(sources).unbind(0))
 
 
 def squared_distances(flat: torch.Tensor, mean: torch.Tensor, sizes: list[int]) -> list[float]:
     """‖θ − θ̄‖² per group, in float64 from the float32 values (computed directly: no
     cancellation near consensus)."""
-    d = (flat.to(torch.float64) - mean.to(torch.float64)) ** 2
-    return [float(part.sum()) for part in torch.split(d, sizes)]
+    return squared_distances_rows(flat.unsqueeze(0), mean, sizes)[0]
+
+
+def squared_distances_rows(flats: torch.Tensor, mean: torch.Tensor, sizes: list[int]) -> list[list[float]]:
+    """``squared_distances`` of every row of ``flats`` (n, d): each row summed on its own
+    (numpy's pairwise sum along the row), so its numbers do not depend on the other rows."""
+    d = (flats.to(torch.float64) - mean.to(torch.float64).reshape(1, -1)).numpy()
+    d = d * d
+    bounds = np.cumsum([0] + list(sizes))
+    return np.stack([d[:, a:b].sum(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1).tolist()
