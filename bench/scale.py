@@ -2,11 +2,15 @@
 
     python bench/scale.py                # every case (about 10 minutes on 2 cores)
     python bench/scale.py --sizes 10000  # one size
+    python bench/scale.py --sizes 1000000 --cases star-1000   # a million registered, 1 000 a round
 
 Cases, on a linear model over 20 standard-normal features (16 samples a client, 8 for training),
 2 host actors of 1 CPU:
 - star: FedAvg, 1 % of the clients sampled a round, evaluation of 1 000 sampled clients every
   10 rounds; run for 10 rounds and for 100, to see memory stay flat;
+- star-1000: the same with 1 000 clients sampled a round whatever the size (the million-client
+  case: ``--sizes 1000000 --cases star-1000``; data and state exist only for clients that were
+  sampled or evaluated);
 - gossip: D-SGD (every client trains and mixes each round) on a sparse Erdős–Rényi graph of
   average degree 8 (its components bridged: ``topology.connect: bridge``) and on a ring.
 
@@ -50,6 +54,8 @@ def scenario(kind: str, clients: int, rounds: int) -> dict:
     }
     if kind == "star":
         sc["sampling"] = {"fraction": 0.01}
+    elif kind == "star1000":
+        sc["sampling"] = {"count": 1000}
     else:
         graph = {"kind": "ring"} if kind == "ring" else {"kind": "erdos_renyi", "p": 8 / clients, "connect": "bridge"}
         sc["topology"] = {**graph, "mixing": "metropolis"}
@@ -128,8 +134,8 @@ def main() -> None:
           f"{'driver MB':>9} {'hosts MB':>9}  vs serial (process, s/round)", flush=True)
     for n in args.sizes:
         for case in args.cases:
-            kind = {"star": "star", "gossip-er": "er", "gossip-ring": "ring"}[case]
-            lengths = (10, 100) if kind == "star" else (10,)
+            kind = {"star": "star", "star-1000": "star1000", "gossip-er": "er", "gossip-ring": "ring"}[case]
+            lengths = (10, 100) if kind.startswith("star") else (10,)
             ref = run(scenario(kind, n, lengths[0]), "serial")
             for rounds in lengths:
                 r = run(scenario(kind, n, rounds), "ray")
