@@ -24,6 +24,8 @@ to float32 rounding, not bitwise: tests hold them within 1e-6.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -54,6 +56,24 @@ def plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return out if any(k == "linear" for k, _ in out) else None
 
 
+@dataclass
+class Terms:
+    """An objective's gradient terms beside the data's for the sets of a pass: c·w + d, c (K,)
+    per set, d one tensor per trained parameter (either None). ``scale`` and ``shift`` are the
+    optimizer's own form of them, made once per pass (``optim.Stacked.prepare``)."""
+
+    c: torch.Tensor | None = None
+    d: list[torch.Tensor] | None = None
+    scale: torch.Tensor | None = None
+    shift: list[torch.Tensor] | None = None
+
+    def head(self, n: int) -> "Terms":
+        """The terms of the first n sets (a pass's last steps, where its shorter jobs are done)."""
+        def cut(v):
+            return None if v is None else v[:n] if isinstance(v, torch.Tensor) else [u[:n] for u in v]
+        return Terms(cut(self.c), cut(self.d), cut(self.scale), cut(self.shift))
+
+
 class Chain:
     """Loss and gradients of ``Supervised``'s objective for a chain model (``plan``)."""
 
@@ -77,7 +97,7 @@ class Chain:
         return (isinstance(task, (Classification, Regression)) and params == self.count
                 and set(consts) <= {"mu", "anchor", "linear"})
 
-    def terms(self, consts: dict, train_mask: tuple[bool, ...]) -> tuple[torch.Tensor | None, list | None]:
+    def terms(self, consts: dict, train_mask: tuple[bool, ...]) -> "Terms":
         """The objective's gradient terms beside the data's, as c·w + d per trained parameter:
         a proximal pull μ(w − anchor) and a ``linear`` correction give c = μ (K,) and
         d = linear − μ·anchor (constant over a pass's steps: made once per pass)."""
@@ -89,7 +109,7 @@ class Chain:
         if "linear" in consts:
             lins = [l for l, t in zip(consts["linear"], train_mask) if t]
             d = lins if d is None else [u + v for u, v in zip(d, lins)]
-        return c, d
+        return Terms(c, d)
 
     def step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
              valid: torch.Tensor, terms: tuple, train_mask: tuple[bool, ...], opt=None, lo: int = 0, hi: int = 0
@@ -101,7 +121,7 @@ class Chain:
         gradient is known (and after the layer below has its error from the weights before the
         step); None then comes back for the gradients."""
         k, b = x.shape[0], x.shape[1]
-        c, d = terms
+        c, d = terms.c, terms.d
         fuse = opt is not None and opt.fusable()
         slot = {i: j for j, i in enumerate(i for i, t in enumerate(train_mask) if t)}
         a = x.reshape(k, b, -1)
@@ -140,10 +160,10 @@ class Chain:
             below = li > 0 and p > lowest
             prev = torch.bmm(delta, weights[li]) if below else None     # with the weights before the step
             if train_mask[p]:
-                self._apply(p, slot, params, c, d, grads, opt if fuse else None, lo, hi,
+                self._apply(p, slot, params, terms, grads, opt if fuse else None, lo, hi,
                             ga=delta.transpose(1, 2), gb=inputs[li])
             if has_bias and train_mask[p + 1]:
-                self._apply(p + 1, slot, params, c, d, grads, opt if fuse else None, lo, hi, g=delta.sum(1))
+                self._apply(p + 1, slot, params, terms, grads, opt if fuse else None, lo, hi, g=delta.sum(1))
             if not below:
                 break
             delta = prev
@@ -159,10 +179,10 @@ class Chain:
 
 
     @staticmethod
-    def _apply(i, slot, params, c, d, grads, opt, lo, hi, ga=None, gb=None, g=None) -> None:
+    def _apply(i, slot, params, terms, grads, opt, lo, hi, ga=None, gb=None, g=None) -> None:
         """Parameter i's gradient bmm(ga, gb) (or g): its fused step, or kept in ``grads``."""
         if opt is not None:
-            opt.fused(slot[i], lo, hi, params[i], c, None if d is None else d[slot[i]], ga, gb, g)
+            opt.fused(slot[i], lo, hi, params[i], terms, ga, gb, g)
         else:
             grads[i] = torch.bmm(ga, gb) if g is None else g
 

@@ -273,7 +273,7 @@ class Trainer:
                   for key, val in consts.items()}
             sub_P = [p[c0:c1] for p in P]
             sub_trained = [p[c0:c1] for p in trained]
-            terms = self.chain.terms(cs, train_mask) if by_hand else None
+            terms = opt.prepare(self.chain.terms(cs, train_mask)) if by_hand else None
             t_pass = steps[order[c0]]
             # the pass's batches at once: row of job i's step t (past a job's last step, any row)
             at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
@@ -288,8 +288,7 @@ class Trainer:
                     sub_P = [p[:part] for p in sub_P]
                     sub_trained = [p[:part] for p in sub_trained]
                     if terms is not None:
-                        terms = tuple(None if v is None else v[:part] if isinstance(v, torch.Tensor)
-                                      else [u[:part] for u in v] for v in terms)
+                        terms = terms.head(part)
                 width = widths[t]
                 rows = rows_p[:b - c0, t, :width]
                 assign = ()

@@ -78,26 +78,43 @@ class Stacked:
     def fusable(self) -> bool:
         return self.name == "sgd"
 
-    def fused(self, j: int, lo: int, hi: int, p: torch.Tensor, c: torch.Tensor | None, d: torch.Tensor | None,
+    def prepare(self, terms):
+        """A pass's objective terms (chain.Terms: gradient c·w + d) in the form the fused step
+        uses: without momentum, w ← scale·w + shift − lr·G with scale = 1 − lr·(c + λ) (K,)
+        and shift = −lr·d, so the terms cost one pass over w (``addcmul``) instead of three."""
+        if self.name == "sgd" and not self.momentum:
+            if terms.c is not None:           # (weight decay alone: one scalar factor in ``fused``)
+                terms.scale = 1 - self.lr * (terms.c + self.wd)
+            if terms.d is not None:
+                terms.shift = [d * -self.lr for d in terms.d]
+        return terms
+
+    def fused(self, j: int, lo: int, hi: int, p: torch.Tensor, terms,
               a: torch.Tensor | None = None, b: torch.Tensor | None = None, g: torch.Tensor | None = None) -> None:
         """One SGD step of sets lo..hi-1 of trained parameter j (``p``: that slice) whose
-        gradient is bmm(a, b) (or ``g``) + c·p + d, with c (K,) per set and d constant terms
-        of the objective (either may be None), and weight decay λ:
+        gradient is G = bmm(a, b) (or ``g``) plus the objective's terms c·p + d (``terms``,
+        ``prepare``d; c (K,) per set), and weight decay λ:
 
-            no momentum:  p ← (1 − lr·(c + λ))·p − lr·d − lr·bmm(a, b)
-            momentum μ:   m ← μ·m + bmm(a, b) + c·p + λ·p + d,  p ← p − lr·m
+            no momentum:  p ← (1 − lr·(c + λ))·p − lr·d − lr·G
+            momentum μ:   m ← μ·m + G + c·p + λ·p + d,  p ← p − lr·m
 
-        the arithmetic of ``step`` up to rounding, in two to four passes over p instead of a
+        the arithmetic of ``step`` up to rounding, in one to four passes over p instead of a
         gradient tensor and its several passes. The chain path's tensors track no gradient, so
         no ``no_grad`` here (its per-call cost is a tenth of a small step's)."""
-        cv = None if c is None else c.view(-1, *([1] * (p.dim() - 1)))
+        shape = (-1,) + (1,) * (p.dim() - 1)
         if not self.momentum:
-            if cv is not None:
-                p.mul_(1 - self.lr * (cv + self.wd))
-            elif self.wd:
-                p.mul_(1 - self.lr * self.wd)
-            if d is not None:
-                p.add_(d, alpha=-self.lr)
+            shift = None if terms.shift is None else terms.shift[j]
+            if terms.scale is not None:
+                scale = terms.scale.view(shape)
+                if shift is not None:
+                    torch.addcmul(shift, p, scale, out=p)
+                else:
+                    p.mul_(scale)
+            else:
+                if self.wd:
+                    p.mul_(1 - self.lr * self.wd)
+                if shift is not None:
+                    p.add_(shift)
             if g is None:
                 p.baddbmm_(a, b, alpha=-self.lr)
             else:
@@ -108,12 +125,12 @@ class Stacked:
             m.baddbmm_(a, b, beta=self.momentum)
         else:
             m.mul_(self.momentum).add_(g)
-        if cv is not None:
-            m.addcmul_(p, cv)
+        if terms.c is not None:
+            m.addcmul_(p, terms.c.view(shape))
         if self.wd:
             m.add_(p, alpha=self.wd)
-        if d is not None:
-            m.add_(d)
+        if terms.d is not None:
+            m.add_(terms.d[j])
         p.add_(m, alpha=-self.lr)
 
     def state_of(self, k: int) -> dict:
