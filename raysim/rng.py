@@ -31,5 +31,5 @@ def torch_generator(seed: int, *keys, device: str | torch.device = "cpu") -> tor
     """torch Generator seeded from the same derivation (for shuffles and dropout)."""
     s = np.random.SeedSequence(_entropy(seed, keys)).generate_state(2, np.uint64)
     g = torch.Generator(device=device)
-    g.manual_seed(int(s[0] >> np.uint64(1)))
+    g.manual_seed(int(s[0]) >> 1)        # (as a Python int: numpy's uint64 shift costs ~10 µs)
     return g
