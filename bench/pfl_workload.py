@@ -12,7 +12,7 @@ process each from exec to exit (raysim: `raysim run`, Ray's start, its host acto
 for each, this prints the wall seconds, the CPU seconds of every process of the run (Ray's
 included; the machine's busy time), the peak non-shared memory (USS summed over the
 processes) and the final accuracy, then raysim's figures over the bare loop's. Last, raysim's
-Ditto round against its FedAvg round (median round seconds, same model). Run it on an
+Ditto round against its FedAvg round (same model, rounds alternated in one process). Run it on an
 otherwise idle machine; the measuring is bench/proctree.py. The first raysim run creates its
 MLflow store (about 1 s more); ``--repeat N`` alternates the sides N times and keeps each
 side's fastest run.
@@ -91,7 +91,6 @@ def main() -> None:
     args.workloads = args.workloads or list(WORKLOADS)
     print(f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'acc':>6} | "
           f"{'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9}", flush=True)
-    rounds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             method, hidden = WORKLOADS[name]
@@ -100,18 +99,42 @@ def main() -> None:
                 bares.append(run_bare(method, hidden, args.rounds, args.root))
                 ourss.append(run_raysim(scenario(method, hidden, args.rounds, args.hosts, args.root), Path(tmp)))
             bare, ours = min(bares, key=lambda r: r["wall"]), min(ourss, key=lambda r: r["wall"])
-            rounds[name] = ours["round"]
             for side, r in (("bare", bare), ("raysim", ours)):
                 ratios = (f" {r['wall'] / bare['wall']:10.2f} {r['cpu'] / bare['cpu']:9.2f} "
                           f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f}") if r is ours else ""
                 print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
                       f"{r['accuracy']:6.3f} |{ratios}", flush=True)
     for size in ("100", "200-200"):
-        if f"fedavg-{size}" in rounds and f"ditto-{size}" in rounds:
-            print(f"raysim Ditto round / FedAvg round, MLP {size}: "
-                  f"{rounds[f'ditto-{size}'] / rounds[f'fedavg-{size}']:.2f}x "
-                  f"({rounds[f'ditto-{size}']:.3f} s / {rounds[f'fedavg-{size}']:.3f} s)")
+        if f"fedavg-{size}" in args.workloads and f"ditto-{size}" in args.workloads:
+            ratio, fa, di = round_ratio(WORKLOADS[f"fedavg-{size}"][1], args.root)
+            print(f"Ditto round / FedAvg round, MLP {size}: {ratio:.2f}x (median of 5 alternated pairs on the "
+                  f"serial engine: {di:.3f} s / {fa:.3f} s)")
 
+
+def round_ratio(hidden: list[int], root: str, pairs: int = 5) -> tuple[float, float, float]:
+    """Ditto's round over FedAvg's, both in this process on the serial engine (the hosts' work,
+    one host after the other), rounds alternated so that a machine whose speed drifts weighs on
+    both alike; (median ratio, FedAvg's median seconds, Ditto's)."""
+    import time
+    from raysim import config
+    from raysim.engine.serial import serial_driver
+    with tempfile.TemporaryDirectory() as tmp:
+        drivers = {}
+        for method in ("fedavg", "ditto"):
+            path = Path(tmp) / f"{method}.yaml"
+            sc = scenario(method, hidden, 2 * pairs + 1, 2, root)
+            sc["eval"] = {"every": 10 * sc["rounds"]}
+            path.write_text(yaml.safe_dump(sc))
+            drivers[method] = serial_driver(config.load(path))
+            drivers[method].step()                      # warm-up: the pass widths are measured
+        secs: dict[str, list[float]] = {"fedavg": [], "ditto": []}
+        for _ in range(pairs):
+            for method, d in drivers.items():
+                t0 = time.perf_counter()
+                d.step()
+                secs[method].append(time.perf_counter() - t0)
+    ratios = [b / a for a, b in zip(secs["fedavg"], secs["ditto"])]
+    return statistics.median(ratios), statistics.median(secs["fedavg"]), statistics.median(secs["ditto"])
 
 if __name__ == "__main__":
     main()

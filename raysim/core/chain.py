@@ -56,6 +56,14 @@ def plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return out if any(k == "linear" for k, _ in out) else None
 
 
+def shared_row(t: torch.Tensor, fn) -> torch.Tensor:
+    """fn of a tensor whose K rows are one row (stride 0 along dim 0), computed once and seen
+    K times; of any other tensor, computed whole."""
+    if t.dim() and t.stride(0) == 0 and t.shape[0] > 0:
+        return fn(t[:1]).expand_as(t)
+    return fn(t)
+
+
 @dataclass
 class Terms:
     """An objective's gradient terms beside the data's for the sets of a pass: c·w + d, c (K,)
@@ -105,7 +113,10 @@ class Chain:
         if "mu" in consts:
             c = consts["mu"].to(torch.float32)
             anchors = [a for a, t in zip(consts["anchor"], train_mask) if t]
-            d = [a * -c.view(-1, *([1] * (a.dim() - 1))) for a in anchors]
+            uniform = bool((c == c[0]).all())
+            # one anchor for every set (stride 0) and one μ: d is one row too, seen K times
+            d = [shared_row(a, lambda r: r * -c[:1].view(-1, *([1] * (a.dim() - 1))))
+                 if uniform and a.stride(0) == 0 else a * -c.view(-1, *([1] * (a.dim() - 1))) for a in anchors]
         if "linear" in consts:
             lins = [l for l, t in zip(consts["linear"], train_mask) if t]
             d = lins if d is None else [u + v for u, v in zip(d, lins)]

@@ -466,9 +466,18 @@ def _pad_steps(d: torch.Tensor, t: int) -> torch.Tensor:
 
 
 def _stack_const(values: list) -> Any:
+    """The jobs' constants stacked (K, ...). A tensor every job holds as the same object (the
+    round's received model as everyone's proximal anchor) is one row seen K times (stride 0),
+    not K copies."""
     if isinstance(values[0], (list, tuple)):
-        return [torch.stack(ts) for ts in zip(*values)]
+        return [_same_or_stacked(ts) for ts in zip(*values)]
     return torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values])
+
+
+def _same_or_stacked(ts) -> torch.Tensor:
+    if all(t is ts[0] for t in ts):
+        return ts[0].unsqueeze(0).expand(len(ts), *ts[0].shape)
+    return torch.stack(ts)
 
 
 def _state_copy(job: Job) -> dict | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from raysim.core import OPTIMIZERS  # noqa: F401 - re-exported
+from raysim.core.chain import shared_row
 
 
 def state_keys(name: str, momentum: float) -> tuple[str, ...]:
@@ -86,7 +87,7 @@ class Stacked:
             if terms.c is not None:           # (weight decay alone: one scalar factor in ``fused``)
                 terms.scale = 1 - self.lr * (terms.c + self.wd)
             if terms.d is not None:
-                terms.shift = [d * -self.lr for d in terms.d]
+                terms.shift = [shared_row(d, lambda r: r * -self.lr) for d in terms.d]
         return terms
 
     def fused(self, j: int, lo: int, hi: int, p: torch.Tensor, terms,
