@@ -42,7 +42,12 @@ metrics, with no code in the method.
 Decentralized (``decentralized = True``; a ``topology`` in the scenario): every client keeps its
 own copy of the server state and acts as its own server: its message comes from its copy,
 ``aggregate`` folds its own reply in, and the core mixes the shared parameters the algorithm
-declares (``shared`` / ``with_shared``) with its graph neighbours.
+declares (``shared`` / ``with_shared``) with its graph neighbours. A method whose client holds
+no state and whose server state is its model (D-SGD, decentralized FedProx) may also give the
+step for all of a host's clients at once (``train_rows``): their models as arrays, one stacked
+job, no Python object per client; the host then keeps its clients' models as one matrix. It
+must give the numbers ``train`` then ``aggregate`` give, client by client (tests hold it to
+them bit for bit); a subclass that overrides any of the per-client steps loses it.
 """
 from __future__ import annotations
 
@@ -54,10 +59,10 @@ import numpy as np
 import torch
 
 from raysim.core import forward as fwd
-from raysim.core.data import ClientData, Context
+from raysim.core.data import Block, ClientData, Context
 from raysim.core.forward import params_of
 from raysim.core.groups import Groups, groups_of
-from raysim.core.loop import Batch, Fitted, Job, Objective, Settings, Supervised, Trainer, make_job
+from raysim.core.loop import Batch, Fitted, Job, Objective, Rows, Settings, Supervised, Trainer, make_job, make_rows
 from raysim.core.mixing import flatten, unflatten
 from raysim.core.optim import OPTIMIZERS
 from raysim.core.replies import ByKey, PerClient, Weighted
@@ -444,6 +449,30 @@ class Algorithm:
 
     def with_shared(self, server: Any, groups: list[list[torch.Tensor]]) -> Any:
         return list(groups[0])
+
+    # The decentralized step of all of a host's clients at once (optional): ``train_rows(params,
+    # block)`` gets their models, each parameter stacked (K, ...) in client-id order, and their
+    # train data (``Block``) and returns (the models after the step, stacked alike; each
+    # client's training loss). Only for a method whose client has no state and whose server
+    # state is the list of its model's parameters, all of them shared.
+    train_rows = None
+    ROWS_STEPS: ClassVar[tuple[str, ...]] = ("train", "aggregate", "reply", "shared", "with_shared", "message",
+                                             "init_client", "init_server")
+
+    @classmethod
+    def has_rows(cls) -> bool:
+        """Whether ``train_rows`` stands for this class's per-client steps: defined, and none of
+        them overridden below the class that defines it."""
+        owner = next((c for c in cls.__mro__ if c.__dict__.get("train_rows") is not None), None)
+        return (owner is not None and cls.ClientState is None
+                and all(getattr(cls, m) is getattr(owner, m) for m in cls.ROWS_STEPS))
+
+    def rows_job(self, params: list[torch.Tensor], block: Block, *, consts: dict | None = None,
+                 objective=None) -> Rows:
+        """``job`` for all of a block's clients at once: each client's sample orders from its
+        "train" generator of the round, as ``job`` draws them from its context."""
+        return make_rows(params, block.x, block.y, block.starts, block.ns, block.seeds,
+                         self.hp.settings(block.round, block.rounds), objective or self.objective, consts)
 
 
 def _result(scored):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import Algorithm, LocalTraining, Tracked, UpdateStats, Weighted, params_of
+from .base import Algorithm, LocalTraining, Received, Tracked, UpdateStats, Weighted, params_of
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,13 @@ class FedAvg(Algorithm):
     def train(self, state, received, data, ctx):
         (fitted,) = yield [self.job(received.shared, data, ctx, consts=self.consts(received))]
         return state, self.reply(fitted.params, received.shared, data.num_train), fitted.loss
+
+    def train_rows(self, params, block):
+        """D-SGD's step for all of a host's clients at once: the jobs ``train`` makes, one per
+        client, stacked; each client's model becomes its trained one, which ``aggregate`` of its
+        own reply gives too (Σ n·θ / Σ n = θ)."""
+        job = self.rows_job(params, block, consts=self.consts(Received(params)))
+        return self.trainer(block.device).fit_rows(job)
 
     def global_model(self, state, received):
         return received.shared

@@ -33,3 +33,59 @@ def torch_generator(seed: int, *keys, device: str | torch.device = "cpu") -> tor
     g = torch.Generator(device=device)
     g.manual_seed(int(s[0]) >> 1)        # (as a Python int: numpy's uint64 shift costs ~10 µs)
     return g
+
+
+# numpy's SeedSequence hash (O'Neill's seed_seq with numpy's constants), over many keys at once
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+_POOL = 4
+
+
+def torch_seeds(seed: int, purpose: str, round_: int, cids) -> list[int]:
+    """The seeds ``torch_generator(seed, purpose, round_, cid)`` gives each of ``cids``, all at
+    once (SeedSequence's hash on arrays: ~1 µs a client instead of ~15): a host seeds 50 000
+    clients' generators without hashing each in Python. Equal to the one-at-a-time derivation
+    (tests/test_rng.py checks it against numpy's SeedSequence)."""
+    cids = np.asarray(cids, dtype=np.int64)
+    words = [int(w) for w in _entropy(seed, (purpose, round_))]
+    cols: list[np.ndarray] = []
+    for w in words:                     # each int as 32-bit words, least significant first
+        while True:
+            cols.append(np.full(cids.shape, w & 0xFFFFFFFF, dtype=np.uint32))
+            w >>= 32
+            if not w:
+                break
+    cols.append((cids & 0xFFFFFFFF).astype(np.uint32))
+    u32 = np.uint32
+    with np.errstate(over="ignore"):
+        hc = [u32(_INIT_A)]
+
+        def hashmix(v):
+            v = v ^ hc[0]
+            hc[0] = u32(hc[0] * u32(_MULT_A))
+            v = v * hc[0]
+            return v ^ (v >> u32(16))
+
+        def mix(x, y):
+            r = u32(_MIX_L) * x - u32(_MIX_R) * y
+            return r ^ (r >> u32(16))
+
+        zero = np.zeros(cids.shape, dtype=np.uint32)
+        pool = [hashmix(cols[i] if i < len(cols) else zero) for i in range(_POOL)]
+        for src in range(_POOL):
+            for dst in range(_POOL):
+                if src != dst:
+                    pool[dst] = mix(pool[dst], hashmix(pool[src]))
+        for src in range(_POOL, len(cols)):
+            for dst in range(_POOL):
+                pool[dst] = mix(pool[dst], hashmix(cols[src]))
+        hb = u32(_INIT_B)
+        out = []
+        for i in range(2):              # the first uint64 of generate_state: two 32-bit words
+            v = pool[i] ^ hb
+            hb = u32(hb * u32(_MULT_B))
+            v = v * hb
+            out.append(v ^ (v >> u32(16)))
+    first = out[0].astype(np.uint64) | (out[1].astype(np.uint64) << np.uint64(32))
+    return (first >> np.uint64(1)).tolist()

@@ -4,7 +4,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import TINY
-from tests.test_gossip import DFEDEM, strip
+from tests.test_gossip import DFEDEM, DSGD, strip
 from tests.test_runs import raysim, summary_of, tracked
 
 pytestmark = pytest.mark.ray
@@ -53,11 +53,13 @@ def test_host_killed_mid_evaluation_before_any_checkpoint_restarts_from_round_on
     same_run(ray_run, serial)
 
 
-def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run(tmp_path):
+@pytest.mark.parametrize("text", [DFEDEM, DSGD], ids=["dfedem", "dsgd-rows"])
+def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run(tmp_path, text):
     """Gossip over 3 Ray hosts, one killed mid-exchange: every per-round metric (timings and
     message counts aside) equals the serial engine's, so this is also the test that gossip across
-    Ray hosts matches the serial engine."""
-    path = tracked(tmp_path, DFEDEM, every=1)
+    Ray hosts matches the serial engine: per client (D-FedEM) and with hosts holding their
+    clients as rows (D-SGD: rows travel between hosts as one array a host)."""
+    path = tracked(tmp_path, text, every=1)
     serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
     ray_run = summary_of(tmp_path, path, "--set", "resources.hosts=3", env=kill(tmp_path, "kill:gossip_mix:2:1"),
                          name="ray.json")

@@ -205,3 +205,70 @@ def test_sparse_rows_mix_each_row_on_its_own_and_sums_add_row_by_row():
     per_row = squared_distances_rows(together, mean, [3, 4])
     assert per_row[1] == squared_distances(together[1], mean, [3, 4])
     assert per_row[1][0] == pytest.approx(float(((together[1, :3].double() - mean[:3].double()) ** 2).sum()))
+
+
+DSGD = DFEDEM.replace("algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 0.3,").replace(
+    "  min_samples: 40\n  max_samples: 40\n", "  min_samples: 20\n  max_samples: 70\n")      # ragged: 2-5 batches
+
+
+def states_of(d):
+    return {c: [t.clone() for t in s["server"]] for c, s in d.transport.get_states().items()}
+
+
+@pytest.mark.parametrize("extra", [
+    ("topology.kind=ring",),
+    ("algorithm.name=fedprox", "algorithm.mu=0.5", "algorithm.local_epochs=2", "algorithm.momentum=0.9",
+     "topology.resample=true", "topology.weighting=samples"),
+])
+def test_rows_path_gives_the_numbers_of_the_per_client_steps(tmp_path, monkeypatch, extra):
+    """D-SGD and decentralized FedProx with a host's clients as rows of one matrix
+    (``train_rows``) against the same runs client by client (the host-level path switched
+    off): ragged clients (their jobs sorted by length inside the loop), momentum, two epochs,
+    a graph redrawn each round, sample-weighted mixing, 1 and 3 hosts: every metric and every
+    client's model equal, bit for bit."""
+    from raysim.engine import host
+    sc = load(tmp_path, DSGD, *extra)
+    assert host.ROWS
+    rows = [run(sc, h) for h in (1, 3)]
+    assert rows[0].transport.hosts[0]._F is not None            # the path under test ran
+    monkeypatch.setattr(host, "ROWS", False)
+    each = run(sc, 3)
+    assert each.transport.hosts[0]._F is None
+    assert strip(rows[0].history) == strip(rows[1].history) == strip(each.history)
+    assert rows[0].history[-1]["accuracy"] > 0.6
+    a, b = states_of(rows[1]), states_of(each)
+    assert a.keys() == b.keys() == set(range(12))
+    assert all(torch.equal(x, y) for c in a for x, y in zip(a[c], b[c]))
+
+
+def test_rows_checkpoint_resume_is_identical(tmp_path):
+    """A checkpoint of hosts holding rows (each client's model written as a copy of its row)
+    restores into rows, on another number of hosts, and the run goes on as if never stopped."""
+    sc = load(tmp_path, DSGD)
+    full = run(sc, 2)
+    part = serial_driver(sc, 2)
+    part.step(), part.step()
+    part.save(str(tmp_path / "ck.pt"))
+    resumed = serial_driver(sc, 3)
+    assert resumed.restore(str(tmp_path / "ck.pt")) == 2
+    resumed.step(), resumed.step()
+    assert strip(resumed.history) == strip(full.history)
+    one = next(iter(resumed.transport.hosts[0].get_states().values()))["server"][0]
+    assert one.untyped_storage().nbytes() == one.numel() * one.element_size()    # a copy, not a view of the matrix
+
+
+def test_which_methods_train_as_rows():
+    """``train_rows`` stands for the per-client steps only where none of them is overridden
+    below the class that defines it: FedProx (its own proximal constants) keeps it; Ditto and
+    a subclass with its own aggregate do not; FedEM (client state) has none."""
+    from algorithms.ditto import Ditto
+    from algorithms.fedavg import FedAvg
+    from algorithms.fedem import FedEM
+    from algorithms.fedprox import FedProx
+
+    class OwnAggregate(FedAvg):
+        def aggregate(self, server, reduced, round_):
+            return server
+
+    assert FedAvg.has_rows() and FedProx.has_rows()
+    assert not Ditto.has_rows() and not OwnAggregate.has_rows() and not FedEM.has_rows()

@@ -28,6 +28,23 @@ class Context:
 
 
 @dataclass
+class Block:
+    """A host's clients at once (``Algorithm.train_rows``): their ids, their train splits as row
+    blocks of one tensor of inputs and one of targets (client k's at rows starts[k] ..
+    starts[k] + ns[k]), the round and the seeds of their "train" generators."""
+
+    cids: list[int]
+    x: torch.Tensor
+    y: torch.Tensor
+    starts: list[int]
+    ns: list[int]
+    round: int
+    rounds: int
+    seeds: list[int]
+    device: torch.device = torch.device("cpu")
+
+
+@dataclass
 class ClientData:
     """One client's shard: tensors already on the host's device. Labels are int64 class ids
     (classification) or float targets, (n,) or (n, d) (regression)."""

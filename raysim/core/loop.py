@@ -27,6 +27,7 @@ yielded in one ``fit`` call, so a method written for one client is batched over 
 """
 from __future__ import annotations
 
+import bisect
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -165,6 +166,53 @@ def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, setting
                weights, consts or {}, opt_state, keep_state, draws, ctx.cid)
 
 
+@dataclass
+class Rows:
+    """A host's K jobs as arrays (``Trainer.fit_rows``): each parameter stacked (K, ...), the
+    clients' train data as row blocks of one tensor (job k's at rows starts[k] .. starts[k] +
+    ns[k]), each job's sample orders, and constants already stacked (a number stands for every
+    job; a tensor or list of tensors has K rows)."""
+
+    params: list[torch.Tensor]
+    x: torch.Tensor
+    y: torch.Tensor
+    starts: list[int]
+    ns: list[int]
+    orders: list[torch.Tensor]
+    settings: Settings
+    objective: Objective
+    consts: dict = field(default_factory=dict)
+    draws: torch.Tensor | None = None
+
+
+def make_rows(params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, starts: list[int], ns: list[int],
+              seeds: list[int], settings: Settings, objective: Objective, consts: dict | None = None) -> Rows:
+    """K jobs as ``Rows``: job k's orders and draws come from a generator seeded with
+    ``seeds[k]`` (``rng.torch_seeds``), drawn as ``make_job`` draws them from the client's
+    context, so a job has the same batches on either path."""
+    k = len(ns)
+    steps = [settings.epochs * -(-n // settings.batch_size) for n in ns]
+    orders, draws = [], []
+    g = torch.Generator()
+    for seed, n, t in zip(seeds, ns, steps):
+        g.manual_seed(seed)
+        orders.append(draw_orders(g, n, settings.epochs))
+        draws.append(objective.draws(g, t) if t else None)
+    stacked = None
+    if any(d is not None for d in draws):
+        t_max = max(steps)
+        stacked = torch.stack([_pad_steps(d, t_max) for d in draws]).to(x.device)
+    rows_consts = {}
+    for key, val in (consts or {}).items():
+        if isinstance(val, (list, tuple)):
+            rows_consts[key] = list(val)
+        elif isinstance(val, torch.Tensor) and val.dim() > 0:
+            rows_consts[key] = val
+        else:
+            rows_consts[key] = torch.full((k,), float(val), device=x.device)
+    return Rows(params, x, y, starts, ns, orders, settings, objective, rows_consts, stacked)
+
+
 def draw_orders(generator: torch.Generator, n: int, epochs: int) -> torch.Tensor:
     if n == 0:
         return torch.zeros(epochs, 0, dtype=torch.long)
@@ -224,37 +272,87 @@ class Trainer:
     def _fit(self, jobs: list[Job], exact: bool) -> list[Fitted]:
         s, obj = jobs[0].settings, jobs[0].objective
         bs, epochs = s.batch_size, s.epochs
-        device = jobs[0].x.device
         X, Y, offsets = _pool(jobs)
-        k_all = len(jobs)
         ns = [int(j.y.shape[0]) for j in jobs]
         steps = [epochs * -(-n // bs) for n in ns]
-        order = sorted(range(k_all), key=lambda k: -steps[k])   # longest first: active jobs are a prefix
-        t_max = steps[order[0]]
-        if t_max == 0:
+        order = sorted(range(len(jobs)), key=lambda k: -steps[k])   # longest first: active jobs are a prefix
+        if steps[order[0]] == 0:
             return [Fitted([p.clone() for p in j.params], 0.0, _state_copy(j) if j.keep_state else None)
                     for j in jobs]
         if exact and len(set(steps)) != 1:
             raise ValueError("exact batches need jobs of one client (equal sizes)")
-        IDX, WT, VAL = _schedule([jobs[k] for k in order], [offsets[id(jobs[k].x)] for k in order],
-                                 [ns[k] for k in order], epochs, bs, device)
-        active = [sum(1 for k in order if steps[k] > t) for t in range(t_max)]
+        draws = None
+        if jobs[0].draws is not None:
+            t_max = steps[order[0]]
+            draws = torch.stack([_pad_steps(jobs[k].draws, t_max) for k in order]).to(X.device)
+        P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
+        consts = {key: _stack_const([jobs[k].consts[key] for k in order]) for key in jobs[0].consts}
+        weights = [jobs[k].weights for k in order] if any(j.weights is not None for j in jobs) else None
+        P, mean, opt = self._train(P, X, Y, [offsets[id(jobs[k].x)] for k in order], [ns[k] for k in order],
+                                   [jobs[k].orders for k in order], s, obj, consts, weights, draws,
+                                   [jobs[k].opt_state for k in order], exact)
+        results: list[Fitted | None] = [None] * len(jobs)
+        own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
+        for i, k in enumerate(order):
+            results[k] = Fitted([p[i] for p in own], mean[i], opt.state_of(i) if jobs[k].keep_state else None)
+        return results
+
+    def fit_rows(self, job: "Rows") -> tuple[list[torch.Tensor], list[float]]:
+        """Train a host's jobs given as arrays (``Rows``: parameters stacked (K, ...), the clients'
+        rows of one pooled data tensor): the same passes as ``fit`` on the K jobs one by one, so
+        the same numbers, without a ``Job`` per client. Returns the trained parameters stacked
+        (K, ...) in the jobs' order and each job's mean loss."""
+        s, obj = job.settings, job.objective
+        if not self.across:
+            raise ValueError("fit_rows needs a model stacked across clients (no convolutions)")
+        k_all = len(job.ns)
+        bs, epochs = s.batch_size, s.epochs
+        steps = [epochs * -(-n // bs) for n in job.ns]
+        order = sorted(range(k_all), key=lambda k: -steps[k])
+        if k_all == 0 or steps[order[0]] == 0:
+            return [p.clone() for p in job.params], [0.0] * k_all
+        same = order == list(range(k_all))
+        pick = None if same else torch.tensor(order, device=job.x.device)
+
+        def arrange(t: torch.Tensor) -> torch.Tensor:
+            return t.contiguous().clone() if same else t.index_select(0, pick).contiguous()
+
+        P = [arrange(p) for p in job.params]
+        consts = {key: [arrange(v) for v in val] if isinstance(val, (list, tuple)) else arrange(val)
+                  for key, val in job.consts.items()}
+        draws = None if job.draws is None else arrange(job.draws)
+        P, mean, _ = self._train(P, job.x, job.y, [job.starts[k] for k in order], [job.ns[k] for k in order],
+                                 [job.orders[k] for k in order], s, obj, consts, None, draws, [None] * k_all, False)
+        if not same:
+            back = torch.empty_like(pick)
+            back[pick] = torch.arange(k_all, device=pick.device)
+            P = [p.index_select(0, back) for p in P]
+            mean = [mean[i] for i in back.tolist()]
+        return P, mean
+
+    def _train(self, P: list[torch.Tensor], X: torch.Tensor, Y: torch.Tensor, starts: list[int], ns: list[int],
+               orders: list[torch.Tensor], s: Settings, obj: Objective, consts: dict, weights, draws,
+               opt_states: list, exact: bool):
+        """The loop proper: K jobs, longest first, their parameters stacked in ``P`` (trained in
+        place), their data at rows ``starts`` of ``X``/``Y``; returns (P, mean loss per job,
+        the optimizer)."""
+        bs, epochs = s.batch_size, s.epochs
+        device = X.device
+        k_all = len(ns)
+        steps = [epochs * -(-n // bs) for n in ns]
+        t_max = steps[0]
+        IDX, WT, VAL = _schedule(orders, weights, starts, ns, epochs, bs, device)
+        neg = [-n for n in steps]                     # ascending: jobs with a step t are a prefix
+        active = [bisect.bisect_left(neg, -t) for t in range(t_max)]
         # every job's steps one after another (no padding to the longest job): job i of the
         # sorted order has its step t at row first[i] + t
-        first = torch.tensor([0] + [steps[k] for k in order[:-1]], device=device).cumsum(0)
-        seen = torch.tensor([float(epochs * ns[k]) for k in order], dtype=torch.float64, device=device)
+        first = torch.tensor([0] + steps[:-1], device=device).cumsum(0)
+        seen = torch.tensor([float(epochs * n) for n in ns], dtype=torch.float64, device=device)
         loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
-        results: list[Fitted | None] = [None] * k_all
-        P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
         train_mask = self._mask(len(P)) if obj.trainable is None else tuple(
             a and b for a, b in zip(obj.trainable, self._mask(len(P))))
         trained = [p for p, t in zip(P, train_mask) if t]
-        consts = {key: _stack_const([jobs[k].consts[key] for k in order]) for key in jobs[0].consts}
-        draws = None
-        if jobs[0].draws is not None:
-            draws = torch.stack([_pad_steps(jobs[k].draws, t_max) for k in order]).to(device)
-        opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained,
-                            [jobs[k].opt_state for k in order])
+        opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained, opt_states)
         cap = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
         widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
@@ -274,7 +372,7 @@ class Trainer:
             sub_P = [p[c0:c1] for p in P]
             sub_trained = [p[c0:c1] for p in trained]
             terms = opt.prepare(self.chain.terms(cs, train_mask)) if by_hand else None
-            t_pass = steps[order[c0]]
+            t_pass = steps[c0]
             # the pass's batches at once: row of job i's step t (past a job's last step, any row)
             at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
             rows_p, wt_p, val_p = IDX[at], WT[at], VAL[at]
@@ -309,13 +407,9 @@ class Trainer:
                         raise ValueError(f"the objective sets parameter {i}, which the optimizer trains")
                     P[i][c0:b] = value.detach()
             if self.across:
-                self.widths.record(tune, c1 - c0, time.perf_counter() - t0, sum(steps[order[i]] for i in range(c0, c1)), k_all)
+                self.widths.record(tune, c1 - c0, time.perf_counter() - t0, sum(steps[c0:c1]), k_all)
             c0 = c1
-        mean = (loss_sums / seen.clamp_min(1)).tolist()
-        own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
-        for i, k in enumerate(order):
-            results[k] = Fitted([p[i] for p in own], mean[i], opt.state_of(i) if jobs[k].keep_state else None)
-        return results
+        return P, (loss_sums / seen.clamp_min(1)).tolist(), opt
 
     def _mode(self, training: bool) -> None:
         if self.model.training != training:      # Module.train() walks every submodule: only on a change
@@ -386,26 +480,32 @@ class Widths:
 
 
 def _pool(jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
-    """The jobs' data as one tensor of inputs and one of targets, with each job's data's first
-    row in them (by ``id``; a client's jobs share its data). Where the data are row blocks of
-    one storage (a host's packed shards, ``data.pack``), that storage is used as it is;
-    otherwise the distinct tensors are concatenated."""
+    """The jobs' data pooled (``pool``), with each job's data's first row in them (by ``id``;
+    a client's jobs share its data)."""
     xs, ys = {}, {}
     for j in jobs:
         xs.setdefault(id(j.x), j.x)
         ys.setdefault(id(j.x), j.y)
-    whole = _whole(list(xs.values())), _whole(list(ys.values()))
+    X, Y, starts = pool(list(xs.values()), list(ys.values()))
+    return X, Y, dict(zip(xs, starts))
+
+
+def pool(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Several clients' inputs and targets as one tensor of inputs and one of targets, with each
+    client's first row in them. Where the data are row blocks of one storage (a host's packed
+    shards, ``data.pack``), that storage is used as it is; otherwise they are concatenated."""
+    whole = _whole(xs), _whole(ys)
     if whole[0] is not None and whole[1] is not None:
         (X, xo), (Y, yo) = whole
         if xo == yo:
-            return X, Y, dict(zip(xs, xo))
-    offsets, total = {}, 0
-    for key, y in ys.items():
-        offsets[key] = total
+            return X, Y, xo
+    starts, total = [], 0
+    for y in ys:
+        starts.append(total)
         total += int(y.shape[0])
-    X = torch.cat(list(xs.values())) if len(xs) > 1 else next(iter(xs.values()))
-    Y = torch.cat(list(ys.values())) if len(ys) > 1 else next(iter(ys.values()))
-    return X, Y, offsets
+    X = torch.cat(xs) if len(xs) > 1 else xs[0]
+    Y = torch.cat(ys) if len(ys) > 1 else ys[0]
+    return X, Y, starts
 
 
 def _whole(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
@@ -427,8 +527,8 @@ def _whole(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
     return X, [t.storage_offset() // row for t in ts]
 
 
-def _schedule(jobs: list[Job], offsets: list[int], ns: list[int], epochs: int, bs: int, device
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _schedule(orders: list[torch.Tensor], weights: list | None, offsets: list[int], ns: list[int], epochs: int,
+              bs: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every job's batches as rows of ``bs`` entries, job after job: (row indices into the
     pooled data, loss weights = sample weight / rows in the batch, validity); epoch e of job k
     fills ceil(n_k / bs) rows, its last one padded (index 0, weight 0). One pass of tensor ops
@@ -438,21 +538,20 @@ def _schedule(jobs: list[Job], offsets: list[int], ns: list[int], epochs: int, b
     width = nb * bs                                       # padded samples per epoch
     base = torch.cumsum(torch.cat([ns_t.new_zeros(1), epochs * width]), 0)[:-1]
     counts = epochs * ns_t
-    job = torch.repeat_interleave(torch.arange(len(jobs), device=device), counts)
+    job = torch.repeat_interleave(torch.arange(len(ns), device=device), counts)
     within = torch.arange(int(counts.sum()), device=device) - torch.repeat_interleave(
         torch.cumsum(counts, 0) - counts, counts)
     n_of = ns_t[job]
     pos = base[job] + (within // n_of) * width[job] + within % n_of
-    orders = torch.cat([j.orders.reshape(-1) for j in jobs])
+    orders = torch.cat([o.reshape(-1) for o in orders]).to(device)
     total = int((epochs * width).sum())
     idx = torch.zeros(total, dtype=torch.long, device=device)
     idx[pos] = orders + torch.tensor(offsets, device=device)[job]
     valid = torch.zeros(total, device=device)
     valid[pos] = 1.0
     weight = valid.clone()
-    if any(j.weights is not None for j in jobs):
-        ws = torch.cat([j.weights if j.weights is not None else torch.ones(n, device=device)
-                        for j, n in zip(jobs, ns)])
+    if weights is not None:
+        ws = torch.cat([w if w is not None else torch.ones(n, device=device) for w, n in zip(weights, ns)])
         weight[pos] = ws[orders + (torch.cumsum(ns_t, 0) - ns_t)[job]].to(weight.dtype)
     valid, weight = valid.view(-1, bs), weight.view(-1, bs)
     weight = weight / valid.sum(dim=1, keepdim=True).clamp_min(1)

@@ -61,6 +61,17 @@ class Rows:
         return torch.from_numpy(self.matrix @ flat).to(first.dtype)
 
 
+    def mix_arrays(self, ids: np.ndarray, matrix: torch.Tensor) -> torch.Tensor:
+        """``mix`` with the sources as rows of one matrix, row k being client ``ids[k]``'s
+        parameters (a host's own rows and the rows other hosts sent it): the same sums."""
+        if not self.cids:
+            return torch.zeros(0)
+        where = {int(j): k for k, j in enumerate(ids.tolist())}
+        pick = torch.tensor([where[j] for j in self.sources], dtype=torch.long)
+        flat = matrix.index_select(0, pick).to(torch.float64).numpy()
+        return torch.from_numpy(self.matrix @ flat).to(matrix.dtype)
+
+
 def mix_rows(sources: dict[int, torch.Tensor], rows: list[list[tuple[int, float]]]) -> list[torch.Tensor]:
     """For each row [(j, w_j), ...] (ascending j): Σ_j w_j·sources[j] in float64, cast back to
     the sources' dtype (``Rows.mix`` for one list of rows)."""

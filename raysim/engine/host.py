@@ -6,25 +6,32 @@ both engines execute identical code. A host runs its clients' steps in client-id
 sums their replies locally; it sends one partial sum per round.
 
 Decentralized, a host also keeps each of its clients' copy of the server state and mixes the
-shared parameters with the neighbours' (``gossip_*``).
+shared parameters with the neighbours' (``gossip_*``). Where the method gives the step of all
+its clients at once (``Algorithm.train_rows``: D-SGD, decentralized FedProx), the host keeps
+its clients' models as one matrix (a row per client) and trains, exchanges and mixes rows: no
+Python object per client, the same numbers.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from raysim.algorithms.base import Received
 from raysim import rng
 from raysim.config import Scenario, make_source
 from raysim.core import mixing
-from raysim.core.data import ClientData, Context, pack
-from raysim.core.loop import drive
+from raysim.core.data import Block, ClientData, Context, pack
+from raysim.core.loop import drive, pool as loop_pool
 from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
 from raysim.setup import make_algorithm
+
+
+ROWS = True        # the host-level path where the method has one (tests switch it off to compare)
 
 
 def pick_device(gpus: float) -> torch.device:
@@ -73,6 +80,11 @@ class Host:
         self._server_type: type | None = None
         self._flat: dict[int, torch.Tensor] = {}
         self._rows = mixing.Rows({})
+        self._gossip = False
+        # with train_rows: the clients' models as rows of one matrix (self.cids' order)
+        self._F: torch.Tensor | None = None
+        self._template = None          # a server state: the shapes of the rows' parameters
+        self._block = None             # (cids, Block) while the trained clients stay the same
 
     # -- data and state ----------------------------------------------------------------------
     def data(self, cid: int) -> ClientData:
@@ -154,7 +166,7 @@ class Host:
         server state."""
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
-        received = {c: self._own_message(round_, c) if self.servers else
+        received = {c: self._own_message(round_, c) if self._gossip else
                     self._received(shared, parts, groups[c]) for c in cids}
         unseen = sorted(set(unseen))
         personal = dict(zip(unseen, self._drive([
@@ -172,8 +184,15 @@ class Host:
         return out
 
     # -- decentralized (gossip) ----------------------------------------------------------------
+    def _server(self, cid: int) -> Any:
+        """Client ``cid``'s copy of the server state (with rows: views of its row)."""
+        if self._F is None:
+            return self.servers[cid]
+        flat = self._F[self._pos[cid]]
+        return self.algo.with_shared(self._template, mixing.unflatten(self.algo.shared(self._template), flat))
+
     def _own_message(self, round_: int, cid: int) -> Received:
-        msg = self.algo.message(self.servers[cid], round_)
+        msg = self.algo.message(self._server(cid), round_)
         return Received(msg.shared, msg.groups.get(0))
 
     def gossip_init(self, server: Any) -> dict[int, int]:
@@ -181,19 +200,29 @@ class Host:
         each client's number of training samples (for sample-weighted mixing)."""
         server = to_device(server, self.device)
         self._server_type = type(server)
-        for cid in self.cids:
-            self.servers[cid] = self.algo.with_shared(server, [[t.clone() for t in g]
-                                                               for g in self.algo.shared(server)])
+        self._gossip = True
+        if ROWS and self.algo.has_rows() and self.algo.trainer(self.device).across:
+            self._template = server
+            self._pos = {c: k for k, c in enumerate(self.cids)}
+            flat = mixing.flatten(self.algo.shared(server))
+            self._F = flat.unsqueeze(0).repeat(len(self.cids), 1)
+        else:
+            for cid in self.cids:
+                self.servers[cid] = self.algo.with_shared(server, [[t.clone() for t in g]
+                                                                   for g in self.algo.shared(server)])
         return {cid: self.data(cid).num_train for cid in self.cids}
 
     def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]
-                     ) -> tuple[dict[int, dict[int, torch.Tensor]], PerClient, float]:
+                     ) -> tuple[dict[int, Any], PerClient, float]:
         """Each client's local step as its own server (message from its copy, aggregate of its
         own reply). The flattened shared parameters stay here for this host's mixing;
         ``outbox[h]`` lists the clients whose parameters host h needs, and the return holds
-        one bundle {cid: parameters} per such host (nothing else leaves)."""
+        one bundle per such host (nothing else leaves): {cid: parameters}, or with rows
+        (ids, one row each)."""
         t0 = time.perf_counter()
         cids = sorted(cids)
+        if self._F is not None:
+            return self._train_rows(round_, cids, outbox, t0)
         calls = [self.algo.train(self.state(c), self._own_message(round_, c), self.data(c),
                                  self.context(round_, c, "train")) for c in cids]
         losses = PerClient()
@@ -206,21 +235,63 @@ class Host:
         bundles = {h: {j: self._flat[j] for j in wanted} for h, wanted in outbox.items() if wanted}
         return bundles, losses, time.perf_counter() - t0
 
-    def gossip_mix(self, inbox: list[dict[int, torch.Tensor]], rows: dict[int, list[tuple[int, float]]] | None
-                   ) -> Accumulator:
+    def _rows_block(self, round_: int, cids: list[int]) -> Block:
+        if self._block is None or self._block[0] != cids:
+            shards = [self.data(c) for c in cids]
+            pooled = loop_pool([d.train_x for d in shards], [d.train_y for d in shards])
+            self._block = (cids, pooled, [d.num_train for d in shards])
+        _, (x, y, starts), ns = self._block
+        seeds = rng.torch_seeds(self.sc.seed, "train", round_, cids)
+        return Block(cids, x, y, starts, ns, round_, self.sc.rounds, seeds, self.device)
+
+    def _train_rows(self, round_: int, cids: list[int], outbox: dict[int, list[int]], t0: float):
+        pos = torch.tensor([self._pos[c] for c in cids], dtype=torch.long)
+        every = len(cids) == len(self.cids)
+        F = self._F if every else self._F.index_select(0, pos)
+        template = self.algo.shared(self._template)
+        params = [p.reshape(len(cids), *t.shape) for p, t in
+                  zip(F.split([t.numel() for g in template for t in g], dim=1), (t for g in template for t in g))]
+        block = self._rows_block(round_, cids)
+        trained, loss = self.algo.train_rows(params, block)
+        new = torch.cat([p.reshape(len(cids), -1) for p in trained], dim=1).to(F.dtype)
+        if every:
+            self._F = new
+        else:
+            self._F[pos] = new
+        self._trained = (cids, new)
+        losses = PerClient(zip(cids, zip(loss, block.ns)))
+        at = {c: k for k, c in enumerate(cids)}
+        bundles = {}
+        for h, wanted in outbox.items():
+            if wanted:
+                ids = np.asarray(wanted, dtype=np.int64)
+                bundles[h] = (ids, new.index_select(0, torch.as_tensor([at[j] for j in wanted])))
+        return bundles, losses, time.perf_counter() - t0
+
+    def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]] | None) -> Accumulator:
         """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows[i]`` lists (j, W_ij) in ascending
         j (None: the rows last sent, while W stays the same), kept as one sparse matrix. Returns
         the sum of the mixed parameters (for the mean the consensus distance needs)."""
         if rows is not None:
             self._rows = mixing.Rows(rows)
-        sources = dict(self._flat)
-        for bundle in inbox:
-            sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
-        mixed = self._rows.mix(sources)
-        for cid, flat in zip(self._rows.cids, mixed.unbind(0)):
-            template = self.algo.shared(self.servers[cid])
-            self.servers[cid] = self.algo.with_shared(self.servers[cid], mixing.unflatten(template, flat))
-        self._flat = {}
+        if self._F is not None:
+            cids, own = self._trained
+            ids = [np.asarray(cids, dtype=np.int64)] + [np.asarray(b[0], dtype=np.int64) for b in inbox]
+            mats = [own] + [to_device(torch.as_tensor(b[1]), self.device) for b in inbox]
+            mixed = self._rows.mix_arrays(np.concatenate(ids), torch.cat(mats) if len(mats) > 1 else own)
+            if self._rows.cids == self.cids:
+                self._F = mixed
+            elif self._rows.cids:
+                self._F[torch.tensor([self._pos[c] for c in self._rows.cids])] = mixed
+        else:
+            sources = dict(self._flat)
+            for bundle in inbox:
+                sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
+            mixed = self._rows.mix(sources)
+            for cid, flat in zip(self._rows.cids, mixed.unbind(0)):
+                template = self.algo.shared(self.servers[cid])
+                self.servers[cid] = self.algo.with_shared(self.servers[cid], mixing.unflatten(template, flat))
+            self._flat = {}
         self._mixed = (self._rows.cids, mixed)
         acc = Accumulator()
         if self._rows.cids:
@@ -234,10 +305,13 @@ class Host:
         cids, mixed = getattr(self, "_mixed", (None, None))
         if cids != self.cids:
             cids = self.cids
-            mixed = torch.stack([mixing.flatten(self.algo.shared(self.servers[c])) for c in cids]) if cids else None
+            if self._F is not None:
+                mixed = self._F
+            else:
+                mixed = torch.stack([mixing.flatten(self.algo.shared(self.servers[c])) for c in cids]) if cids else None
         out = PerClient()
         if cids:
-            sizes = mixing.group_sizes(self.algo.shared(self.servers[cids[0]]))
+            sizes = mixing.group_sizes(self.algo.shared(self._server(cids[0])))
             out.update(zip(cids, mixing.squared_distances_rows(mixed, mean, sizes)))
         return out
 
@@ -245,7 +319,11 @@ class Host:
     def get_states(self) -> dict[int, Any]:
         out = {}
         for cid in self.cids:
-            state, server = self.states.get(cid), self.servers.get(cid)
+            state = self.states.get(cid)
+            if self._F is not None:          # a row's views would carry the whole matrix: copies
+                server = [t.clone() for t in self._server(cid)]
+            else:
+                server = self.servers.get(cid)
             if state is not None or server is not None:
                 out[cid] = {"state": state_to_tree(state), "server": state_to_tree(server)}
         return out
@@ -260,7 +338,11 @@ class Host:
             if tree["state"] is not None:
                 self.states[cid] = to_device(tree_to_state(cls, tree["state"]), self.device)
             if tree["server"] is not None:
-                self.servers[cid] = to_device(tree_to_state(self._server_type, tree["server"]), self.device)
+                server = to_device(tree_to_state(self._server_type, tree["server"]), self.device)
+                if self._F is not None:
+                    self._F[self._pos[cid]] = mixing.flatten(self.algo.shared(server))
+                else:
+                    self.servers[cid] = server
 
     def write_states(self, folder: str, path: str, token: str, head: dict) -> tuple[dict | None, Any]:
         """Write this host's clients' states to ``path`` (in checkpoint folder ``folder``;
