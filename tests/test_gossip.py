@@ -203,7 +203,7 @@ def test_sparse_rows_mix_each_row_on_its_own_and_sums_add_row_by_row():
     assert torch.equal(acc.result(), one_by_one.result()) and acc.count == one_by_one.count == 3
     mean = together.mean(0)
     per_row = squared_distances_rows(together, mean, [3, 4])
-    assert per_row[1] == squared_distances(together[1], mean, [3, 4])
+    assert per_row[1].tolist() == squared_distances(together[1], mean, [3, 4])
     assert per_row[1][0] == pytest.approx(float(((together[1, :3].double() - mean[:3].double()) ** 2).sum()))
 
 

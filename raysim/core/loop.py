@@ -178,7 +178,7 @@ class Rows:
     y: torch.Tensor
     starts: list[int]
     ns: list[int]
-    orders: list[torch.Tensor]
+    orders: torch.Tensor                # every job's (epochs, n_k) orders flattened, job after job
     settings: Settings
     objective: Objective
     consts: dict = field(default_factory=dict)
@@ -191,12 +191,17 @@ def make_rows(params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, star
     ``seeds[k]`` (``rng.torch_seeds``), drawn as ``make_job`` draws them from the client's
     context, so a job has the same batches on either path."""
     k = len(ns)
-    steps = [settings.epochs * -(-n // settings.batch_size) for n in ns]
-    orders, draws = [], []
+    epochs = settings.epochs
+    steps = [epochs * -(-n // settings.batch_size) for n in ns]
+    orders = torch.empty(epochs * sum(ns), dtype=torch.long)     # job after job, epoch after epoch
+    draws = []
     g = torch.Generator()
+    at = 0
     for seed, n, t in zip(seeds, ns, steps):
         g.manual_seed(seed)
-        orders.append(draw_orders(g, n, settings.epochs))
+        for _ in range(epochs):          # draw_orders' permutations, written in place
+            torch.randperm(n, generator=g, out=orders[at:at + n])
+            at += n
         draws.append(objective.draws(g, t) if t else None)
     stacked = None
     if any(d is not None for d in draws):
@@ -321,8 +326,12 @@ class Trainer:
         consts = {key: [arrange(v) for v in val] if isinstance(val, (list, tuple)) else arrange(val)
                   for key, val in job.consts.items()}
         draws = None if job.draws is None else arrange(job.draws)
+        orders = job.orders
+        if not same:
+            ends = torch.tensor([epochs * n for n in job.ns]).cumsum(0).tolist()
+            orders = torch.cat([job.orders[e - epochs * job.ns[k]:e] for k, e in ((k, ends[k]) for k in order)])
         P, mean, _ = self._train(P, job.x, job.y, [job.starts[k] for k in order], [job.ns[k] for k in order],
-                                 [job.orders[k] for k in order], s, obj, consts, None, draws, [None] * k_all, False)
+                                 orders, s, obj, consts, None, draws, [None] * k_all, False)
         if not same:
             back = torch.empty_like(pick)
             back[pick] = torch.arange(k_all, device=pick.device)
@@ -527,7 +536,7 @@ def _whole(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
     return X, [t.storage_offset() // row for t in ts]
 
 
-def _schedule(orders: list[torch.Tensor], weights: list | None, offsets: list[int], ns: list[int], epochs: int,
+def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, offsets: list[int], ns: list[int], epochs: int,
               bs: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every job's batches as rows of ``bs`` entries, job after job: (row indices into the
     pooled data, loss weights = sample weight / rows in the batch, validity); epoch e of job k
@@ -543,7 +552,9 @@ def _schedule(orders: list[torch.Tensor], weights: list | None, offsets: list[in
         torch.cumsum(counts, 0) - counts, counts)
     n_of = ns_t[job]
     pos = base[job] + (within // n_of) * width[job] + within % n_of
-    orders = torch.cat([o.reshape(-1) for o in orders]).to(device)
+    if isinstance(orders, list):             # else already flat, job after job
+        orders = torch.cat([o.reshape(-1) for o in orders])
+    orders = orders.to(device)
     total = int((epochs * width).sum())
     idx = torch.zeros(total, dtype=torch.long, device=device)
     idx[pos] = orders + torch.tensor(offsets, device=device)[job]

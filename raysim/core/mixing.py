@@ -83,13 +83,14 @@ def mix_rows(sources: dict[int, torch.Tensor], rows: list[list[tuple[int, float]
 def squared_distances(flat: torch.Tensor, mean: torch.Tensor, sizes: list[int]) -> list[float]:
     """‖θ − θ̄‖² per group, in float64 from the float32 values (computed directly: no
     cancellation near consensus)."""
-    return squared_distances_rows(flat.unsqueeze(0), mean, sizes)[0]
+    return squared_distances_rows(flat.unsqueeze(0), mean, sizes)[0].tolist()
 
 
-def squared_distances_rows(flats: torch.Tensor, mean: torch.Tensor, sizes: list[int]) -> list[list[float]]:
-    """``squared_distances`` of every row of ``flats`` (n, d): each row summed on its own
-    (numpy's pairwise sum along the row), so its numbers do not depend on the other rows."""
+def squared_distances_rows(flats: torch.Tensor, mean: torch.Tensor, sizes: list[int]) -> np.ndarray:
+    """``squared_distances`` of every row of ``flats`` (n, d), as an array (n, groups): each row
+    summed on its own (numpy's pairwise sum along the row), so its numbers do not depend on the
+    other rows."""
     d = (flats.to(torch.float64) - mean.to(torch.float64).reshape(1, -1)).numpy()
     d = d * d
     bounds = np.cumsum([0] + list(sizes))
-    return np.stack([d[:, a:b].sum(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1).tolist()
+    return np.stack([d[:, a:b].sum(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1)

@@ -128,10 +128,9 @@ class GossipDriver(RoundDriver):
         for acc in sums:
             total.merge(acc)
         mean = (total.result() / total.count).to(torch.float32)
-        per_client: dict[int, list[float]] = {}
-        for part in self.transport.consensus(mean):
-            per_client.update(part)
-        d = np.array([per_client[c] for c in sorted(per_client)], dtype=np.float64)   # (clients, groups)
+        parts = [(np.asarray(c), np.asarray(d)) for c, d in self.transport.consensus(mean) if len(c)]
+        ids = np.concatenate([c for c, _ in parts])
+        d = np.concatenate([d for _, d in parts]).astype(np.float64)[np.argsort(ids, kind="stable")]   # (clients, groups), by id
         out = {f"consensus_distance_{m}": float(v) for m, v in enumerate(d.mean(axis=0))}
         out["consensus_distance"] = float(d.mean(axis=0).mean())
         return out

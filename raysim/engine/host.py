@@ -298,9 +298,9 @@ class Host:
             acc.add_rows(mixed)
         return acc
 
-    def consensus(self, mean: torch.Tensor) -> PerClient:
+    def consensus(self, mean: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """‖θ_k − θ̄‖² per group of shared parameters, per hosted client (from the parameters
-        just mixed, all rows at once)."""
+        just mixed, all rows at once): (client ids, distances (clients, groups))."""
         mean = mean.to(self.device)
         cids, mixed = getattr(self, "_mixed", (None, None))
         if cids != self.cids:
@@ -309,11 +309,10 @@ class Host:
                 mixed = self._F
             else:
                 mixed = torch.stack([mixing.flatten(self.algo.shared(self.servers[c])) for c in cids]) if cids else None
-        out = PerClient()
-        if cids:
-            sizes = mixing.group_sizes(self.algo.shared(self._server(cids[0])))
-            out.update(zip(cids, mixing.squared_distances_rows(mixed, mean, sizes)))
-        return out
+        if not cids:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
+        sizes = mixing.group_sizes(self.algo.shared(self._server(cids[0])))
+        return np.asarray(cids, dtype=np.int64), mixing.squared_distances_rows(mixed, mean, sizes)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def get_states(self) -> dict[int, Any]:
