@@ -323,6 +323,13 @@ class Algorithm:
     def has_global_model(cls) -> bool:
         return cls.global_model is not Algorithm.global_model
 
+    # -- the simulated fleet (the scenario's ``systems`` section) -------------------------------
+    def client_work(self, n_train: int) -> float:
+        """Training samples a client with ``n_train`` of them processes in a round, which its
+        device's speed turns into virtual seconds: E·n for one model (a method that trains more
+        than one model a round says so)."""
+        return float(self.hp.local_epochs * n_train)
+
     # -- server optimizer (the scenario's ``server`` section) ---------------------------------
     def server_params(self, server: Any) -> list[torch.Tensor] | None:
         """The global model's parameters in the server state that a server optimizer (FedAvgM,

@@ -44,6 +44,10 @@ class Ditto(FedAvg):
     Hyper = DittoHyper
     ClientState = DittoState
     decentralized = False
+
+    def client_work(self, n_train):
+        """The global model's E epochs and the personal model's epochs."""
+        return float((self.hp.local_epochs + (self.hp.personal_epochs or self.hp.local_epochs)) * n_train)
     personalized_is_global = False       # a personal model beside the global one
 
     def init_client(self, cid, rng):

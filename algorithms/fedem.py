@@ -97,6 +97,10 @@ class FedEM(Algorithm):
     ClientState = FedEMState
     decentralized = True
 
+    def client_work(self, n_train):
+        """Each of the M components trains E epochs."""
+        return float(self.hp.components * self.hp.local_epochs * n_train)
+
     @classmethod
     def check(cls, hp: FedEMHyper, decentralized: bool) -> tuple[str, str] | None:
         if decentralized and hp.server_average == "all":

@@ -19,11 +19,12 @@ from raysim import plugins
 from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
-                             SamplingCfg, Scenario, ServerCfg, SplitsCfg, TopologyCfg, TrackingCfg)
+                             DistCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
+                             TrackingCfg)
 
 
 TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
-            "resources", "tracking", "checkpoint", "topology", "server")
+            "resources", "tracking", "checkpoint", "topology", "server", "systems")
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -403,14 +404,55 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     problem = method.check(algorithm.params, topology is not None)
     if problem is not None:
         ctx.fail(f"algorithm.{problem[0]}", problem[1])
+    systems = None
+    if raw.get("systems") is not None:
+        systems = _systems(ctx, raw["systems"], topology is not None)
 
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     model = _absolute_model_paths(model)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
-                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server)
+                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc
+
+
+DISTS = ("speed", "down", "up", "latency")
+
+
+def _systems(ctx: Ctx, mapping, decentralized: bool) -> SystemsCfg:
+    """The ``systems`` section: its distributions (nested mappings) and files checked."""
+    if not isinstance(mapping, dict):
+        ctx.fail("systems", f"expected a mapping of options, got {type(mapping).__name__}")
+    if decentralized:
+        ctx.fail("systems", "the virtual clock drives a server's rounds; it is not simulated with a topology yet "
+                 "(leave systems out, or the topology)")
+    cfg = load_dataclass(ctx, "systems", SystemsCfg, {k: v for k, v in mapping.items() if k not in DISTS}, skip=DISTS)
+    dists = {}
+    for key in DISTS:
+        if key not in mapping:
+            continue
+        given = mapping[key]
+        if isinstance(given, dict):           # over the section's default for this key (speed: 100, ...)
+            given = {**dataclasses.asdict(getattr(SystemsCfg(), key)), **given}
+        d = load_dataclass(ctx, f"systems.{key}", DistCfg, given)
+        if d.dist == "uniform" and not d.low < d.high:
+            ctx.fail(f"systems.{key}", f"uniform needs low < high (got low {d.low:g}, high {d.high:g})")
+        positive = d.low if d.dist == "uniform" else d.value
+        if key != "latency" and positive <= 0:
+            what = "low" if d.dist == "uniform" else "value"
+            ctx.fail(f"systems.{key}.{what}", f"{positive:g}: a {key} must be above 0")
+        dists[key] = d
+    cfg = replace(cfg, **dists)
+    for key in ("device_trace", "availability_trace"):
+        path = getattr(cfg, key)
+        if path is not None:
+            if not Path(path).is_file():
+                ctx.fail(f"systems.{key}", f"no such file {path}")
+            cfg = replace(cfg, **{key: os.path.abspath(path)})
+    if cfg.availability == "trace" and cfg.availability_trace is None:
+        ctx.fail("systems.availability_trace", "availability: trace needs the path of a CSV of client,start_s,end_s")
+    return cfg
 
 
 def _absolute_model_paths(model):

@@ -102,6 +102,39 @@ def clients_figure(summary: dict, out: Path) -> Path | None:
     return _save(fig, out / "clients.png")
 
 
+def fleet_figure(summary: dict, out: Path) -> Path | None:
+    """A simulated fleet's run (``systems``): the metric against virtual hours, and each
+    evaluated client's final metric against its device's seconds for a round, coloured by the
+    rounds it took part in (who is left behind)."""
+    m = metric_of(summary)
+    rows = [h for h in summary.get("history", []) if "virtual_time_s" in h and isinstance(h.get(m), (int, float))]
+    if not rows:
+        return None
+    final = summary.get("final", {})
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot([h["virtual_time_s"] / 3600 for h in rows], [h[m] for h in rows], marker="o", label=f"{m} (mean)")
+    for key, style in ((f"slowest_decile_{m}", "--"), (f"fastest_decile_{m}", ":")):
+        pts = [(h["virtual_time_s"] / 3600, h[key]) for h in rows if key in h]
+        if pts:
+            a.plot(*zip(*pts), style, marker=".", label=key.replace("_", " "))
+    a.set(xlabel="virtual time (hours)", ylabel=m, title=f"{summary.get('name', '')}: {m} against the clock")
+    a.grid(alpha=0.3)
+    a.legend()
+    scores, secs, part = final.get(f"client_{m}", {}), final.get("device_seconds", {}), final.get("participation", {})
+    ids = [c for c in scores if c in secs]
+    if ids:
+        sc = b.scatter([secs[c] for c in ids], [scores[c] for c in ids], c=[part.get(c, 0) for c in ids],
+                       cmap="viridis", s=14)
+        fig.colorbar(sc, ax=b, label="rounds taken part in")
+        b.set_xscale("log")
+        b.set(xlabel="device seconds for a round (log)", ylabel=f"final {m}", title="per client")
+        b.grid(alpha=0.3)
+    else:
+        b.axis("off")
+    return _save(fig, out / "fleet.png")
+
+
 def _weights(final: dict) -> tuple[list[str], np.ndarray] | None:
     imp = final.get("importance")
     if not imp:
@@ -261,7 +294,7 @@ def figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     made = [accuracy_figure(summary, out), clients_figure(summary, out), mixture_figure(summary, out),
             clusters_figure(summary, out), *graph_figures(summary, scenario, out), lambda_figure(summary, out),
-            simplex_figure(summary, out)]
+            simplex_figure(summary, out), fleet_figure(summary, out)]
     return [p for p in made if p is not None]
 
 

@@ -256,7 +256,10 @@ def _save(server, path: Path, sc: Scenario) -> None:
 FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accuracy",
          "unseen_bottom_decile_accuracy", "test_loss", "mse", "bottom_decile_mse", "train_mse",
          "train_accuracy", "unseen_mse", "global_mse", "local_accuracy", "local_mse",
-         "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen", "cluster_ari")
+         "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen", "cluster_ari",
+         "slowest_decile_accuracy", "fastest_decile_accuracy", "slowest_decile_mse", "fastest_decile_mse",
+         "slowest_decile_participation", "fastest_decile_participation", "participation_mean",
+         "never_participated", "virtual_hours")
 
 
 def means(record: dict) -> list[str]:
@@ -311,14 +314,18 @@ def time_to_target(history: list[dict], metric: str, target: float) -> dict[str,
     """Time-to-accuracy (``eval.target``): the first evaluated round whose mean ``metric``
     reaches ``target`` (>=, or <= where lower is better), ``target_round``, and the seconds the
     rounds took up to and including it (their ``round_seconds`` summed: training and evaluation,
-    without start-up and checkpoints), ``target_seconds``; {} when never reached."""
+    without start-up and checkpoints), ``target_seconds``; with a simulated fleet (``systems``)
+    also the virtual clock then, ``target_virtual_hours``; {} when never reached."""
     from raysim.core.tasks import lower_is_better
     seconds = 0.0
     for h in history:
         seconds += h.get("round_seconds", 0.0)
         v = h.get(metric)
         if v is not None and (v <= target if lower_is_better(metric) else v >= target):
-            return {"target_round": int(h["round"]), "target_seconds": seconds}
+            out = {"target_round": int(h["round"]), "target_seconds": seconds}
+            if "virtual_time_s" in h:            # a simulated fleet: the virtual clock at that round
+                out["target_virtual_hours"] = h["virtual_time_s"] / 3600.0
+            return out
     return {}
 
 

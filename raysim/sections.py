@@ -158,6 +158,65 @@ class ServerCfg:
 
 
 @dataclass(frozen=True)
+class DistCfg:
+    """A distribution over the fleet's clients, drawn once per run from (seed, "systems")."""
+    dist: str = field(default="constant", metadata={
+        "choices": ("constant", "uniform", "lognormal"),
+        "help": "constant (value), uniform (low..high) or lognormal (median value, log-scale std sigma: "
+                "sigma 1 puts a tenth of the fleet 3.6x below the median, a long tail)"})
+    value: float = field(default=1.0, metadata={"min": 0.0, "help": "constant: the value; lognormal: the median"})
+    low: float = field(default=0.0, metadata={"min": 0.0, "help": "uniform: the lowest value"})
+    high: float = field(default=1.0, metadata={"min": 0.0, "help": "uniform: the highest value"})
+    sigma: float = field(default=1.0, metadata={"min": 0.0, "help": "lognormal: the std of the log-values"})
+
+
+@dataclass(frozen=True)
+class SystemsCfg:
+    """A simulated fleet on a virtual clock (raysim/systems.py): each client's device speed and
+    links, who is online, dropouts, a round deadline and over-selection. Every value is drawn
+    from the seed: runs stay identical for any number of hosts. Without this section every
+    client is always online, equally fast, and a round waits for everyone."""
+    speed: DistCfg = field(default_factory=lambda: DistCfg("constant", 100.0), metadata={"help": (
+        "training samples a client's device processes a second {dist, value, low, high, sigma}")})
+    down: DistCfg = field(default_factory=lambda: DistCfg("constant", 20.0), metadata={"help": (
+        "download bandwidth, Mbit/s {dist, value, low, high, sigma}")})
+    up: DistCfg = field(default_factory=lambda: DistCfg("constant", 5.0), metadata={"help": (
+        "upload bandwidth, Mbit/s {dist, value, low, high, sigma}")})
+    latency: DistCfg = field(default_factory=lambda: DistCfg("constant", 0.05), metadata={"help": (
+        "one-way latency of each transfer, s {dist, value, low, high, sigma}")})
+    device_trace: str | None = field(default=None, metadata={"help": (
+        "CSV of device profiles in place of the distributions: header client,speed,down_mbps,up_mbps,"
+        "latency_s, a row for each client 0..N-1")})
+    availability: str = field(default="always", metadata={
+        "choices": ("always", "probability", "diurnal", "trace"),
+        "help": "who can be selected at a round's start: always; probability (each client online with "
+                "available_p, drawn each round); diurnal (each client online for online x period_s a cycle, "
+                "at a seeded phase; a client that goes offline mid-round drops out); trace (the intervals of "
+                "availability_trace)"})
+    available_p: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "availability: probability, the chance a client is online at a round's start")})
+    period_s: float = field(default=86400.0, metadata={"gt": 0.0, "help": (
+        "diurnal: the cycle's length in virtual seconds (a day); trace: the period the trace repeats with "
+        "(trace_repeats)")})
+    online: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "diurnal: the share of the cycle each client is online")})
+    availability_trace: str | None = field(default=None, metadata={"help": (
+        "availability: trace: CSV with header client,start_s,end_s, the intervals (virtual seconds) in which "
+        "each client is online")})
+    trace_repeats: bool = field(default=True, metadata={"help": (
+        "availability: trace: the trace repeats every period_s (false: after its last interval nobody is online)")})
+    dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "probability that a selected client drops out during a round (drawn each round; the server "
+        "hears nothing from it)")})
+    deadline_s: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "the round's deadline in virtual seconds: a client whose download, training and upload take longer "
+        "is a straggler and its update is dropped (null: the server waits for every client)")})
+    over_selection: float = field(default=1.0, metadata={"min": 1.0, "help": (
+        "invite ceil(K x this) clients (K: the sampling section's count or fraction) and keep the first K "
+        "replies (Bonawitz et al. 2019 use 1.3)")})
+
+
+@dataclass(frozen=True)
 class SplitsCfg:
     train: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0, "help": (
         "share of each client's samples it trains on (its count rounded half up; at least 1 where the client "
@@ -198,3 +257,4 @@ class Scenario:
     topology: TopologyCfg | None
     raw: dict            # the validated mapping after overrides (logged as params/artifact)
     server: ServerCfg = field(default_factory=ServerCfg)
+    systems: SystemsCfg | None = None

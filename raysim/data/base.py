@@ -88,11 +88,8 @@ def _half_up(v: float) -> int:
     return int(math.floor(v + 0.5))
 
 
-def split_index(cid: int, n: int, splits: Splits, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(train, val, test) positions among a client's n samples: a permutation from
-    generator(seed, "split", cid); train takes the first round(n·train) (half up), val the next
-    round(n·val), test the rest. With n >= 2, train and test each keep at least one sample when
-    their fraction is > 0 (taken from val first, then from the larger of the two)."""
+def split_sizes(n: int, splits: Splits) -> tuple[int, int, int]:
+    """The sizes of the (train, val, test) splits of a client's n samples (``split_index``)."""
     n_train = min(_half_up(n * splits.train), n)
     n_val = min(_half_up(n * splits.val), n - n_train)
     if n >= 2:
@@ -103,6 +100,15 @@ def split_index(cid: int, n: int, splits: Splits, seed: int) -> tuple[torch.Tens
                 n_val -= 1
             else:
                 n_train -= 1
+    return n_train, n_val, n - n_train - n_val
+
+
+def split_index(cid: int, n: int, splits: Splits, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train, val, test) positions among a client's n samples: a permutation from
+    generator(seed, "split", cid); train takes the first round(n·train) (half up), val the next
+    round(n·val), test the rest. With n >= 2, train and test each keep at least one sample when
+    their fraction is > 0 (taken from val first, then from the larger of the two)."""
+    n_train, n_val, _ = split_sizes(n, splits)
     perm = torch.from_numpy(generator(seed, "split", cid).permutation(n))
     return perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
 

@@ -24,6 +24,7 @@ from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
 from raysim.setup import make_algorithm
+from raysim.systems import Fleet
 
 
 class Transport(Protocol):
@@ -115,9 +116,16 @@ def eval_sample(sc: Scenario, train_ids: np.ndarray) -> np.ndarray:
     return np.sort(rng.generator(sc.seed, "eval_clients").choice(train_ids, size=k, replace=False))
 
 
-def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int) -> np.ndarray:
+def sample_size(sc: Scenario, clients: int) -> int:
+    """K, the clients a round wants out of ``clients``: the sampling section's count or fraction."""
     s = sc.sampling
-    k = s.count if s.count is not None else max(1, int(round(s.fraction * len(train_ids))))
+    return s.count if s.count is not None else max(1, int(round(s.fraction * clients)))
+
+
+def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int, k: int | None = None) -> np.ndarray:
+    """The round's sample of ``k`` (default ``sample_size``) of ``train_ids``, from (seed, "sample", round)."""
+    if k is None:
+        k = sample_size(sc, len(train_ids))
     if k >= len(train_ids):
         return train_ids
     chosen = rng.generator(sc.seed, "sample", round_).choice(len(train_ids), size=k, replace=False)
@@ -238,6 +246,12 @@ class RoundDriver:
         self.eval_ids = eval_sample(sc, self.train_ids)
         self.round = 0              # rounds completed
         self.history: list[dict] = []
+        # the simulated fleet (scenario ``systems``): the virtual clock (seconds) and each
+        # client's count of rounds whose update counted, both checkpointed
+        self.fleet = Fleet(sc.systems, sc.data.clients, sc.seed) if sc.systems is not None else None
+        self.clock = 0.0
+        self.participation = np.zeros(sc.data.clients if self.fleet is not None else 0, dtype=np.int64)
+        self._n_train: dict[int, int] = {}
 
     def _by_host(self, cids) -> list[list[int]]:
         groups: list[list[int]] = [[] for _ in range(self.transport.num_hosts)]
@@ -261,14 +275,21 @@ class RoundDriver:
         """Run the next round; return its metrics record."""
         t0 = time.perf_counter()
         r = self.round
-        sampled = sample_clients(self.sc, self.train_ids, r)
+        fleet: dict[str, float] = {}
+        if self.fleet is None:
+            sampled = sample_clients(self.sc, self.train_ids, r)
+        else:
+            sampled, wanted, fleet["available"] = self._invite(r)
         self._prepare(r, sampled)
         with server_math():
             assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
                                           rng.generator(self.sc.seed, "select", r))
             message = self.algo.message(self.server_state, r)
+        if self.fleet is not None:        # only the replies the server gets in time are trained and used
+            assignment, outcome = self._clock_round(r, assignment, message, wanted)
+            fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
-        parts = self.transport.train(r, message, by_host)
+        parts = self.transport.train(r, message, by_host) if assignment else []
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
@@ -277,12 +298,14 @@ class RoundDriver:
             losses.update(loss)
             compute += secs
         check_finite(losses, r + 1)
-        reduced = total.result()
-        before = self.server_state
-        with server_math():
-            self.server_state = self.algo.aggregate(self.server_state, reduced, r)
-            self._server_step(before)
-            round_metrics = self.algo.round_metrics(reduced)
+        round_metrics = {}
+        if assignment:                       # a round nobody reported in leaves the server as it was
+            reduced = total.result()
+            before = self.server_state
+            with server_math():
+                self.server_state = self.algo.aggregate(self.server_state, reduced, r)
+                self._server_step(before)
+                round_metrics = self.algo.round_metrics(reduced)
         self.round = r + 1
         record: dict[str, float] = {
             "round": self.round,
@@ -290,9 +313,76 @@ class RoundDriver:
             "train_loss": mean_train_loss(losses),
             "bytes_down": float(self.transport.message_nbytes(message, by_host)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
+            **fleet,
             **round_metrics,
         }
         return self._finish(record, t0, compute)
+
+    # -- the simulated fleet (``systems``) ------------------------------------------------------
+    def _invite(self, r: int) -> tuple[np.ndarray, int, float]:
+        """The clients invited to round r: ⌈K·over_selection⌉ drawn from those online at the
+        clock's time; (invited, K, how many were online)."""
+        online = self.train_ids[self.fleet.available(self.train_ids, self.clock, r)]
+        k = sample_size(self.sc, len(self.train_ids))
+        return sample_clients(self.sc, online, r, self.fleet.invite(k)), k, float(len(online))
+
+    def n_train(self, cids) -> np.ndarray:
+        """Each client's train-split size (from its sample count and ``data.splits``)."""
+        from raysim.data.base import Splits, split_sizes
+        sp = self.sc.data.splits
+        splits = Splits(sp.train, sp.val, sp.test)
+        for c in cids:
+            if c not in self._n_train:
+                self._n_train[c] = split_sizes(self.source.num_samples(c), splits)[0]
+        return np.array([self._n_train[c] for c in cids], dtype=np.float64)
+
+    def device_seconds(self, cids: np.ndarray, message: Any, groups: dict[int, int] | None = None) -> np.ndarray:
+        """Each client's virtual seconds for a round with ``message``: download what it gets,
+        its ``client_work`` at its speed, upload as much (its update of what it got)."""
+        from raysim.engine.trees import nbytes
+        shared = nbytes(message.shared)
+        part = {g: nbytes(p) for g, p in message.groups.items()}
+        size = np.array([shared + part.get((groups or {}).get(int(c), 0), 0) for c in cids], dtype=np.float64)
+        work = np.array([self.algo.client_work(n) for n in self.n_train(cids.tolist()).tolist()])
+        return self.fleet.profiles.seconds(cids, work, size, size)
+
+    def _clock_round(self, r: int, assignment: dict[int, int], message: Any, wanted: int
+                     ) -> tuple[dict[int, int], dict[str, float]]:
+        """Who of the selected clients reports in time (``systems.Fleet.round``): the clock moves
+        on by the round's virtual duration; the kept clients' participation counts."""
+        cids = np.array(sorted(assignment), dtype=np.int64)
+        if not len(cids):
+            return {}, {"invited": 0.0, "dropped_out": 0.0, "stragglers": 0.0, "round_virtual_s": 0.0,
+                        "virtual_time_s": self.clock}
+        secs = self.device_seconds(cids, message, assignment)
+        out = self.fleet.round(r, self.clock, cids, wanted, secs)
+        self.clock += out.duration
+        kept = cids[out.kept]
+        self.participation[kept] += 1
+        return {int(c): assignment[int(c)] for c in kept}, {**out.record(), "virtual_time_s": self.clock}
+
+    def fleet_scores(self, results: dict[int, tuple]) -> dict[str, float]:
+        """Who is left behind: the primary metric of the slowest and the fastest tenth of the
+        evaluated clients (by their device's seconds for a round with this evaluation's model),
+        and how often the clients took part (rounds whose update counted)."""
+        metric = self.algo.task.metric
+        ids = np.array([c for c in sorted(int(c) for c in self.eval_ids)
+                        if results[c][1] > 0 and metric in results[c][0]], dtype=np.int64)
+        out: dict[str, float] = {}
+        if len(ids):
+            secs = self.device_seconds(ids, self.eval_message())
+            order = np.lexsort((ids, secs))                 # fastest first (ties: lower id)
+            m = max(1, int(round(0.1 * len(ids))))
+            for name, pick in (("fastest", order[:m]), ("slowest", order[-m:])):
+                v = np.array([results[int(c)][0][metric] for c in ids[pick]], dtype=np.float64)
+                w = np.array([results[int(c)][1] for c in ids[pick]], dtype=np.float64)
+                out[f"{name}_decile_{metric}"] = float((v * w).sum() / w.sum())
+                out[f"{name}_decile_participation"] = float(self.participation[ids[pick]].mean())
+        part = self.participation[self.train_ids]
+        out["participation_mean"] = float(part.mean())
+        out["never_participated"] = float((part == 0).mean())
+        out["virtual_hours"] = self.clock / 3600.0
+        return out
 
     def _server_step(self, before: Any) -> None:
         """The server optimizer's step on the global model (``Algorithm.server_params``): the
@@ -336,6 +426,8 @@ class RoundDriver:
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
         out.update(validation(results, [int(c) for c in self.eval_ids], unseen))
+        if self.fleet is not None:
+            out.update(self.fleet_scores(results))
         importance = {c: r[2] for c, r in results.items() if r[2] is not None}
         centers = self.algo.centers(self.server_state)
         if not importance and centers is not None and chosen:     # hard clusters held by the server
@@ -350,6 +442,11 @@ class RoundDriver:
             scores = {c: results[c][0][metric] for c in sorted(ids) if results[c][1] > 0 and metric in results[c][0]}
             if scores:
                 self.clusters[f"{prefix}client_{metric}"] = scores
+        if self.fleet is not None:         # each evaluated client's rounds taken part in, and its device's round
+            ids = np.array(sorted(int(c) for c in self.eval_ids), dtype=np.int64)
+            self.clusters["participation"] = dict(zip(ids.tolist(), self.participation[ids].tolist()))
+            self.clusters["device_seconds"] = dict(zip(ids.tolist(), self.device_seconds(
+                ids, self.eval_message()).round(6).tolist()))
         return out
 
     def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
@@ -416,6 +513,8 @@ class RoundDriver:
                 "hosts": hosts,
                 "server": state_to_tree(self.server_state),
                 **({"server_opt": state_to_tree(self.server_opt)} if self.server_opt is not None else {}),
+                **({"fleet": {"clock": self.clock, "participation": torch.from_numpy(self.participation.copy())}}
+                   if self.fleet is not None else {}),
                 "history": self.history,
             })
             checkpoint.commit(folder, head, server, hosts)
@@ -432,6 +531,12 @@ class RoundDriver:
                 raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no server optimizer state "
                                                  f"(written with server.optimizer: none?)")
             self.server_opt = {k: list(v) for k, v in ck["server_opt"].items()}
+        if self.fleet is not None:
+            if "fleet" not in ck:
+                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no virtual clock (written "
+                                                 f"without the systems section?)")
+            self.clock = float(ck["fleet"]["clock"])
+            self.participation = ck["fleet"]["participation"].numpy().astype(np.int64)
         self.transport.load_clients(str(folder), doc, checkpoint.token(folder))
         self.history = list(ck["history"])
         return self.round

@@ -1,0 +1,224 @@
+"""The systems side of a simulated fleet, on a virtual clock: device speeds and links,
+availability, dropouts, deadlines and over-selection (the scenario's ``systems`` section).
+
+Every client has a device profile: compute speed (training samples a second), download and
+upload bandwidth (Mbit/s) and a one-way latency (s), drawn once per run from the scenario's
+distributions or read from a trace file. A selected client's time in a round is
+
+    t_k = latency + bytes_down / down  +  work_k / speed  +  latency + bytes_up / up
+
+where ``work_k`` is the training samples it processes (``Algorithm.client_work``: E·n_k for
+one model) and the bytes are what the server sends it and what it sends back. The server's
+round starts at the clock's current value T; a client takes part only if it is available at T
+(always, with a probability each round, or online in its window of a daily cycle or of a
+trace), may drop out during the round (with a probability; the server hears nothing), and
+with a deadline D only the clients that finish by T + D count. With over-selection the server
+invites ⌈K·f⌉ clients and keeps the first K to report. The round then lasts until the last
+kept reply arrives, or until the deadline where a client it waited for never reported, and the
+clock moves on by that much.
+
+Nothing here is real time: every draw comes from (seed, "systems", purpose, round), so a run
+is identical for any number of hosts and whatever order they finish in, and the simulation
+costs a few array operations a round on the driver.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim import rng
+
+MBIT = 1e6 / 8          # bytes a second in one Mbit/s
+DAY = 86400.0
+
+
+class TraceError(ValueError):
+    """A device or availability trace file that cannot be read (its message names file, line and column)."""
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """Every client's device: speed (samples/s), down and up (bytes/s), latency (s)."""
+
+    speed: np.ndarray
+    down: np.ndarray
+    up: np.ndarray
+    latency: np.ndarray
+
+    def seconds(self, cids: np.ndarray, work: np.ndarray, bytes_down: np.ndarray, bytes_up: np.ndarray) -> np.ndarray:
+        """Each client's time in a round: download, local work, upload (each link with its latency)."""
+        return (2 * self.latency[cids] + bytes_down / self.down[cids] + work / self.speed[cids]
+                + bytes_up / self.up[cids])
+
+
+def draw(dist, n: int, g: np.random.Generator) -> np.ndarray:
+    """n values of a ``systems`` distribution (``sections.DistCfg``)."""
+    if dist.dist == "constant":
+        return np.full(n, dist.value, dtype=np.float64)
+    if dist.dist == "uniform":
+        return g.uniform(dist.low, dist.high, n)
+    # lognormal: the median is `value`, log-values have standard deviation `sigma`
+    return dist.value * np.exp(dist.sigma * g.standard_normal(n))
+
+
+def read_devices(path: str, clients: int) -> Profiles:
+    """A device trace: CSV with a header ``client,speed,down_mbps,up_mbps,latency_s`` (any
+    column order), one row per client 0..N−1 (speed in training samples a second). Clients
+    missing from the file are an error, extra ones are ignored."""
+    cols = ("speed", "down_mbps", "up_mbps", "latency_s")
+    out = {c: np.full(clients, np.nan) for c in cols}
+    rows = _rows(path, ("client",) + cols)
+    for line, row in rows:
+        cid = _number(path, line, "client", row["client"], integer=True)
+        if 0 <= cid < clients:
+            for c in cols:
+                v = _number(path, line, c, row[c])
+                if v < 0 or (v == 0 and c != "latency_s"):
+                    raise TraceError(f"{path}: line {line}: {c}: {v} must be {'≥' if c == 'latency_s' else '>'} 0")
+                out[c][cid] = v
+    missing = np.flatnonzero(np.isnan(out["speed"]))
+    if len(missing):
+        raise TraceError(f"{path}: no row for client {int(missing[0])} ({len(missing)} of the {clients} clients missing)")
+    return Profiles(out["speed"], out["down_mbps"] * MBIT, out["up_mbps"] * MBIT, out["latency_s"])
+
+
+def read_windows(path: str, clients: int) -> list[list[tuple[float, float]]]:
+    """An availability trace: CSV with a header ``client,start_s,end_s``: the intervals of
+    virtual seconds in which each client is online (several rows a client allowed; a client
+    without rows is never online)."""
+    out: list[list[tuple[float, float]]] = [[] for _ in range(clients)]
+    for line, row in _rows(path, ("client", "start_s", "end_s")):
+        cid = _number(path, line, "client", row["client"], integer=True)
+        a, b = _number(path, line, "start_s", row["start_s"]), _number(path, line, "end_s", row["end_s"])
+        if b <= a:
+            raise TraceError(f"{path}: line {line}: end_s {b} must be > start_s {a}")
+        if 0 <= cid < clients:
+            out[cid].append((a, b))
+    return [sorted(w) for w in out]
+
+
+def _rows(path: str, need: tuple[str, ...]):
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            lack = [c for c in need if c not in header]
+            if lack:
+                raise TraceError(f"{path}: the header lacks column '{lack[0]}'; it needs {', '.join(need)}")
+            reader.fieldnames = header
+            return [(i + 2, {k: (v or "").strip() for k, v in row.items() if k is not None})
+                    for i, row in enumerate(reader)]
+    except OSError as e:
+        raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text (CSV) file") from None
+
+
+def _number(path: str, line: int, col: str, text: str, integer: bool = False):
+    try:
+        v = float(text)
+    except ValueError:
+        raise TraceError(f"{path}: line {line}: {col}: {text!r} is not a number") from None
+    if not math.isfinite(v) or (integer and not v.is_integer()):
+        raise TraceError(f"{path}: line {line}: {col}: {text!r} is not {'an integer' if integer else 'a finite number'}")
+    return int(v) if integer else v
+
+
+class Fleet:
+    """A run's fleet: the profiles, availability and the clock's rules (``sc.systems``)."""
+
+    def __init__(self, cfg, clients: int, seed: int):
+        self.cfg = cfg
+        self.seed = seed
+        self.clients = clients
+        if cfg.device_trace:
+            self.profiles = read_devices(cfg.device_trace, clients)
+        else:
+            g = rng.generator(seed, "systems", "devices")
+            self.profiles = Profiles(draw(cfg.speed, clients, g), draw(cfg.down, clients, g) * MBIT,
+                                     draw(cfg.up, clients, g) * MBIT, draw(cfg.latency, clients, g))
+        self.windows = None
+        if cfg.availability == "trace":
+            self.windows = read_windows(cfg.availability_trace, clients)
+        elif cfg.availability == "diurnal":     # an online window of online·period at a seeded phase
+            self.phase = rng.generator(seed, "systems", "phase").uniform(0.0, cfg.period_s, clients)
+
+    def available(self, cids: np.ndarray, t: float, round_: int) -> np.ndarray:
+        """Which of ``cids`` are online at virtual time ``t`` (a boolean mask)."""
+        kind = self.cfg.availability
+        if kind == "always":
+            return np.ones(len(cids), dtype=bool)
+        if kind == "probability":
+            u = rng.generator(self.seed, "systems", "available", round_).random(self.clients)
+            return u[cids] < self.cfg.available_p
+        if kind == "diurnal":
+            return ((t - self.phase[cids]) % self.cfg.period_s) < self.cfg.online * self.cfg.period_s
+        period = self.cfg.period_s if self.cfg.trace_repeats else None
+        tt = t % period if period else t
+        return np.array([any(a <= tt < b for a, b in self.windows[c]) for c in cids.tolist()], dtype=bool)
+
+    def online_until(self, cids: np.ndarray, t: float) -> np.ndarray:
+        """When each of ``cids`` (online at ``t``) goes offline: inf where it stays on."""
+        kind = self.cfg.availability
+        if kind == "diurnal":
+            p = self.cfg.period_s
+            into = (t - self.phase[cids]) % p
+            return t + self.cfg.online * p - into
+        if kind == "trace":
+            period = self.cfg.period_s if self.cfg.trace_repeats else None
+            tt = t % period if period else t
+            base = t - tt
+            out = np.full(len(cids), np.inf)
+            for i, c in enumerate(cids.tolist()):
+                for a, b in self.windows[c]:
+                    if a <= tt < b:
+                        out[i] = base + b
+                        break
+            return out
+        return np.full(len(cids), np.inf)
+
+    def invite(self, k: int) -> int:
+        """How many clients to invite for K wanted (over-selection: ⌈K·f⌉)."""
+        return int(math.ceil(k * self.cfg.over_selection - 1e-9))
+
+    def round(self, round_: int, t: float, cids: np.ndarray, wanted: int, secs: np.ndarray) -> "Outcome":
+        """The round starting at virtual time ``t`` with the selected ``cids`` (ascending), each
+        needing ``secs`` (``Profiles.seconds``), of which the server wants ``wanted`` replies:
+        who reports in time, and how long the round lasts."""
+        n = len(cids)
+        finish = t + secs
+        g = rng.generator(self.seed, "systems", "dropout", round_)
+        dropped = g.random(n) < self.cfg.dropout
+        offline = finish > self.online_until(cids, t)          # went offline before reporting
+        failed = dropped | offline
+        deadline = self.cfg.deadline_s
+        late = ~failed & (secs > deadline) if deadline is not None else np.zeros(n, dtype=bool)
+        ok = ~failed & ~late
+        order = np.lexsort((cids, finish))                    # first to report first (ties: lower id)
+        kept = np.zeros(n, dtype=bool)
+        kept[[i for i in order.tolist() if ok[i]][:wanted]] = True
+        if kept.sum() >= wanted and wanted > 0:                 # the server stops at the wanted-th reply
+            duration = float(secs[kept].max())
+        elif (failed | late).any():                             # it waited for someone who never came
+            duration = float(deadline) if deadline is not None else float(secs[~late].max(initial=0.0))
+        else:
+            duration = float(secs[kept].max(initial=0.0))
+        return Outcome(cids, secs, kept, dropped, offline & ~dropped, late, duration)
+
+
+@dataclass
+class Outcome:
+    cids: np.ndarray
+    seconds: np.ndarray        # each invited client's time for the whole round
+    kept: np.ndarray           # its reply was used
+    dropped: np.ndarray        # dropped out (the dropout probability)
+    offline: np.ndarray        # went offline before it could report
+    late: np.ndarray           # missed the deadline (a straggler)
+    duration: float            # the round's virtual seconds
+
+    def record(self) -> dict[str, float]:
+        return {"invited": float(len(self.cids)), "dropped_out": float(self.dropped.sum() + self.offline.sum()),
+                "stragglers": float(self.late.sum()), "round_virtual_s": self.duration}

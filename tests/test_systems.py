@@ -1,0 +1,195 @@
+"""The simulated fleet on a virtual clock (scenario ``systems``): device times, availability,
+dropouts, deadlines, over-selection, and runs identical for any number of hosts."""
+import numpy as np
+import pytest
+
+from raysim import rng
+from raysim.config import ScenarioError
+from raysim.engine.serial import serial_driver
+from raysim.sections import DistCfg, SystemsCfg
+from raysim.systems import MBIT, Fleet, Profiles, TraceError, read_devices, read_windows
+from tests.conftest import TINY
+from tests.test_gossip import DFEDEM, load
+from tests.test_gossip import strip as strip_timings
+
+
+def strip(history):
+    """The records without timings, message counts and bytes (which count per host)."""
+    return [{k: v for k, v in h.items() if not k.startswith("bytes_")} for h in strip_timings(history)]
+
+
+def fleet(**kw) -> Fleet:
+    return Fleet(SystemsCfg(**kw), 6, seed=0)
+
+
+def test_a_clients_time_is_download_work_and_upload_with_latency():
+    # client 1: latency 0.05 s each way; 2 MB down at 8 Mbit/s (1 MB/s) = 2 s; 300 samples at
+    # 100 samples/s = 3 s; 1 MB up at 4 Mbit/s (0.5 MB/s) = 2 s: 0.1 + 2 + 3 + 2 = 7.1 s
+    p = Profiles(speed=np.array([50.0, 100.0]), down=np.array([1.0, 8.0]) * MBIT, up=np.array([1.0, 4.0]) * MBIT,
+                 latency=np.array([0.0, 0.05]))
+    got = p.seconds(np.array([1]), np.array([300.0]), np.array([2e6]), np.array([1e6]))
+    assert got[0] == pytest.approx(7.1)
+
+
+def test_the_driver_times_a_client_from_its_train_split_its_work_and_the_model_size(tmp_path):
+    # a linear model on 10 features and 2 classes: 22 float32 parameters = 88 bytes each way;
+    # speed 10 samples/s, 8 Mbit/s both ways, latency 0.5 s; E = 2 epochs over n_train samples
+    sc = load(tmp_path, TINY, "algorithm.local_epochs=2", "systems={speed: {value: 10}, down: {value: 8}, "
+                              "up: {value: 8}, latency: {value: 0.5}}", "data.classes=2")
+    d = serial_driver(sc, 1)
+    n = d.n_train([3])[0]
+    assert n == d.transport.hosts[0].data(3).num_train
+    secs = d.device_seconds(np.array([3]), d.eval_message())
+    assert secs[0] == pytest.approx(2 * 0.5 + 88 / 1e6 + 2 * n / 10 + 88 / 1e6)
+
+
+def test_a_deadline_drops_the_stragglers_and_the_round_waits_for_it():
+    f = fleet(deadline_s=4.0)
+    out = f.round(0, 0.0, np.array([0, 1, 2, 3]), 4, np.array([1.0, 5.0, 3.0, 7.0]))
+    assert out.kept.tolist() == [True, False, True, False]
+    assert out.late.tolist() == [False, True, False, True]
+    assert out.duration == 4.0                     # it waited for the two that never came
+    everyone = f.round(0, 0.0, np.array([0, 1]), 2, np.array([1.0, 3.5]))
+    assert everyone.kept.all() and everyone.duration == 3.5      # all in: it ends at the last reply
+
+
+def test_over_selection_invites_more_and_keeps_the_first_k_to_report():
+    f = fleet(over_selection=1.3)
+    assert f.invite(10) == 13 and f.invite(3) == 4 and f.invite(1) == 2
+    out = f.round(0, 0.0, np.array([0, 1, 2, 3, 4, 5]), 3, np.array([4.0, 1.0, 3.0, 2.0, 5.0, 2.0]))
+    # first three replies: client 1 (1 s), clients 3 and 5 (2 s, the tie kept in id order)
+    assert np.flatnonzero(out.kept).tolist() == [1, 3, 5]
+    assert out.duration == 2.0
+
+
+def test_dropouts_are_drawn_per_round_from_the_seed_and_the_round_waits_for_the_deadline():
+    f = fleet(dropout=0.5, deadline_s=10.0)
+    secs = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    out = f.round(7, 0.0, np.arange(6), 6, secs)
+    want = rng.generator(0, "systems", "dropout", 7).random(6) < 0.5
+    assert out.dropped.tolist() == want.tolist() and want.any() and not want.all()
+    assert out.kept.tolist() == (~want).tolist()
+    assert out.duration == 10.0
+    again = f.round(7, 0.0, np.arange(6), 6, secs)
+    assert again.kept.tolist() == out.kept.tolist()
+    no_deadline = fleet(dropout=0.5).round(7, 0.0, np.arange(6), 6, secs)
+    assert no_deadline.duration == 6.0             # a dropped client is noticed when it would have reported
+
+
+def test_availability_always_probability_and_diurnal():
+    cids = np.arange(6)
+    assert fleet().available(cids, 123.0, 0).all()
+    p = fleet(availability="probability", available_p=0.4)
+    want = rng.generator(0, "systems", "available", 3).random(6) < 0.4
+    assert p.available(cids, 0.0, 3).tolist() == want.tolist()
+    d = fleet(availability="diurnal", period_s=100.0, online=0.25)
+    phase = rng.generator(0, "systems", "phase").uniform(0.0, 100.0, 6)
+    for t in (0.0, 30.0, 260.0):
+        assert d.available(cids, t, 0).tolist() == (((t - phase) % 100.0) < 25.0).tolist()
+    on = d.available(cids, 30.0, 0)
+    until = d.online_until(cids[on], 30.0)
+    assert until == pytest.approx(30.0 + 25.0 - (30.0 - phase[on]) % 100.0)
+
+
+def test_an_availability_trace_and_a_client_going_offline_mid_round(tmp_path):
+    path = tmp_path / "windows.csv"
+    path.write_text("client,start_s,end_s\n0,0,100\n1,50,60\n1,80,200\n2,10,20\n")
+    windows = read_windows(str(path), 4)
+    assert windows == [[(0.0, 100.0)], [(50.0, 60.0), (80.0, 200.0)], [(10.0, 20.0)], []]
+    f = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), period_s=1000.0), 4, 0)
+    assert f.available(np.arange(4), 55.0, 0).tolist() == [True, True, False, False]
+    assert f.available(np.arange(4), 1055.0, 0).tolist() == [True, True, False, False]   # repeats
+    # at t = 55 client 1 is online until 60: a 10-second round loses it, client 0 (until 100) reports
+    out = f.round(0, 55.0, np.array([0, 1]), 2, np.array([10.0, 10.0]))
+    assert out.kept.tolist() == [True, False] and out.offline.tolist() == [False, True]
+    once = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), trace_repeats=False), 4, 0)
+    assert not once.available(np.arange(4), 1055.0, 0).any()
+
+
+def test_device_trace_and_its_errors(tmp_path):
+    good = tmp_path / "devices.csv"
+    good.write_text("latency_s,client,speed,down_mbps,up_mbps\n0.1,1,20,8,4\n0,0,10,16,2\n0.2,7,1,1,1\n")
+    p = read_devices(str(good), 2)
+    assert p.speed.tolist() == [10.0, 20.0] and p.down.tolist() == [2e6, 1e6] and p.latency.tolist() == [0.0, 0.1]
+    with pytest.raises(TraceError, match=r"devices.csv: no row for client 2 \(1 of the 3 clients missing\)"):
+        read_devices(str(good), 3)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("client,speed,down_mbps,up_mbps\n0,1,1,1\n")
+    with pytest.raises(TraceError, match="bad.csv: the header lacks column 'latency_s'"):
+        read_devices(str(bad), 1)
+    bad.write_text("client,speed,down_mbps,up_mbps,latency_s\n0,fast,1,1,0\n")
+    with pytest.raises(TraceError, match=r"bad.csv: line 2: speed: 'fast' is not a number"):
+        read_devices(str(bad), 1)
+    bad.write_text("client,speed,down_mbps,up_mbps,latency_s\n0,0,1,1,0\n")
+    with pytest.raises(TraceError, match=r"bad.csv: line 2: speed: 0.0 must be > 0"):
+        read_devices(str(bad), 1)
+
+
+def test_scenario_errors_name_the_key(tmp_path):
+    with pytest.raises(ScenarioError, match=r"systems.speed.value: 0: a speed must be above 0"):
+        load(tmp_path, TINY, "systems={speed: {value: 0}}")
+    with pytest.raises(ScenarioError, match=r"systems.down: uniform needs low < high \(got low 5, high 2\)"):
+        load(tmp_path, TINY, "systems={down: {dist: uniform, low: 5, high: 2}}")
+    with pytest.raises(ScenarioError, match=r"systems.speed.dist: 'pareto' is not allowed; choose one of "
+                                            r"constant, uniform, lognormal"):
+        load(tmp_path, TINY, "systems={speed: {dist: pareto}}")
+    with pytest.raises(ScenarioError, match=r"systems.availability_trace: availability: trace needs the path"):
+        load(tmp_path, TINY, "systems={availability: trace}")
+    with pytest.raises(ScenarioError, match=r"systems.device_trace: no such file /nonexistent.csv"):
+        load(tmp_path, TINY, "systems={device_trace: /nonexistent.csv}")
+    with pytest.raises(ScenarioError, match=r"systems: the virtual clock drives a server's rounds"):
+        load(tmp_path, DFEDEM, "systems={}")
+    with pytest.raises(ScenarioError, match=r"systems.deadline: unknown key; allowed keys here: speed, down"):
+        load(tmp_path, TINY, "systems={deadline: 3}")
+    sc = load(tmp_path, TINY, "systems={speed: {dist: lognormal, sigma: 2}}")
+    assert sc.systems.speed == DistCfg("lognormal", 100.0, 0.0, 1.0, 2.0)     # over the section's default
+
+
+FLEET = ("systems={speed: {dist: lognormal, value: 2, sigma: 1.5}, dropout: 0.1, deadline_s: 60, "
+         "over_selection: 1.5, availability: probability, available_p: 0.8}")
+
+
+def run(sc, hosts):
+    d = serial_driver(sc, hosts)
+    for _ in range(sc.rounds):
+        d.step()
+    return d
+
+
+def test_a_fleet_run_is_identical_for_one_or_three_hosts_and_resumes_exactly(tmp_path):
+    """Heterogeneous speeds, dropouts, a deadline, over-selection and availability: every
+    metric (the clock, who reported, accuracy) the same on 1 and 3 hosts, and a run resumed
+    from a checkpoint mid-way ends as the uninterrupted one, clock and participation included."""
+    sc = load(tmp_path, TINY, FLEET, "rounds=6", "sampling={count: 4}")
+    a, b = run(sc, 1), run(sc, 3)
+    assert strip(a.history) == strip(b.history)
+    h = a.history
+    assert all(r["invited"] == 6 and r["clients"] <= 4 for r in h)           # ⌈4 x 1.5⌉ invited, 4 kept at most
+    assert any(r["dropped_out"] > 0 for r in h) and any(r["stragglers"] > 0 for r in h)
+    assert [r["virtual_time_s"] for r in h] == pytest.approx(np.cumsum([r["round_virtual_s"] for r in h]))
+    assert a.participation.sum() == sum(r["clients"] for r in h)
+    part = serial_driver(sc, 2)
+    for _ in range(3):
+        part.step()
+    part.save(str(tmp_path / "ck"))
+    resumed = serial_driver(sc, 3)
+    assert resumed.restore(str(tmp_path / "ck")) == 3
+    assert resumed.clock == part.clock
+    for _ in range(3):
+        resumed.step()
+    assert strip(resumed.history) == strip(a.history)
+    assert resumed.participation.tolist() == a.participation.tolist()
+
+
+def test_a_deadline_leaves_the_slowest_clients_out(tmp_path):
+    """A deadline shorter than the slow devices' round: the slowest tenth never takes part,
+    the fastest always does when sampled; without it everyone takes part."""
+    fast_slow = "systems={speed: {dist: lognormal, value: 20, sigma: 2}, deadline_s: %s}"
+    with_deadline = run(load(tmp_path, TINY, fast_slow % 5, "rounds=8", "sampling.fraction=1.0"), 2)
+    final = with_deadline.history[-1]
+    assert final["slowest_decile_participation"] == 0.0
+    assert final["fastest_decile_participation"] == 8.0
+    assert final["never_participated"] > 0
+    without = run(load(tmp_path, TINY, fast_slow % "null", "rounds=8", "sampling.fraction=1.0"), 2)
+    assert without.history[-1]["never_participated"] == 0.0
+    assert without.history[-1]["round_virtual_s"] > 5.0     # the round waits for the slowest
