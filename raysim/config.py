@@ -407,6 +407,22 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     systems = None
     if raw.get("systems") is not None:
         systems = _systems(ctx, raw["systems"], topology is not None)
+        if systems.aggregation != "sync":
+            if not method.has_server_params():
+                stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_server_params())
+                ctx.fail("systems.aggregation", f"{systems.aggregation} steps a global model, which "
+                         f"'{algorithm.name}' has not; use sync, or one of {stepped}")
+            for key, neutral in (("deadline_s", None), ("over_selection", 1.0)):
+                if getattr(systems, key) != neutral:
+                    ctx.fail(f"systems.{key}", f"a synchronous round's; {systems.aggregation} has no rounds to wait "
+                             f"for (leave it out)")
+            if server.optimizer != "none":
+                ctx.fail("server.optimizer", f"{systems.aggregation} steps the model itself; use none with it")
+            concurrency = (sampling.count if sampling.count is not None
+                           else max(1, int(round(sampling.fraction * train_clients))))
+            if systems.aggregation == "fedbuff" and systems.buffer > concurrency:
+                ctx.fail("systems.buffer", f"{systems.buffer} replies a step, but only {concurrency} clients train at "
+                         f"once (the sampling section's count or fraction); give at most {concurrency}")
 
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     model = _absolute_model_paths(model)

@@ -214,6 +214,24 @@ class SystemsCfg:
     over_selection: float = field(default=1.0, metadata={"min": 1.0, "help": (
         "invite ceil(K x this) clients (K: the sampling section's count or fraction) and keep the first K "
         "replies (Bonawitz et al. 2019 use 1.3)")})
+    aggregation: str = field(default="sync", metadata={
+        "choices": ("sync", "fedbuff", "fedasync"),
+        "help": "sync: rounds (the server waits, with the deadline and over-selection above); fedbuff (Nguyen et "
+                "al. 2022): K clients (sampling's count or fraction) train at any time, each from the model of "
+                "when it started, and the server steps after every buffer replies; fedasync (Xie et al. 2019): "
+                "the server mixes in each reply as it arrives. A round is then one server step"})
+    buffer: int = field(default=10, metadata={"min": 1, "help": (
+        "fedbuff: replies per server step (the paper's K; at most the clients training at once)")})
+    server_lr: float = field(default=1.0, metadata={"gt": 0.0, "help": (
+        "fedbuff: η_g, x ← x + η_g · Σ_k s(τ_k) Δ_k / K over the buffer's updates Δ_k (FedBuff's server step)")})
+    alpha: float = field(default=0.6, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "fedasync: α, the mixing weight x ← (1 − α_t) x + α_t x_k with α_t = α · s(τ) (Xie et al. use 0.6 to 0.9)")})
+    staleness: str = field(default="polynomial", metadata={
+        "choices": ("constant", "polynomial", "hinge"),
+        "help": "s(τ), the weight of a reply τ server steps stale: constant 1; polynomial (1 + τ)^−a (FedBuff's "
+                "1/√(1+τ) with a = 0.5); hinge 1 for τ ≤ b, else 1 / (a (τ − b) + 1) (FedAsync's)"})
+    staleness_a: float = field(default=0.5, metadata={"min": 0.0, "help": "a of the staleness function"})
+    staleness_b: float = field(default=4.0, metadata={"min": 0.0, "help": "b of the hinge staleness function"})
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,31 @@ class Fleet:
             return out
         return np.full(len(cids), np.inf)
 
+    def next_online(self, t: float) -> float:
+        """The first time after ``t`` at which some client comes online (inf: never; for
+        availability by probability, ``t``: the next server step draws again)."""
+        kind = self.cfg.availability
+        if kind in ("always", "probability"):
+            return t
+        if kind == "diurnal":
+            return t + float(((self.phase - t) % self.cfg.period_s).min())
+        period = self.cfg.period_s if self.cfg.trace_repeats else None
+        tt = t % period if period else t
+        starts = [a for w in self.windows for a, _ in w]
+        later = [a for a in starts if a > tt]
+        if later:
+            return t - tt + min(later)
+        return t - tt + period + min(starts) if period and starts else math.inf
+
+    def staleness(self, tau: int) -> float:
+        """s(τ), the weight of a reply τ server steps stale."""
+        a, b = self.cfg.staleness_a, self.cfg.staleness_b
+        if self.cfg.staleness == "polynomial":
+            return float((1.0 + tau) ** -a)
+        if self.cfg.staleness == "hinge":
+            return 1.0 if tau <= b else float(1.0 / (a * (tau - b) + 1.0))
+        return 1.0
+
     def invite(self, k: int) -> int:
         """How many clients to invite for K wanted (over-selection: ⌈K·f⌉)."""
         return int(math.ceil(k * self.cfg.over_selection - 1e-9))

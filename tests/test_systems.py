@@ -193,3 +193,119 @@ def test_a_deadline_leaves_the_slowest_clients_out(tmp_path):
     without = run(load(tmp_path, TINY, fast_slow % "null", "rounds=8", "sampling.fraction=1.0"), 2)
     assert without.history[-1]["never_participated"] == 0.0
     assert without.history[-1]["round_virtual_s"] > 5.0     # the round waits for the slowest
+
+
+ASYNC = ("systems={speed: {dist: lognormal, value: 20, sigma: 1}, aggregation: %s, buffer: 3, dropout: 0.1, "
+         "server_lr: 0.8}")
+
+
+def test_staleness_weights_by_hand():
+    poly = fleet(staleness="polynomial", staleness_a=0.5)
+    assert poly.staleness(0) == 1.0 and poly.staleness(3) == 0.5
+    hinge = fleet(staleness="hinge", staleness_a=0.5, staleness_b=4)
+    assert hinge.staleness(4) == 1.0 and hinge.staleness(6) == 0.5
+    assert fleet(staleness="constant").staleness(100) == 1.0
+
+
+def _alone(d, c, start_state, s):
+    """Client c's model from ``start_state`` through the ordinary (synchronous) path: trained
+    alone, its reply aggregated by the method."""
+    from raysim.engine.driver import groups_by_host
+    msg = d.algo.message(start_state, s)
+    (acc, _, _), = [p for p in d.transport.train(s, msg, groups_by_host({c: 0}, d.transport.placement))
+                    if p[1]]
+    return d.algo.server_params(d.algo.aggregate(start_state, acc.result(), s))
+
+
+def test_fedbuff_steps_after_the_first_buffer_arrivals_in_clock_order(tmp_path):
+    """Equal clients on equal devices all launched at 0 arrive together: the buffer takes the
+    three lowest ids (ties by id), each 0 steps stale; their places go to newcomers, which
+    arrive one device-time later."""
+    sc = load(tmp_path, TINY, "data.min_samples=40", "data.max_samples=40", "sampling={count: 6}", "rounds=3",
+              "systems={speed: {value: 20}, aggregation: fedbuff, buffer: 3}")
+    d = serial_driver(sc, 2)
+    d._top_up(0)
+    launched = sorted(c for _, c, _, _ in d.flight)
+    (secs,) = {f for f, _, _, _ in d.flight}
+    rec = d.step()
+    assert d.arrivals == [(c, 0) for c in launched[:3]]
+    assert rec["clients"] == 3 and rec["staleness_max"] == 0 and rec["virtual_time_s"] == pytest.approx(secs)
+    assert sorted(c for c in range(12) if d.participation[c]) == launched[:3]
+    rec = d.step()                       # the other three, launched at 0, now one step stale
+    assert d.arrivals == [(c, 0) for c in launched[3:]] and rec["staleness_mean"] == 1.0
+
+
+def _alone(d, c, start_state, s):
+    """Client c's model from ``start_state`` through the ordinary (synchronous) path: trained
+    alone, its reply aggregated by the method."""
+    from raysim.engine.driver import groups_by_host
+    msg = d.algo.message(start_state, s)
+    (acc, _, _), = [p for p in d.transport.train(s, msg, groups_by_host({c: 0}, d.transport.placement))
+                    if p[1]]
+    return d.algo.server_params(d.algo.aggregate(start_state, acc.result(), s))
+
+
+@pytest.mark.parametrize("aggregation", ["fedbuff", "fedasync"])
+def test_the_asynchronous_update_weighs_each_reply_by_its_staleness(tmp_path, aggregation):
+    """FedBuff's step x + η/B Σ s(τ_k)(x_k − x_{s_k}) and FedAsync's (1 − α s(τ)) x + α s(τ) x_k,
+    checked against the arrived clients trained one by one, from the models they started
+    from, through the synchronous path."""
+    import copy
+    import torch
+    sc = load(tmp_path, TINY, ASYNC % aggregation, "sampling={count: 6}", "rounds=8")
+    d = serial_driver(sc, 2)
+    twin = serial_driver(sc, 2)          # trains the same clients alone, from the same states
+    checked = 0
+    for _ in range(sc.rounds):
+        x = [t.clone() for t in d.algo.server_params(d.server_state)]
+        versions = copy.deepcopy(d.versions)
+        rec = d.step()
+        r = d.round - 1
+        stale = [r - s for _, s in d.arrivals]
+        if max(stale) == 0 or any(s not in versions for _, s in d.arrivals):
+            continue                     # check the steps with stale replies, from models stored before
+        models = {c: (s, _alone(twin, c, versions[s], s), twin.algo.server_params(versions[s]))
+                  for c, s in d.arrivals}
+        if aggregation == "fedbuff":
+            total = [torch.zeros_like(t, dtype=torch.float64) for t in x]
+            for c in sorted(models):
+                s, xk, xs = models[c]
+                for acc, a, b in zip(total, xk, xs):
+                    acc += d.fleet.staleness(r - s) * (a.double() - b.double())
+            want = [(t.double() + 0.8 * g / len(models)).float() for t, g in zip(x, total)]
+        else:
+            ((c, (s, xk, _)),) = models.items()
+            a = 0.6 * d.fleet.staleness(r - s)
+            want = [((1 - a) * t.double() + a * m.double()).float() for t, m in zip(x, xk)]
+        assert rec["staleness_max"] == max(stale)
+        for got, w in zip(d.algo.server_params(d.server_state), want):
+            assert torch.allclose(got, w, atol=1e-6)
+        checked += 1
+    assert checked >= 2
+
+
+def test_an_asynchronous_run_is_identical_for_one_or_three_hosts_and_resumes_exactly(tmp_path):
+    sc = load(tmp_path, TINY, ASYNC % "fedbuff", "sampling={count: 6}", "rounds=6")
+    a, b = run(sc, 1), run(sc, 3)
+    assert strip(a.history) == strip(b.history)
+    assert all(h["clients"] == 3 for h in a.history) and any(h["staleness_max"] > 0 for h in a.history)
+    assert [h["virtual_time_s"] for h in a.history] == sorted(h["virtual_time_s"] for h in a.history)
+    part = serial_driver(sc, 2)
+    for _ in range(3):
+        part.step()
+    part.save(str(tmp_path / "ck"))
+    resumed = serial_driver(sc, 3)
+    assert resumed.restore(str(tmp_path / "ck")) == 3
+    for _ in range(3):
+        resumed.step()
+    assert strip(resumed.history) == strip(a.history)
+
+
+def test_asynchronous_aggregation_is_refused_where_it_cannot_run(tmp_path):
+    with pytest.raises(ScenarioError, match=r"systems.aggregation: fedbuff steps a global model, which 'local' "
+                                            r"has not; use sync, or one of"):
+        load(tmp_path, TINY, "algorithm.name=local", "systems={aggregation: fedbuff, buffer: 2}")
+    with pytest.raises(ScenarioError, match=r"systems.deadline_s: a synchronous round's; fedasync has no rounds"):
+        load(tmp_path, TINY, "systems={aggregation: fedasync, deadline_s: 5}")
+    with pytest.raises(ScenarioError, match=r"systems.buffer: 10 replies a step, but only 6 clients train at once"):
+        load(tmp_path, TINY, "systems={aggregation: fedbuff, buffer: 10}")

@@ -1,5 +1,6 @@
-"""The driver a scenario needs: the server's round driver, or the gossip scheduler when the
-scenario has a topology."""
+"""The driver a scenario needs: the server's round driver, the asynchronous server (FedBuff,
+FedAsync) when its fleet aggregates asynchronously, or the gossip scheduler when the scenario
+has a topology."""
 from __future__ import annotations
 
 from raysim.config import Scenario
@@ -7,6 +8,9 @@ from raysim.engine.driver import RoundDriver, Transport
 
 
 def make_driver(sc: Scenario, transport: Transport, source=None) -> RoundDriver:
+    if sc.systems is not None and sc.systems.aggregation != "sync":
+        from raysim.engine.asynchronous import AsyncDriver
+        return AsyncDriver(sc, transport, source)
     if sc.topology is None:
         return RoundDriver(sc, transport, source)
     # imported here: the graph libraries (networkx, scipy.sparse) cost every process that

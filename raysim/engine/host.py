@@ -138,20 +138,26 @@ class Host:
             acc.add(reply)
         return acc
 
-    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int]
-              ) -> tuple[Accumulator, PerClient, float]:
+    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False
+              ) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
         """Train the clients of ``groups`` ({cid: group}) on the shared part and their group's
-        part; return (sum of replies, loss per client, seconds)."""
+        part; return (sum of replies, loss per client, seconds); ``each``: each client's reply
+        on its own ({cid: its Accumulator}), for a server that weighs them one by one
+        (asynchronous aggregation)."""
         t0 = time.perf_counter()
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
         calls = [self.algo.train(self.state(c), self._received(shared, parts, groups[c]), self.data(c),
                                  self.context(round_, c, "train", groups[c])) for c in cids]
-        acc = Accumulator()
+        acc = {} if each else Accumulator()
         losses = PerClient()
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
-            acc.add(reply)
+            if each:
+                acc[cid] = Accumulator()
+                acc[cid].add(reply)
+            else:
+                acc.add(reply)
             losses[cid] = (float(loss), self.data(cid).num_train)
         return acc, losses, time.perf_counter() - t0
 
