@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="per method and dataset, show only the sweep variant whose mean of this validation "
                          "metric over its seeds is best (e.g. val_accuracy; best_val_accuracy with --metrics "
                          "test_at_val_best_accuracy picks the round too), named in each cell")
+    cp.add_argument("--rank", default=None, metavar="METRIC",
+                    help="order the methods best first by this metric, one of --metrics (e.g. "
+                         "target_virtual_hours: time-to-accuracy on a simulated fleet, lowest first; a method "
+                         "that never reached the target last)")
     return p
 
 
@@ -148,7 +152,7 @@ def _dispatch(args, early_ray: bool = False) -> int:
         from raysim.compare import compare
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
         text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over,
-                               args.select)
+                               args.select, args.rank)
         print(text)
         print(f"written to {md} and {cv}")
         return EXIT_OK

@@ -328,17 +328,38 @@ def write_csv(path: Path, methods, columns, table, over: str = "seeds") -> None:
                                 "" if c.seconds is None else c.seconds])
 
 
+def ranked(found: tuple, metric: str) -> tuple:
+    """``found`` (methods, columns, cells) with the methods ordered best first by their mean of
+    ``metric`` over the datasets (lowest first where lower is better: losses, times such as
+    ``target_virtual_hours``); a method without the metric (a target never reached) last."""
+    methods, columns, table = found
+    if not any(m == metric for _, m in columns):
+        have = ", ".join(dict.fromkeys(m for _, m in columns))
+        raise CompareError(f"--rank {metric}: not among the table's metrics ({have}); add it to --metrics")
+    sign = 1.0 if _lower(metric) else -1.0
+
+    def key(method):
+        vals = [c.mean for (m, _, k), c in table.items() if m == method and k == metric and c.mean is not None]
+        return (0, sign * float(np.mean(vals))) if vals else (1, 0.0)
+    return sorted(methods, key=key), columns, table
+
+
 def table(client, run_ids: list[str], experiment: str | None = None, metrics: list[str] | None = None,
-          over: str = "seeds", select_by: str | None = None) -> tuple[str, tuple]:
+          over: str = "seeds", select_by: str | None = None, rank: str | None = None) -> tuple[str, tuple]:
     """(the Markdown table, (methods, columns, cells)) of the chosen runs; with ``select_by``
     (a validation metric) one variant per method and dataset (``pick_variants``), each cell
-    naming it (``Cell.variant``, ``selected_by``, ``selection_mean``)."""
+    naming it (``Cell.variant``, ``selected_by``, ``selection_mean``); with ``rank`` the
+    methods best first by that metric (``ranked``)."""
     runs = select(client, run_ids, experiment)
     if select_by is None:
         found = cells(rows(runs, metrics), over)
+        if rank is not None:
+            found = ranked(found, rank)
         return markdown(*found, over), found
     chosen, choices = chosen_rows(runs, metrics, select_by)
     found = cells(chosen, over)
+    if rank is not None:
+        found = ranked(found, rank)
     for (m, d, _), c in found[2].items():
         choice = choices[m, d]
         c.variant, c.selected_by, c.selection_mean = choice.variant, select_by, choice.mean
@@ -349,16 +370,17 @@ def table(client, run_ids: list[str], experiment: str | None = None, metrics: li
 
 def compare(run_ids: list[str], experiment: str | None = None, uri: str | None = None,
             out: str | Path = "report", metrics: list[str] | None = None,
-            over: str = "seeds", select_by: str | None = None) -> tuple[str, Path, Path]:
+            over: str = "seeds", select_by: str | None = None, rank: str | None = None) -> tuple[str, Path, Path]:
     """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``;
-    ``select_by``: one variant per method and dataset, chosen by this validation metric."""
+    ``select_by``: one variant per method and dataset, chosen by this validation metric;
+    ``rank``: the methods ordered best first by this metric (e.g. ``target_virtual_hours``)."""
     from raysim.report import client_for
     if not run_ids and experiment is None:
         raise CompareError("give run ids (a sweep's parent stands for its runs) or --experiment NAME")
     if over not in OVER:
         raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     _, client = client_for(uri)
-    text, found = table(client, run_ids, experiment, metrics, over, select_by)
+    text, found = table(client, run_ids, experiment, metrics, over, select_by, rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md, cv = out / "compare.md", out / "compare.csv"

@@ -85,3 +85,25 @@ def test_seeds_and_compare_bad_input(sweep, tmp_path, capsys):
         compare([], "nope", f"sqlite:///{tmp}/m.db", tmp_path)
     assert cli.main(["compare", "--tracking-uri", f"sqlite:///{tmp}/m.db"]) == 2
     assert "give run ids" in capsys.readouterr().err
+
+
+def test_rank_orders_the_methods_best_first(sweep, tmp_path):
+    """--rank: methods by their mean of the metric over seeds, highest accuracy first, lowest
+    loss first; a metric not in the table is refused, naming the table's."""
+    tmp, client, parent = sweep
+    uri = f"sqlite:///{tmp}/m.db"
+    kids = report.expand(client, [parent.info.run_id])
+
+    def mean(variant, metric):
+        return np.mean([k.data.metrics[metric] for k in kids if k.data.tags["variant"] == variant])
+
+    def order(text):
+        return [line.split("|")[1].strip() for line in text.splitlines()[2:] if line.startswith("| ")]
+
+    text, _, _ = compare([parent.info.run_id], None, uri, tmp_path, ["accuracy", "test_loss"], rank="accuracy")
+    assert order(text)[:2] == sorted(["fedavg", "local"], key=lambda v: -mean(v, "accuracy"))
+    text, _, _ = compare([parent.info.run_id], None, uri, tmp_path, ["accuracy", "test_loss"], rank="test_loss")
+    assert order(text)[:2] == sorted(["fedavg", "local"], key=lambda v: mean(v, "test_loss"))
+    with pytest.raises(CompareError, match=r"--rank target_virtual_hours: not among the table's metrics "
+                                           r"\(accuracy\); add it to --metrics"):
+        compare([parent.info.run_id], None, uri, tmp_path, ["accuracy"], rank="target_virtual_hours")

@@ -129,7 +129,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (Classification(), Regression())}
 # metrics where lower is better: their "bottom decile" is the worst 10 % of clients, the 90th
 # percentile (the one place this rule lives). A metric is one where an underscore-separated word
 # of its name is one of these (test_loss, bottom_decile_mse, mse_test_chosen, ...).
-LOWER_IS_BETTER = ("loss", "mse", "ece")
+LOWER_IS_BETTER = ("loss", "mse", "ece", "hours", "seconds")   # times: time-to-accuracy
 
 
 def lower_is_better(metric: str) -> bool:
