@@ -309,3 +309,21 @@ def test_asynchronous_aggregation_is_refused_where_it_cannot_run(tmp_path):
         load(tmp_path, TINY, "systems={aggregation: fedasync, deadline_s: 5}")
     with pytest.raises(ScenarioError, match=r"systems.buffer: 10 replies a step, but only 6 clients train at once"):
         load(tmp_path, TINY, "systems={aggregation: fedbuff, buffer: 10}")
+
+
+@pytest.mark.ray
+def test_fedbuff_on_three_ray_hosts_with_one_killed_ends_as_the_serial_run(tmp_path):
+    """FedBuff over Ray (replies travel one by one from the hosts), a host killed mid-training:
+    the run rolls back to its checkpoint (clients in flight, their start models, the clock) and
+    ends with the serial engine's every per-step metric."""
+    from tests.test_faults import kill, same_run
+    from tests.test_runs import summary_of, tracked
+    text = TINY.replace("rounds: 3", "rounds: 6").replace("sampling: {fraction: 0.5}", "sampling: {count: 6}")
+    path = tracked(tmp_path, text + "systems: " + (ASYNC % "fedbuff").split("=", 1)[1] + "\n", every=1)
+    serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
+    ray_run = summary_of(tmp_path, path, "--set", "resources.hosts=3", env=kill(tmp_path, "kill:train:3:1"),
+                         name="ray.json")
+    assert (tmp_path / "killed").exists()
+    same_run(ray_run, serial)
+    assert strip(ray_run["history"]) == strip(serial["history"])
+    assert serial["final"]["participation_mean"] > 0 and "target_virtual_hours" not in serial["final"]
