@@ -383,6 +383,9 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         if not method.decentralized:
             ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form; with a topology "
                      f"choose one of {', '.join(gossip)}")
+        if (topology.link_failure or topology.node_failure) and topology.mixing != "metropolis":
+            ctx.fail("topology.mixing", f"'{topology.mixing}' is solved once for a fixed graph; with link or node "
+                     "failures W is rebuilt every round: use metropolis")
         if topology.kind == "edges" and not topology.edges:
             ctx.fail("topology.edges", "kind 'edges' needs the path of an edge-list file")
         if topology.edges and not Path(topology.edges).is_file():

@@ -132,6 +132,12 @@ class TopologyCfg:
                 "of the clients); samples: W reweighted by Metropolis-Hastings towards the clients' "
                 "training-sample counts (gossip keeps the sample-weighted average, as FedEM's server)"})
     edges: str | None = field(default=None, metadata={"help": "file of 'i j' client-id pairs (kind: edges)"})
+    link_failure: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "probability that a link fails in a round (drawn per edge and round from the seed); W is rebuilt "
+        "each round by Metropolis on the links that work (a client without any keeps its parameters)")})
+    node_failure: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0, "help": (
+        "probability that a client is unavailable in a round: it neither trains nor mixes, and its links are "
+        "down with it")})
 
 
 @dataclass(frozen=True)

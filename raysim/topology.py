@@ -160,6 +160,18 @@ def metropolis(g: nx.Graph) -> sp.csr_array:
     return from_edge_weights(n, edges, metropolis_weights(n, edges))
 
 
+def surviving(edges: np.ndarray, n: int, link_failure: float, node_failure: float,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A round of an unreliable network: each client is down with probability ``node_failure``
+    (it neither trains nor mixes; its links go with it), then each link fails with probability
+    ``link_failure`` (drawn for every edge of ``edges``, in their order). Returns (the working
+    edges, the down mask)."""
+    down = rng.random(n) < node_failure
+    failed = rng.random(len(edges)) < link_failure
+    keep = ~failed & ~down[edges[:, 0]] & ~down[edges[:, 1]]
+    return edges[keep], down
+
+
 def _dense(w) -> np.ndarray:
     return w.toarray() if sp.issparse(w) else np.asarray(w)
 

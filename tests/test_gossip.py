@@ -212,7 +212,14 @@ DSGD = DFEDEM.replace("algorithm: {name: fedem, components: 2, lr: 0.3,", "algor
 
 
 def states_of(d):
-    return {c: [t.clone() for t in s["server"]] for c, s in d.transport.get_states().items()}
+    """Each client's tensors (its server copy's and its state's), in a fixed order."""
+    from raysim.engine.trees import tree_map
+
+    def leaves(tree):
+        out = []
+        tree_map(lambda t: out.append(t.clone()), tree)
+        return out
+    return {c: leaves(s) for c, s in d.transport.get_states().items()}
 
 
 @pytest.mark.parametrize("extra", [
@@ -272,3 +279,46 @@ def test_which_methods_train_as_rows():
 
     assert FedAvg.has_rows() and FedProx.has_rows()
     assert not Ditto.has_rows() and not OwnAggregate.has_rows() and not FedEM.has_rows()
+
+
+def test_failed_links_and_down_clients_by_hand():
+    """``surviving``: client draws first, then one draw per edge in order; a down client's links
+    go with it. Metropolis on a path 0-1-2 whose link 1-2 failed: 0 and 1 average, 2 keeps its own."""
+    import numpy as np
+    from raysim import topology
+    edges = np.array([[0, 1], [1, 2], [2, 3], [3, 0]])
+    g = np.random.default_rng(5)
+    down_draw, edge_draw = g.random(4), g.random(4)
+    kept, down = topology.surviving(edges, 4, 0.5, 0.3, np.random.default_rng(5))
+    assert down.tolist() == (down_draw < 0.3).tolist()
+    want = [e for e, f in zip(edges.tolist(), edge_draw) if f >= 0.5 and not down[e[0]] and not down[e[1]]]
+    assert kept.tolist() == want
+    path = np.array([[0, 1]])                  # 0-1-2 with 1-2 failed
+    w = topology.from_edge_weights(3, path, topology.metropolis_weights(3, path)).toarray()
+    assert w.tolist() == [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]
+
+
+@pytest.mark.parametrize("text", [DFEDEM, DSGD], ids=["dfedem", "dsgd-rows"])
+def test_unreliable_gossip_rebuilds_w_and_down_clients_keep_their_models(tmp_path, text):
+    """Links failing with 0.3 and clients down with 0.2 each round: W is Metropolis on the
+    round's working links, a down client neither trains nor mixes (its model unchanged), and
+    the run is the same on 1 and 3 hosts."""
+    import numpy as np
+    from raysim import rng, topology
+    sc = load(tmp_path, text, "topology.link_failure=0.3", "topology.node_failure=0.2", "rounds=3")
+    d = serial_driver(sc, 3)
+    d.step()
+    before = states_of(d)
+    rec = d.step()
+    base = topology.edge_array(topology.scenario_graph(sc.topology, 12, sc.seed))
+    kept, down = topology.surviving(base, 12, 0.3, 0.2, rng.generator(sc.seed, "failures", 1))
+    want = topology.from_edge_weights(12, kept, topology.metropolis_weights(12, kept)).toarray()
+    assert np.array_equal(d.W.toarray(), want) and d.down.tolist() == down.tolist()
+    assert rec["clients"] == 12 - down.sum() and rec["clients_down"] == down.sum()
+    assert rec["links_failed"] == len(base) - len(kept) > 0
+    after = states_of(d)
+    for c in np.flatnonzero(down).tolist():
+        assert all(torch.equal(a, b) for a, b in zip(before[c], after[c]))
+    assert any(not all(torch.equal(a, b) for a, b in zip(before[c], after[c])) for c in range(12) if not down[c])
+    d.step()
+    assert strip(d.history) == strip(run(sc, 1).history)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim import topology
+from raysim import rng, topology
 from raysim.config import Scenario
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
@@ -36,11 +36,17 @@ class GossipDriver(RoundDriver):
         self.graph_round: int | None = None
         self.W = None                   # scipy.sparse CSR
         self._plan_cache = None         # (rows per host, outboxes) for the W in force
+        self._edges = None              # the graph's edges (with failures: each round's survivors come from them)
+        self.down = np.zeros(sc.data.clients, dtype=bool)     # clients unavailable this round
+        self.failures: dict[str, float] = {}
 
     def _mixing(self, r: int):
-        """W for round r (redrawn each round with ``resample``); True when it changed."""
+        """W for round r (redrawn each round with ``resample``; with failures, Metropolis on the
+        round's working links); True when it changed."""
         t = self.sc.topology
         key = r if (t.resample and t.kind == "erdos_renyi") else 0
+        if t.link_failure or t.node_failure:
+            return self._unreliable(r, key), True
         if self.graph_round == key and self.W is not None:
             return self.W, False
         g = topology.scenario_graph(t, self.sc.data.clients, self.sc.seed, key)
@@ -50,6 +56,25 @@ class GossipDriver(RoundDriver):
             topology.check_mixing(w, g, counts=self.counts)
         self.W, self.graph_round = w, key
         return self.W, True
+
+    def _unreliable(self, r: int, key: int):
+        """Round r's W on an unreliable network: the graph's links that work this round, the
+        clients that are up (``topology.surviving``, drawn from (seed, "failures", r)),
+        Metropolis weights on them, sample-weighted where asked; the down clients in
+        ``self.down``."""
+        t = self.sc.topology
+        n = self.sc.data.clients
+        if self.graph_round != key or self._edges is None:
+            self._edges = topology.edge_array(topology.scenario_graph(t, n, self.sc.seed, key))
+            self.graph_round = key
+        edges, self.down = topology.surviving(self._edges, n, t.link_failure, t.node_failure,
+                                              rng.generator(self.sc.seed, "failures", r))
+        w = topology.from_edge_weights(n, edges, topology.metropolis_weights(n, edges))
+        if t.weighting == "samples":
+            w = topology.sample_weighted(w, self.counts)
+        self.W = w
+        self.failures = {"links_failed": float(len(self._edges) - len(edges)), "clients_down": float(self.down.sum())}
+        return w
 
     def restore(self, path: str) -> int:
         r = super().restore(path)
@@ -91,10 +116,10 @@ class GossipDriver(RoundDriver):
     def step(self) -> dict:
         t0 = time.perf_counter()
         r = self.round
-        everyone = [int(c) for c in self.train_ids]
+        W, changed = self._mixing(r)
+        everyone = [int(c) for c in self.train_ids if not self.down[c]]
         groups = self._by_host(everyone)
         hosts = len(groups)
-        W, changed = self._mixing(r)
         send_rows = changed or self._plan_cache is None
         if send_rows:                   # hosts keep their rows while W stays the same
             self._plan_cache = self._plan(W, groups, self.transport.placement.owner)
@@ -116,8 +141,9 @@ class GossipDriver(RoundDriver):
             "train_loss": mean_train_loss(losses),
             "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
+        record.update(self.failures)
         record.update(self.consensus(sums))
-        if changed and self.sc.data.clients <= topology.GAP_MAX:
+        if changed and self.sc.data.clients <= topology.GAP_MAX and not self.failures:
             record["spectral_gap"] = topology.spectral_gap(
                 W, self.counts if self.sc.topology.weighting == "samples" else None)
         return self._finish(record, t0, compute)
