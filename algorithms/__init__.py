@@ -15,6 +15,7 @@ from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedem import FedEM
+from .fednova import FedNova
 from .fedper import FedPer
 from .fedrep import FedRep
 from .fedrod import FedRoD
@@ -37,7 +38,7 @@ REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Loc
                                                            SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
                                                            Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha,
                                                            FedDyn, MOON, PFedHN, FedBN, FedBABU)}
-REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD)})
+REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova)})
 
 
 def get(name: str) -> type[Algorithm]:

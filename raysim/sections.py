@@ -217,6 +217,11 @@ class SystemsCfg:
     deadline_s: float | None = field(default=None, metadata={"gt": 0.0, "help": (
         "the round's deadline in virtual seconds: a client whose download, training and upload take longer "
         "is a straggler and its update is dropped (null: the server waits for every client)")})
+    stragglers: str = field(default="drop", metadata={
+        "choices": ("drop", "partial"),
+        "help": "with a deadline: drop a straggler's update, or partial: it trains the share of its local steps "
+                "that fits in the deadline after its transfers (FedProx's variable work; fednova normalizes such "
+                "updates), at least one step; a straggler whose transfers alone miss the deadline is dropped"})
     over_selection: float = field(default=1.0, metadata={"min": 1.0, "help": (
         "invite ceil(K x this) clients (K: the sampling section's count or fraction) and keep the first K "
         "replies (Bonawitz et al. 2019 use 1.3)")})

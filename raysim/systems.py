@@ -50,8 +50,12 @@ class Profiles:
 
     def seconds(self, cids: np.ndarray, work: np.ndarray, bytes_down: np.ndarray, bytes_up: np.ndarray) -> np.ndarray:
         """Each client's time in a round: download, local work, upload (each link with its latency)."""
-        return (2 * self.latency[cids] + bytes_down / self.down[cids] + work / self.speed[cids]
+        return (2 * self.latency[cids] + bytes_down / self.down[cids] + self.compute(cids, work)
                 + bytes_up / self.up[cids])
+
+    def compute(self, cids: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """The training part: ``work`` samples at each device's speed."""
+        return work / self.speed[cids]
 
 
 def draw(dist, n: int, g: np.random.Generator) -> np.ndarray:
@@ -209,17 +213,26 @@ class Fleet:
         """How many clients to invite for K wanted (over-selection: ⌈K·f⌉)."""
         return int(math.ceil(k * self.cfg.over_selection - 1e-9))
 
-    def round(self, round_: int, t: float, cids: np.ndarray, wanted: int, secs: np.ndarray) -> "Outcome":
+    def round(self, round_: int, t: float, cids: np.ndarray, wanted: int, secs: np.ndarray,
+              compute: np.ndarray | None = None) -> "Outcome":
         """The round starting at virtual time ``t`` with the selected ``cids`` (ascending), each
-        needing ``secs`` (``Profiles.seconds``), of which the server wants ``wanted`` replies:
-        who reports in time, and how long the round lasts."""
+        needing ``secs`` (``Profiles.seconds``; ``compute`` of them training), of which the server
+        wants ``wanted`` replies: who reports in time, with what share of its work, and how long
+        the round lasts."""
         n = len(cids)
-        finish = t + secs
+        secs = np.asarray(secs, dtype=np.float64).copy()
         g = rng.generator(self.seed, "systems", "dropout", round_)
         dropped = g.random(n) < self.cfg.dropout
+        deadline = self.cfg.deadline_s
+        work = np.ones(n)
+        if deadline is not None and self.cfg.stragglers == "partial" and compute is not None:
+            comm = secs - compute                             # a straggler trains what fits after its transfers
+            over = (secs > deadline) & (deadline > comm) & (compute > 0)
+            work[over] = (deadline - comm[over]) / compute[over]
+            secs[over] = deadline
+        finish = t + secs
         offline = finish > self.online_until(cids, t)          # went offline before reporting
         failed = dropped | offline
-        deadline = self.cfg.deadline_s
         late = ~failed & (secs > deadline) if deadline is not None else np.zeros(n, dtype=bool)
         ok = ~failed & ~late
         order = np.lexsort((cids, finish))                    # first to report first (ties: lower id)
@@ -231,7 +244,7 @@ class Fleet:
             duration = float(deadline) if deadline is not None else float(secs[~late].max(initial=0.0))
         else:
             duration = float(secs[kept].max(initial=0.0))
-        return Outcome(cids, secs, kept, dropped, offline & ~dropped, late, duration)
+        return Outcome(cids, secs, kept, dropped, offline & ~dropped, late, duration, work)
 
 
 @dataclass
@@ -243,7 +256,9 @@ class Outcome:
     offline: np.ndarray        # went offline before it could report
     late: np.ndarray           # missed the deadline (a straggler)
     duration: float            # the round's virtual seconds
+    work: np.ndarray | None = None   # the share of its steps each trains (below 1: a straggler's partial work)
 
     def record(self) -> dict[str, float]:
+        partial = 0.0 if self.work is None else float((self.kept & (self.work < 1)).sum())
         return {"invited": float(len(self.cids)), "dropped_out": float(self.dropped.sum() + self.offline.sum()),
-                "stragglers": float(self.late.sum()), "round_virtual_s": self.duration}
+                "stragglers": float(self.late.sum()), "partial": partial, "round_virtual_s": self.duration}

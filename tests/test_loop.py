@@ -290,3 +290,30 @@ def test_chain_regression_and_unsupported_models():
                   nn.Sequential(nn.ReLU(), nn.Linear(4, 2)),
                   femnist_cnn(CNNParams(), (1, 28, 28), 62)):
         assert Trainer(other).chain is None
+
+
+@pytest.mark.parametrize("gradients", ["auto", "autograd"])
+def test_a_stragglers_partial_work_stops_after_its_share_of_steps(gradients):
+    """``ctx.work`` (a straggler with part of the time it needs): the job takes ⌊work·steps⌋
+    steps (at least one) of its orders, the first batches of the plain loop, and reports them in
+    ``Fitted.steps``; the other jobs of the pass are untouched."""
+    import dataclasses
+    model = mlp(MLPParams((6,)), (4,), 3)
+    trainer = Trainer(model, gradients=gradients)
+    s = Settings(lr=0.1, epochs=2, batch_size=8, momentum=0.9)
+    datas = clients([30, 17, 40])                 # 2 x 4, 2 x 3, 2 x 5 steps
+    start = fwd.params_of(model)
+    full = trainer.fit([make_job(start, d, ctx_of(d), s, CE) for d in datas])
+    cut = dataclasses.replace(ctx_of(datas[0]), work=0.4)       # 0.4 x 8 steps -> 3
+    jobs = [make_job(start, datas[0], cut, s, CE)] + [make_job(start, d, ctx_of(d), s, CE) for d in datas[1:]]
+    out = trainer.fit(jobs)
+    assert [f.steps for f in out] == [3, 6, 10] and [f.steps for f in full] == [8, 6, 10]
+    order = draw_orders(ctx_of(datas[0]).generator, 30, 2).reshape(-1)
+    three = [order[i:i + 8] for i in (0, 8, 16)]                # epoch 1's first three batches
+    want = reference(model, datas[0].train_x, datas[0].train_y, [torch.cat(three)], s)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out[0].params, want))
+    assert out[0].loss != full[0].loss
+    for a, b in zip(out[1:], full[1:]):
+        assert all(torch.equal(u, v) for u, v in zip(a.params, b.params)) and a.loss == b.loss
+    tiny = dataclasses.replace(ctx_of(datas[1]), work=0.01)      # never below one step
+    assert trainer.fit([make_job(start, datas[1], tiny, s, CE)])[0].steps == 1

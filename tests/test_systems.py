@@ -327,3 +327,50 @@ def test_fedbuff_on_three_ray_hosts_with_one_killed_ends_as_the_serial_run(tmp_p
     same_run(ray_run, serial)
     assert strip(ray_run["history"]) == strip(serial["history"])
     assert serial["final"]["participation_mean"] > 0 and "target_virtual_hours" not in serial["final"]
+
+
+def test_partial_work_gives_a_straggler_what_fits_after_its_transfers():
+    # deadline 10 s: client 0 needs 16 s (4 s of transfers, 12 of training): it trains half its
+    # steps and reports at the deadline; client 1's transfers alone take 11 s: it is a straggler;
+    # client 2 (5 s) is on time
+    f = fleet(deadline_s=10.0, stragglers="partial")
+    out = f.round(0, 0.0, np.array([0, 1, 2]), 3, np.array([16.0, 13.0, 5.0]), np.array([12.0, 2.0, 3.0]))
+    assert out.kept.tolist() == [True, False, True] and out.late.tolist() == [False, True, False]
+    assert out.work.tolist() == [0.5, 1.0, 1.0] and out.seconds.tolist() == [10.0, 13.0, 5.0]
+    assert out.record()["partial"] == 1.0 and out.duration == 10.0
+    dropping = fleet(deadline_s=10.0).round(0, 0.0, np.array([0, 1, 2]), 3, np.array([16.0, 13.0, 5.0]),
+                                            np.array([12.0, 2.0, 3.0]))
+    assert dropping.kept.tolist() == [False, False, True]
+
+
+def test_fednova_normalizes_each_update_by_its_steps_by_hand():
+    """Two clients from x = 1: τ 2, n 1, x_1 = 0.6 (d = 0.2); τ 4, n 3, x_2 = 0 (d = 0.25):
+    p = (1/4, 3/4), d̄ = 0.2375, τ_eff = 3.5, x ← 1 − 3.5 · 0.2375 = 0.16875 (FedAvg: 0.15).
+    With momentum ρ = 0.5, two steps weigh a = (2 − 0.5·0.75/0.5)/0.5 = 2.5."""
+    import torch
+    from algorithms.fednova import FedNova, NovaReply
+    from raysim.core.replies import Accumulator, Weighted
+    from raysim.core.tasks import TASKS
+    from raysim.models import LinearParams, linear
+    algo = FedNova(FedNova.Hyper(), lambda variant=0: linear(LinearParams(), (1,), 2), 10, TASKS["classification"])
+    acc = Accumulator()
+    for d, a, n in ((0.2, 2.0, 1.0), (0.25, 4.0, 3.0)):
+        acc.add(NovaReply(Weighted([torch.tensor([d])], n), Weighted([torch.tensor([a], dtype=torch.float64)], n)))
+    (x,) = algo.aggregate([torch.tensor([1.0])], acc.result(), 0)
+    assert x.item() == pytest.approx(0.16875)
+    assert algo.normalizer(4) == 4.0
+    momentum = FedNova(FedNova.Hyper(momentum=0.5), algo.model_fn, 10, algo.task)
+    assert momentum.normalizer(2) == pytest.approx(2.5)
+
+
+def test_fednova_is_fedavg_when_every_client_takes_the_same_steps_and_learns_with_stragglers(tmp_path):
+    import torch
+    same = "data.min_samples=40", "data.max_samples=40", "rounds=3"
+    nova, avg = run(load(tmp_path, TINY, "algorithm.name=fednova", *same), 2), run(load(tmp_path, TINY, *same), 2)
+    for a, b in zip(nova.algo.server_params(nova.server_state), avg.algo.server_params(avg.server_state)):
+        assert torch.allclose(a, b, atol=1e-6)
+    partial = run(load(tmp_path, TINY, "algorithm.name=fednova", "rounds=6", "sampling.fraction=1.0",
+                       "systems={speed: {dist: lognormal, value: 20, sigma: 1.5}, deadline_s: 5, stragglers: partial}"), 2)
+    h = partial.history
+    assert sum(r["partial"] for r in h) > 0 and all(r["stragglers"] + r["clients"] <= 12 for r in h)
+    assert h[-1]["accuracy"] > 0.6

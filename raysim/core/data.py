@@ -17,6 +17,7 @@ class Context:
     generator: torch.Generator   # derived from (seed, purpose, round, cid)
     device: torch.device = torch.device("cpu")
     group: int = 0        # the group the server chose for this client this round (cluster, ...)
+    work: float = 1.0     # the share of its local steps the client has time for (a straggler's partial work)
 
     def fork(self) -> "Context":
         """This context with a generator of its own that starts where this one stands: a second

@@ -140,6 +140,7 @@ class Job:
     keep_state: bool = False            # return the final optimizer state
     draws: torch.Tensor | None = None   # (steps, ...) the objective's per-step draws
     cid: int = -1
+    max_steps: int | None = None        # stop after this many steps (a straggler's partial work)
 
 
 @dataclass
@@ -147,13 +148,16 @@ class Fitted:
     params: list[torch.Tensor]          # own storage
     loss: float                         # mean data loss over the samples seen
     opt_state: dict | None = None       # with keep_state
+    steps: int = 0                      # the local steps taken
 
 
 def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, settings: Settings,
              objective: Objective, *, weights=None, consts=None, opt_state=None, keep_state=False,
              orders: torch.Tensor | None = None, draws: Callable | None = None) -> Job:
     """A job on the client's train split; its orders (one permutation per epoch) and draws come
-    from the client's generator now, in the order jobs are made. ``draws``: this job's own
+    from the client's generator now, in the order jobs are made. A context with ``work`` below 1
+    (a straggler with part of the time it needs) stops the job after that share of its steps,
+    at least one, the draws taken as in full. ``draws``: this job's own
     ``(generator, steps) -> draws`` in place of the objective's (e.g. SosicFL's α from the
     client's subregion)."""
     n = data.num_train
@@ -162,8 +166,9 @@ def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, setting
         orders = draw_orders(g, n, settings.epochs)
     steps = settings.epochs * -(-n // settings.batch_size)
     draws = (draws or objective.draws)(g, steps) if steps else None
+    cap = None if ctx.work >= 1.0 else max(1, int(ctx.work * steps))     # a straggler's share, at least a step
     return Job(params, data.train_x, data.train_y, orders.to(data.train_x.device), settings, objective,
-               weights, consts or {}, opt_state, keep_state, draws, ctx.cid)
+               weights, consts or {}, opt_state, keep_state, draws, ctx.cid, cap)
 
 
 @dataclass
@@ -279,13 +284,13 @@ class Trainer:
         bs, epochs = s.batch_size, s.epochs
         X, Y, offsets = _pool(jobs)
         ns = [int(j.y.shape[0]) for j in jobs]
-        steps = [epochs * -(-n // bs) for n in ns]
+        steps = [_capped(epochs * -(-n // bs), j.max_steps) for n, j in zip(ns, jobs)]
         order = sorted(range(len(jobs)), key=lambda k: -steps[k])   # longest first: active jobs are a prefix
         if steps[order[0]] == 0:
             return [Fitted([p.clone() for p in j.params], 0.0, _state_copy(j) if j.keep_state else None)
                     for j in jobs]
         if exact and len(set(steps)) != 1:
-            raise ValueError("exact batches need jobs of one client (equal sizes)")
+            raise ValueError("exact batches need jobs of one client (equal sizes and steps)")
         draws = None
         if jobs[0].draws is not None:
             t_max = steps[order[0]]
@@ -295,11 +300,12 @@ class Trainer:
         weights = [jobs[k].weights for k in order] if any(j.weights is not None for j in jobs) else None
         P, mean, opt = self._train(P, X, Y, [offsets[id(jobs[k].x)] for k in order], [ns[k] for k in order],
                                    [jobs[k].orders for k in order], s, obj, consts, weights, draws,
-                                   [jobs[k].opt_state for k in order], exact)
+                                   [jobs[k].opt_state for k in order], exact, [steps[k] for k in order])
         results: list[Fitted | None] = [None] * len(jobs)
         own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
         for i, k in enumerate(order):
-            results[k] = Fitted([p[i] for p in own], mean[i], opt.state_of(i) if jobs[k].keep_state else None)
+            results[k] = Fitted([p[i] for p in own], mean[i], opt.state_of(i) if jobs[k].keep_state else None,
+                                steps[k])
         return results
 
     def fit_rows(self, job: "Rows") -> tuple[list[torch.Tensor], list[float]]:
@@ -341,22 +347,26 @@ class Trainer:
 
     def _train(self, P: list[torch.Tensor], X: torch.Tensor, Y: torch.Tensor, starts: list[int], ns: list[int],
                orders: list[torch.Tensor], s: Settings, obj: Objective, consts: dict, weights, draws,
-               opt_states: list, exact: bool):
-        """The loop proper: K jobs, longest first, their parameters stacked in ``P`` (trained in
-        place), their data at rows ``starts`` of ``X``/``Y``; returns (P, mean loss per job,
-        the optimizer)."""
+               opt_states: list, exact: bool, caps: list[int] | None = None):
+        """The loop proper: K jobs, longest first (``caps``: the steps each takes, where fewer
+        than its epochs' batches), their parameters stacked in ``P`` (trained in place), their
+        data at rows ``starts`` of ``X``/``Y``; returns (P, mean loss per job, the optimizer)."""
         bs, epochs = s.batch_size, s.epochs
         device = X.device
         k_all = len(ns)
-        steps = [epochs * -(-n // bs) for n in ns]
+        rows = [epochs * -(-n // bs) for n in ns]     # each job's batches in the schedule
+        steps = rows if caps is None else caps
         t_max = steps[0]
         IDX, WT, VAL = _schedule(orders, weights, starts, ns, epochs, bs, device)
         neg = [-n for n in steps]                     # ascending: jobs with a step t are a prefix
         active = [bisect.bisect_left(neg, -t) for t in range(t_max)]
-        # every job's steps one after another (no padding to the longest job): job i of the
+        # every job's batches one after another (no padding to the longest job): job i of the
         # sorted order has its step t at row first[i] + t
-        first = torch.tensor([0] + steps[:-1], device=device).cumsum(0)
-        seen = torch.tensor([float(epochs * n) for n in ns], dtype=torch.float64, device=device)
+        first = torch.tensor([0] + rows[:-1], device=device).cumsum(0)
+        if caps is None or caps == rows:
+            seen = torch.tensor([float(epochs * n) for n in ns], dtype=torch.float64, device=device)
+        else:                                         # the samples of the steps each job takes
+            seen = torch.stack([VAL[f:f + c].sum() for f, c in zip(first.tolist(), steps)]).to(torch.float64)
         loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
         train_mask = self._mask(len(P)) if obj.trainable is None else tuple(
             a and b for a, b in zip(obj.trainable, self._mask(len(P))))
@@ -567,6 +577,10 @@ def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, o
     valid, weight = valid.view(-1, bs), weight.view(-1, bs)
     weight = weight / valid.sum(dim=1, keepdim=True).clamp_min(1)
     return idx.view(-1, bs), weight, valid
+
+
+def _capped(steps: int, cap: int | None) -> int:
+    return steps if cap is None else min(steps, cap)
 
 
 def _pad_steps(d: torch.Tensor, t: int) -> torch.Tensor:

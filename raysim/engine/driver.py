@@ -32,7 +32,8 @@ class Transport(Protocol):
     placement: "Placement"
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
-    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False) -> list[tuple]: ...
+    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
+              work: dict[int, float] | None = None) -> list[tuple]: ...
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]) -> list[dict]: ...
     def save_clients(self, folder: str, rdir: str, token: str, head: dict) -> list[dict]: ...
     def load_clients(self, folder: str, doc: dict, token: str) -> None: ...
@@ -285,11 +286,12 @@ class RoundDriver:
             assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
                                           rng.generator(self.sc.seed, "select", r))
             message = self.algo.message(self.server_state, r)
+        work = None
         if self.fleet is not None:        # only the replies the server gets in time are trained and used
-            assignment, outcome = self._clock_round(r, assignment, message, wanted)
+            assignment, work, outcome = self._clock_round(r, assignment, message, wanted)
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
-        parts = self.transport.train(r, message, by_host) if assignment else []
+        parts = self.transport.train(r, message, by_host, work=work or None) if assignment else []
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
@@ -336,30 +338,35 @@ class RoundDriver:
                 self._n_train[c] = split_sizes(self.source.num_samples(c), splits)[0]
         return np.array([self._n_train[c] for c in cids], dtype=np.float64)
 
-    def device_seconds(self, cids: np.ndarray, message: Any, groups: dict[int, int] | None = None) -> np.ndarray:
+    def device_seconds(self, cids: np.ndarray, message: Any, groups: dict[int, int] | None = None,
+                       compute: bool = False):
         """Each client's virtual seconds for a round with ``message``: download what it gets,
-        its ``client_work`` at its speed, upload as much (its update of what it got)."""
+        its ``client_work`` at its speed, upload as much (its update of what it got); with
+        ``compute``, (those seconds, their training part)."""
         from raysim.engine.trees import nbytes
         shared = nbytes(message.shared)
         part = {g: nbytes(p) for g, p in message.groups.items()}
         size = np.array([shared + part.get((groups or {}).get(int(c), 0), 0) for c in cids], dtype=np.float64)
         work = np.array([self.algo.client_work(n) for n in self.n_train(cids.tolist()).tolist()])
-        return self.fleet.profiles.seconds(cids, work, size, size)
+        secs = self.fleet.profiles.seconds(cids, work, size, size)
+        return (secs, self.fleet.profiles.compute(cids, work)) if compute else secs
 
     def _clock_round(self, r: int, assignment: dict[int, int], message: Any, wanted: int
-                     ) -> tuple[dict[int, int], dict[str, float]]:
-        """Who of the selected clients reports in time (``systems.Fleet.round``): the clock moves
-        on by the round's virtual duration; the kept clients' participation counts."""
+                     ) -> tuple[dict[int, int], dict[int, float], dict[str, float]]:
+        """Who of the selected clients reports in time (``systems.Fleet.round``), and the share of
+        its steps each straggler with partial work trains: the clock moves on by the round's
+        virtual duration; the kept clients' participation counts."""
         cids = np.array(sorted(assignment), dtype=np.int64)
         if not len(cids):
-            return {}, {"invited": 0.0, "dropped_out": 0.0, "stragglers": 0.0, "round_virtual_s": 0.0,
-                        "virtual_time_s": self.clock}
-        secs = self.device_seconds(cids, message, assignment)
-        out = self.fleet.round(r, self.clock, cids, wanted, secs)
+            return {}, {}, {"invited": 0.0, "dropped_out": 0.0, "stragglers": 0.0, "partial": 0.0,
+                            "round_virtual_s": 0.0, "virtual_time_s": self.clock}
+        secs, compute = self.device_seconds(cids, message, assignment, compute=True)
+        out = self.fleet.round(r, self.clock, cids, wanted, secs, compute)
         self.clock += out.duration
         kept = cids[out.kept]
         self.participation[kept] += 1
-        return {int(c): assignment[int(c)] for c in kept}, {**out.record(), "virtual_time_s": self.clock}
+        work = {int(c): float(w) for c, w in zip(kept.tolist(), out.work[out.kept].tolist()) if w < 1}
+        return {int(c): assignment[int(c)] for c in kept}, work, {**out.record(), "virtual_time_s": self.clock}
 
     def fleet_scores(self, results: dict[int, tuple]) -> dict[str, float]:
         """Who is left behind: the primary metric of the slowest and the fastest tenth of the

@@ -98,9 +98,9 @@ class Host:
             self.states[cid] = self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid))
         return self.states[cid]
 
-    def context(self, round_: int, cid: int, purpose: str, group: int = 0) -> Context:
+    def context(self, round_: int, cid: int, purpose: str, group: int = 0, work: float = 1.0) -> Context:
         g = rng.torch_generator(self.sc.seed, purpose, round_, cid)
-        return Context(round_, self.sc.rounds, cid, g, self.device, group)
+        return Context(round_, self.sc.rounds, cid, g, self.device, group, work)
 
     def prefetch(self) -> None:
         """At host start, load the shards of the clients every round trains (all of them with
@@ -138,17 +138,18 @@ class Host:
             acc.add(reply)
         return acc
 
-    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False
-              ) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
+    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False,
+              work: dict[int, float] | None = None) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
         """Train the clients of ``groups`` ({cid: group}) on the shared part and their group's
         part; return (sum of replies, loss per client, seconds); ``each``: each client's reply
         on its own ({cid: its Accumulator}), for a server that weighs them one by one
-        (asynchronous aggregation)."""
+        (asynchronous aggregation); ``work``: the share of its steps a straggler has time for."""
         t0 = time.perf_counter()
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
+        work = work or {}
         calls = [self.algo.train(self.state(c), self._received(shared, parts, groups[c]), self.data(c),
-                                 self.context(round_, c, "train", groups[c])) for c in cids]
+                                 self.context(round_, c, "train", groups[c], work.get(c, 1.0))) for c in cids]
         acc = {} if each else Accumulator()
         losses = PerClient()
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):

@@ -87,9 +87,10 @@ class RayHost(Host):
     def stats(self, round_: int, message: Any, cids: list[int]):
         return super().stats(round_, from_numpy(message), cids)
 
-    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False):
+    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False,
+              work: dict[int, float] | None = None):
         self._fault("train", round_)
-        return super().train(round_, from_numpy(shared), _fetch(parts), groups, each)
+        return super().train(round_, from_numpy(shared), _fetch(parts), groups, each, work)
 
     def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
                  unseen: list[int] = ()):
@@ -229,9 +230,11 @@ class RayTransport:
         ref = ray.put(to_numpy(message))
         return self._gather([h.stats.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
-    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False):
+    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
+              work: dict[int, float] | None = None):
         shared, parts = self._put(message, by_host)
-        return self._gather([h.train.remote(round_, shared, p, g, each) for h, p, g in zip(self.hosts, parts, by_host)])
+        return self._gather([h.train.remote(round_, shared, p, g, each, {c: work[c] for c in g if c in work} if work else None)
+                             for h, p, g in zip(self.hosts, parts, by_host)])
 
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
         shared, parts = self._put(message, by_host)
