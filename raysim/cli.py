@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(built-in, or the plugin's distribution)")
     d = sub.add_parser("data", help="look at a scenario's data")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    fs = dsub.add_parser("fedscale", help="FedScale's device and availability traces (pickles, read as plain data, "
+                                          "never unpickled) as raysim's CSV traces for the systems section")
+    fs.add_argument("--devices", default=None, metavar="FILE", help="FedScale's client_device_capacity")
+    fs.add_argument("--availability", default=None, metavar="FILE", help="FedScale's client_behave_trace")
+    fs.add_argument("--clients", type=int, required=True, help="raysim's clients 0..N-1, from the traces' first N ids")
+    fs.add_argument("--out", default="traces", help="folder for devices.csv and windows.csv (default ./traces)")
     i = dsub.add_parser("info", help="clients, split sizes and label histograms of a scenario's data")
     i.add_argument("file", help="scenario YAML (a sweep file: each of its variants' data in turn)")
     i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -156,6 +162,8 @@ def _dispatch(args, early_ray: bool = False) -> int:
         print(text)
         print(f"written to {md} and {cv}")
         return EXIT_OK
+    if args.command == "data" and args.data_command == "fedscale":
+        return _fedscale(args)
     seeds = config.seeds_of(args.file, getattr(args, "seeds", None)) if args.command == "run" else None
     variants = config.load_variants(args.file, args.overrides, args.variant, seeds=seeds)
     if args.command == "data":
@@ -178,6 +186,24 @@ def _dispatch(args, early_ray: bool = False) -> int:
     run_command(args.file, variants, seeds, overrides=args.overrides, engine=args.engine, address=args.address,
                 resume=args.resume, summary=args.summary, verbose=args.verbose, progress=not args.quiet,
                 concurrent=args.concurrent)
+    return EXIT_OK
+
+
+def _fedscale(args) -> int:
+    from pathlib import Path
+    from raysim import traces
+    if args.devices is None and args.availability is None:
+        raise traces.TraceError("raysim data fedscale: give --devices, --availability or both")
+    if args.clients < 1:
+        raise traces.TraceError(f"raysim data fedscale: --clients {args.clients}: give at least 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.devices is not None:
+        traces.devices_csv(args.devices, out / "devices.csv", args.clients)
+        print(f"{out / 'devices.csv'}: {args.clients} clients (systems.device_trace)")
+    if args.availability is not None:
+        n = traces.windows_csv(args.availability, out / "windows.csv", args.clients)
+        print(f"{out / 'windows.csv'}: {n} intervals (systems.availability: trace, availability_trace)")
     return EXIT_OK
 
 

@@ -409,7 +409,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         ctx.fail(f"algorithm.{problem[0]}", problem[1])
     systems = None
     if raw.get("systems") is not None:
-        systems = _systems(ctx, raw["systems"], topology is not None)
+        systems = _systems(ctx, raw["systems"], topology is not None, clients)
         if systems.aggregation != "sync":
             if not method.has_server_params():
                 stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_server_params())
@@ -439,7 +439,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
 DISTS = ("speed", "down", "up", "latency")
 
 
-def _systems(ctx: Ctx, mapping, decentralized: bool) -> SystemsCfg:
+def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg:
     """The ``systems`` section: its distributions (nested mappings) and files checked."""
     if not isinstance(mapping, dict):
         ctx.fail("systems", f"expected a mapping of options, got {type(mapping).__name__}")
@@ -469,6 +469,11 @@ def _systems(ctx: Ctx, mapping, decentralized: bool) -> SystemsCfg:
             if not Path(path).is_file():
                 ctx.fail(f"systems.{key}", f"no such file {path}")
             cfg = replace(cfg, **{key: os.path.abspath(path)})
+            from raysim import systems           # the file read now, so a bad row stops the run before it starts
+            try:
+                (systems.read_devices if key == "device_trace" else systems.read_windows)(path, clients)
+            except systems.TraceError as e:
+                ctx.fail(f"systems.{key}", str(e))
     if cfg.availability == "trace" and cfg.availability_trace is None:
         ctx.fail("systems.availability_trace", "availability: trace needs the path of a CSV of client,start_s,end_s")
     return cfg

@@ -22,7 +22,8 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
     from raysim.compare import CompareError
     from raysim.report import ReportError
     cause = _root_cause(e)      # a Ray task's error is also an instance of its cause, with Ray's text
-    if isinstance(cause, (ScenarioError, DataError, ReportError, CompareError)):
+    from raysim.systems import TraceError
+    if isinstance(cause, (ScenarioError, DataError, ReportError, CompareError, TraceError)):
         return EXIT_INPUT, str(cause)
     if isinstance(e, RunsFailed):
         return EXIT_FAILED, str(e)

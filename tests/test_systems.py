@@ -374,3 +374,11 @@ def test_fednova_is_fedavg_when_every_client_takes_the_same_steps_and_learns_wit
     h = partial.history
     assert sum(r["partial"] for r in h) > 0 and all(r["stragglers"] + r["clients"] <= 12 for r in h)
     assert h[-1]["accuracy"] > 0.6
+
+
+def test_a_bad_trace_file_stops_the_scenario_before_it_runs(tmp_path):
+    bad = tmp_path / "devices.csv"
+    bad.write_text("client,speed,down_mbps,up_mbps,latency_s\n0,10,1,1,0\n")
+    with pytest.raises(ScenarioError, match=r"systems.device_trace: .*devices.csv: no row for client 1 "
+                                            r"\(11 of the 12 clients missing\)"):
+        load(tmp_path, TINY, f"systems={{device_trace: {bad}}}")

@@ -1,0 +1,186 @@
+"""FedScale's device and availability traces into raysim's CSV traces, without unpickling.
+
+FedScale (Lai et al., "FedScale: Benchmarking Model and System Performance of Federated
+Learning at Scale", ICML 2022) publishes its traces as Python pickles: ``client_device_capacity``
+maps a client id to ``{'computation': ms per sample, 'communication': kbit/s}``, and
+``client_behave_trace`` maps a client id to ``{'active': [s, ...], 'inactive': [s, ...],
+'finish_time': s, ...}``. Unpickling runs whatever code a file names, so raysim never does it:
+``literal`` reads a pickle's opcodes (``pickletools``) as a small stack machine that builds only
+dicts, lists, tuples, sets, strings, numbers, booleans and None, and refuses any opcode that
+would import or call something. The two traces are plain data, so they read; a file that holds
+objects is refused with the opcode named.
+
+    raysim data fedscale --devices client_device_capacity --availability client_behave_trace \\
+        --clients 1000 --out traces/
+
+writes ``traces/devices.csv`` (``systems.device_trace``) and ``traces/windows.csv``
+(``systems.availability_trace``) for raysim's clients 0..N−1, taken from the traces' clients in
+ascending id order.
+"""
+from __future__ import annotations
+
+import csv
+import pickletools
+from pathlib import Path
+
+from raysim.systems import TraceError
+
+_MARK = object()
+
+
+def literal(path: str | Path) -> object:
+    """The plain data a pickle file holds (dicts, lists, tuples, sets, str, bytes, int, float,
+    bool, None), read from its opcodes without unpickling; TraceError naming the first opcode
+    that is not plain data (an import, a call, an object's state)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
+    stack: list = []
+    memo: dict = {}
+
+    def pop_mark() -> list:
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is _MARK:
+                items = stack[i + 1:]
+                del stack[i:]
+                return items
+        raise TraceError(f"{path}: a malformed pickle (no mark)")
+
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            name = op.name
+            if name in ("PROTO", "FRAME"):
+                continue
+            if name == "STOP":
+                if len(stack) != 1:
+                    raise TraceError(f"{path}: a malformed pickle (stack of {len(stack)} at the end)")
+                return stack[0]
+            if name == "MARK":
+                stack.append(_MARK)
+            elif name in ("EMPTY_DICT",):
+                stack.append({})
+            elif name in ("EMPTY_LIST",):
+                stack.append([])
+            elif name in ("EMPTY_TUPLE",):
+                stack.append(())
+            elif name == "EMPTY_SET":
+                stack.append(set())
+            elif name == "DICT":
+                items = pop_mark()
+                stack.append(dict(zip(items[::2], items[1::2])))
+            elif name == "LIST":
+                stack.append(pop_mark())
+            elif name == "TUPLE":
+                stack.append(tuple(pop_mark()))
+            elif name == "FROZENSET":
+                stack.append(frozenset(pop_mark()))
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                k = int(name[-1])
+                items = stack[-k:]
+                del stack[-k:]
+                stack.append(tuple(items))
+            elif name == "SETITEM":
+                v = stack.pop()
+                k = stack.pop()
+                stack[-1][k] = v
+            elif name == "SETITEMS":
+                items = pop_mark()                 # (the target is below the mark)
+                stack[-1].update(zip(items[::2], items[1::2]))
+            elif name == "APPEND":
+                v = stack.pop()
+                stack[-1].append(v)
+            elif name == "APPENDS":
+                items = pop_mark()
+                stack[-1].extend(items)
+            elif name == "ADDITEMS":
+                items = pop_mark()
+                stack[-1].update(items)
+            elif name == "NONE":
+                stack.append(None)
+            elif name in ("NEWTRUE", "NEWFALSE"):
+                stack.append(name == "NEWTRUE")
+            elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+                          "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING",
+                          "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"):
+                stack.append(arg)
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo[arg])
+            elif name == "POP":
+                stack.pop()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name == "DUP":
+                stack.append(stack[-1])
+            else:
+                raise TraceError(f"{path}: opcode {name} at byte {pos} is not plain data (it would import, call "
+                                 f"or build an object); raysim reads only dicts, lists, numbers and strings "
+                                 f"from a pickle")
+    except TraceError:
+        raise
+    except (ValueError, IndexError, KeyError, TypeError) as e:
+        raise TraceError(f"{path}: not a readable pickle ({e})") from None
+    raise TraceError(f"{path}: a malformed pickle (no STOP)")
+
+
+def _clients(trace: object, path: Path, clients: int) -> list:
+    if not isinstance(trace, dict) or not trace:
+        raise TraceError(f"{path}: expected a mapping of client id to its record, got {type(trace).__name__}")
+    keys = sorted(trace, key=lambda k: (not isinstance(k, (int, float)), k if isinstance(k, (int, float)) else str(k)))
+    if len(keys) < clients:
+        raise TraceError(f"{path}: {len(keys)} clients in the trace, fewer than the {clients} asked for")
+    return keys[:clients]
+
+
+def devices_csv(src: str | Path, out: str | Path, clients: int) -> int:
+    """FedScale's ``client_device_capacity`` as raysim's device trace: speed = 1000 / (3 ×
+    computation) training samples a second (FedScale charges a sample's forward and backward
+    pass three times its ``computation`` milliseconds), down = up = communication / 1000 Mbit/s,
+    no latency. Returns the rows written."""
+    src = Path(src)
+    trace = literal(src)
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["client", "speed", "down_mbps", "up_mbps", "latency_s"])
+        for cid, key in enumerate(_clients(trace, src, clients)):
+            rec = trace[key]
+            try:
+                comp, comm = float(rec["computation"]), float(rec["communication"])
+            except (TypeError, KeyError, ValueError):
+                raise TraceError(f"{src}: client {key!r}: expected {{'computation': ms, 'communication': kbit/s}}, "
+                                 f"got {rec!r}"[:300]) from None
+            if comp <= 0 or comm <= 0:
+                raise TraceError(f"{src}: client {key!r}: computation and communication must be above 0")
+            w.writerow([cid, repr(1000.0 / (3.0 * comp)), repr(comm / 1000.0), repr(comm / 1000.0), 0])
+    return clients
+
+
+def windows_csv(src: str | Path, out: str | Path, clients: int) -> int:
+    """FedScale's ``client_behave_trace`` as raysim's availability trace: each ``active[i]``
+    paired with the next ``inactive`` time after it (or ``finish_time``) as an interval in
+    which the client is online. Returns the intervals written."""
+    src = Path(src)
+    trace = literal(src)
+    rows = 0
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["client", "start_s", "end_s"])
+        for cid, key in enumerate(_clients(trace, src, clients)):
+            rec = trace[key]
+            try:
+                active = sorted(float(t) for t in rec["active"])
+                inactive = sorted(float(t) for t in rec["inactive"])
+                finish = float(rec.get("finish_time", max(active + inactive, default=0.0)))
+            except (TypeError, KeyError, ValueError, AttributeError):
+                raise TraceError(f"{src}: client {key!r}: expected {{'active': [...], 'inactive': [...]}}") from None
+            for a in active:
+                end = next((b for b in inactive if b > a), finish)
+                if end > a:
+                    w.writerow([cid, repr(a), repr(end)])
+                    rows += 1
+    return rows

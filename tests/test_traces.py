@@ -1,0 +1,55 @@
+"""FedScale's pickled traces read as plain data (never unpickled) and written as raysim's CSVs."""
+import os
+import pickle
+
+import pytest
+
+from raysim import cli, traces
+from raysim.systems import TraceError, read_devices, read_windows
+
+DEVICES = {i + 1: {"computation": 100.0 + 10 * i, "communication": 5000.0 + i} for i in range(4)}
+BEHAVIOUR = {i + 1: {"active": [0, 1000 + i], "inactive": [500, 2000], "finish_time": 3000, "duration": 3000,
+                     "model": "Pixel"} for i in range(4)}
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_plain_data_reads_from_every_pickle_protocol(tmp_path, protocol):
+    nested = {"a": [1, 2.5, None, True, "x", (3, 4)], 7: {"b": -(2 ** 70)}}
+    if protocol >= 4:                   # sets and bytes are opcodes of their own from protocol 4 (3 for bytes)
+        nested["a"] += [{5}, frozenset({6}), b"raw"]
+    for obj in (DEVICES, BEHAVIOUR, nested):
+        path = tmp_path / "t.pkl"
+        path.write_bytes(pickle.dumps(obj, protocol=protocol))
+        assert traces.literal(path) == obj
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo never",))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_a_pickle_that_would_import_or_call_is_refused_naming_the_opcode(tmp_path, protocol):
+    path = tmp_path / "evil.pkl"
+    path.write_bytes(pickle.dumps({"a": Evil()}, protocol=protocol))
+    with pytest.raises(TraceError, match=r"evil.pkl: opcode (GLOBAL|STACK_GLOBAL) at byte \d+ is not plain data"):
+        traces.literal(path)
+    path.write_bytes(b"not a pickle")
+    with pytest.raises(TraceError, match=r"evil.pkl: not a readable pickle"):
+        traces.literal(path)
+
+
+def test_fedscale_traces_become_raysims_csvs_by_hand(tmp_path):
+    # computation 100 ms a sample, charged 3 times (forward and backward): 1000 / 300 = 3.33 samples/s;
+    # 5000 kbit/s = 5 Mbit/s both ways; active [0, 1000] with inactive [500, 2000]: online 0-500 and 1000-2000
+    (tmp_path / "cap").write_bytes(pickle.dumps(DEVICES))
+    (tmp_path / "behave").write_bytes(pickle.dumps(BEHAVIOUR))
+    assert cli.main(["data", "fedscale", "--devices", str(tmp_path / "cap"), "--availability",
+                     str(tmp_path / "behave"), "--clients", "3", "--out", str(tmp_path / "out")]) == 0
+    p = read_devices(str(tmp_path / "out" / "devices.csv"), 3)
+    assert p.speed.tolist() == pytest.approx([1000 / 300, 1000 / 330, 1000 / 360])
+    assert p.down.tolist() == pytest.approx([5e6 / 8, 5.001e6 / 8, 5.002e6 / 8]) and p.latency.tolist() == [0, 0, 0]
+    w = read_windows(str(tmp_path / "out" / "windows.csv"), 3)
+    assert w[0] == [(0.0, 500.0), (1000.0, 2000.0)] and w[2] == [(0.0, 500.0), (1002.0, 2000.0)]
+    assert cli.main(["data", "fedscale", "--devices", str(tmp_path / "cap"), "--clients", "9",
+                     "--out", str(tmp_path / "o2")]) == 2
