@@ -57,7 +57,8 @@ def resume_command(file: str, overrides: list[str], engine: str, address: str | 
         parts += ["--engine", engine]
     if address:
         parts += ["--address", address]
-    return shlex.join(parts) + " --resume {run_id}"
+    # braces of the overrides (``--set systems={dropout: 0.1}``) escaped for the ``{run_id}`` format
+    return shlex.join(parts).replace("{", "{{").replace("}", "}}") + " --resume {run_id}"
 
 
 def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,

@@ -382,3 +382,14 @@ def test_a_bad_trace_file_stops_the_scenario_before_it_runs(tmp_path):
     with pytest.raises(ScenarioError, match=r"systems.device_trace: .*devices.csv: no row for client 1 "
                                             r"\(11 of the 12 clients missing\)"):
         load(tmp_path, TINY, f"systems={{device_trace: {bad}}}")
+
+
+def test_the_resume_command_keeps_an_override_with_braces():
+    """A run started with ``--set systems={...}`` (a mapping in braces) is told how to resume
+    with that override intact (the command is a format string for the run id)."""
+    import shlex
+    from raysim.sweep import resume_command
+    cmd = resume_command("s.yaml", ["systems={speed: {value: 20}, deadline_s: 8}"], "serial", None, None)
+    filled = cmd.format(run_id="abc123")
+    assert shlex.split(filled) == ["raysim", "run", "s.yaml", "--set", "systems={speed: {value: 20}, deadline_s: 8}",
+                                   "--engine", "serial", "--resume", "abc123"]
