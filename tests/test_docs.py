@@ -375,7 +375,7 @@ def test_methods_page_catalogue_has_a_row_per_algorithm(site):
     p = page(site, "reference/methods")
     (section,) = p.section("Algorithms")
     header, *rows = section["rows"]
-    assert header == ["Method", "Paper", "Family", "Keeps", "Sends", "Gossip", "Unseen", "Split"], header
+    assert header == ["Method", "Paper", "Family", "Keeps", "Sends", "Gossip", "Async", "Unseen", "Split"], header
     by_name = {row[0]: row for row in rows}
     assert len(by_name) == len(rows), "a method has two rows"
     assert set(by_name) == set(algorithms.REGISTRY), \
@@ -384,7 +384,7 @@ def test_methods_page_catalogue_has_a_row_per_algorithm(site):
     problems = []
     for name, cls in algorithms.REGISTRY.items():
         want = [name, *(" ".join(str(getattr(cls, a)).split()) for a in CATALOGUE),
-                yn(cls.decentralized), yn(cls.unseen), yn(cls.split)]
+                yn(cls.decentralized), yn(cls.has_server_params()), yn(cls.unseen), yn(cls.split)]
         if by_name[name] != want:
             problems.append(f"{name}: row {by_name[name]} is not {want}")
     assert not problems, "\n".join(problems)
