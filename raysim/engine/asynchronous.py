@@ -53,9 +53,9 @@ class AsyncDriver(RoundDriver):
         ``version``); returns how many started."""
         if count <= 0:
             return 0
-        busy = {c for _, c, _, _ in self.flight}
-        online = self.train_ids[self.fleet.available(self.train_ids, self.clock, version)]
-        idle = np.array([c for c in online.tolist() if c not in busy], dtype=np.int64)
+        busy = np.zeros(self.sc.data.clients, dtype=bool)
+        busy[[c for _, c, _, _ in self.flight]] = True
+        idle = self.train_ids[self.fleet.available(self.train_ids, self.clock, version) & ~busy[self.train_ids]]
         if not len(idle):
             return 0
         g = rng.generator(self.sc.seed, "systems", "launch", version, self._launches)
