@@ -131,8 +131,13 @@ def test_large_ring_mixing_is_sparse_and_each_row_is_its_two_neighbours():
     assert w.format == "csr" and w.nnz == 3 * n                 # a dense W would be 20 GB
     groups = [list(range(h, n, 3)) for h in range(3)]
     rows, outboxes = GossipDriver._plan(w, groups, np.arange(n) % 3)
-    assert [j for j, _ in rows[0][0]] == [0, 1, n - 1] and [j for j, _ in rows[1][1]] == [0, 1, 2]
-    assert [v for _, v in rows[0][0] + rows[1][1]] == pytest.approx([1 / 3] * 6)
+
+    def row(h, k):                   # host h's k-th client's (neighbours ascending, weights)
+        ids, ptr, idx, val = rows[h]
+        return idx[ptr[k]:ptr[k + 1]].tolist(), val[ptr[k]:ptr[k + 1]].tolist()
+    assert rows[0][0][:2].tolist() == [0, 3] and rows[1][0][:2].tolist() == [1, 4]
+    assert row(0, 0)[0] == [0, 1, n - 1] and row(1, 0)[0] == [0, 1, 2]
+    assert row(0, 0)[1] + row(1, 0)[1] == pytest.approx([1 / 3] * 6)
     # a client's two neighbours are on the two other hosts: each message goes to both of them;
     # host 0 (clients 0, 3, ...) gets 1, 4, ... from host 1 and 2, 5, ... from host 2
     assert sum(len(v) for out in outboxes for v in out.values()) == 2 * n

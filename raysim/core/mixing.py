@@ -35,8 +35,20 @@ class Rows:
     """A host's rows of W, {i: [(j, W_ij), ...]} in ascending j, as one sparse matrix over the
     sources they read (ascending ids): built once while W stays the same."""
 
-    def __init__(self, rows: dict[int, list[tuple[int, float]]]):
+    def __init__(self, rows):
+        """``rows``: {i: [(j, W_ij), ...]} in ascending j, or the same as arrays (client ids,
+        indptr, indices, weights): row k of the CSR rows is client ids[k]'s, its indices in
+        ascending order (the gossip scheduler's plan)."""
         import scipy.sparse as sp
+        if isinstance(rows, (tuple, list)):
+            ids, ptr, idx, val = (np.asarray(a) for a in rows)
+            self.cids = [int(c) for c in ids.tolist()]
+            sources = np.unique(idx)
+            self.sources = sources.tolist()
+            self.matrix = sp.csr_matrix((val.astype(np.float64), np.searchsorted(sources, idx).astype(np.int64),
+                                         ptr.astype(np.int64)), shape=(len(self.cids), len(self.sources)))
+            self.matrix.has_sorted_indices = True
+            return
         self.cids = sorted(rows)
         self.sources = sorted({j for row in rows.values() for j, _ in row})
         col = {j: k for k, j in enumerate(self.sources)}

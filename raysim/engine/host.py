@@ -275,10 +275,11 @@ class Host:
                 bundles[h] = (ids, new.index_select(0, torch.as_tensor([at[j] for j in wanted])))
         return bundles, losses, time.perf_counter() - t0
 
-    def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]] | None) -> Accumulator:
-        """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows[i]`` lists (j, W_ij) in ascending
-        j (None: the rows last sent, while W stays the same), kept as one sparse matrix. Returns
-        the sum of the mixed parameters (for the mean the consensus distance needs)."""
+    def gossip_mix(self, inbox: list[Any], rows) -> Accumulator:
+        """θ_i <- Σ_j W_ij θ_j for each hosted client i; ``rows``: this host's rows of W
+        (``mixing.Rows``: {i: [(j, W_ij)]} or the scheduler's arrays; None: the rows last sent,
+        while W stays the same), kept as one sparse matrix. Returns the sum of the mixed
+        parameters (for the mean the consensus distance needs)."""
         if rows is not None:
             self._rows = mixing.Rows(rows)
         if self._F is not None:

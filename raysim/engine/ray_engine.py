@@ -111,7 +111,7 @@ class RayHost(Host):
         bundles, losses, secs = super().gossip_train(round_, cids, outbox)
         return {h: ray.put(to_numpy(b)) for h, b in bundles.items()}, losses, secs
 
-    def gossip_mix(self, inbox: list[Any], rows: dict[int, list[tuple[int, float]]] | None):
+    def gossip_mix(self, inbox: list[Any], rows):
         """Fetch the bundles other hosts made for this one (peer to peer), then mix."""
         self._fault("gossip_mix", getattr(self, "_mix_round", -1))
         return super().gossip_mix([from_numpy(b) for b in ray.get(list(inbox))], rows)
@@ -253,7 +253,7 @@ class RayTransport:
         return self._gather([h.gossip_train.remote(round_, cids, out)
                         for h, cids, out in zip(self.hosts, by_host, outboxes)])
 
-    def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]] | None]]):
+    def gossip_mix(self, plans: list[tuple[list[Any], Any]]):
         # the refs travel inside a list, so Ray does not resolve them here: each host fetches its own
         return self._gather([h.gossip_mix.remote(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)])
 

@@ -62,7 +62,7 @@ class LocalTransport:
     def gossip_train(self, round_: int, by_host: list[list[int]], outboxes: list[dict[int, list[int]]]):
         return [h.gossip_train(round_, cids, out) for h, cids, out in zip(self.hosts, by_host, outboxes)]
 
-    def gossip_mix(self, plans: list[tuple[list[Any], dict[int, list[tuple[int, float]]] | None]]):
+    def gossip_mix(self, plans: list[tuple[list[Any], Any]]):
         return [h.gossip_mix(inbox, rows) for h, (inbox, rows) in zip(self.hosts, plans)]
 
     def consensus(self, mean):
