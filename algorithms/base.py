@@ -350,6 +350,16 @@ class Algorithm:
     def has_server_params(cls) -> bool:
         return cls.server_params is not Algorithm.server_params
 
+    # why the method cannot run with an asynchronous server (``systems.aggregation``), or None:
+    # such a server steps only the global model (``server_params``) with each reply
+    not_asynchronous: ClassVar[str | None] = None
+
+    @classmethod
+    def has_async(cls) -> bool:
+        """Runs with FedBuff or FedAsync: a global model, and no other server state those steps
+        would leave behind."""
+        return cls.has_server_params() and cls.not_asynchronous is None
+
     def global_indices(self, group="all") -> tuple[int, ...]:
         """Indices of ``group``'s parameters that a server optimizer steps: all but the
         batch-norm running statistics (averaged, as the method does, not stepped)."""

@@ -105,6 +105,8 @@ class Scaffold(Algorithm):
     ClientState = ScaffoldState
     decentralized = False
     personalized_is_global = True
+    not_asynchronous = ("its server control variate c is updated from every round's replies; an asynchronous "
+                        "server steps only the model")
 
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng):

@@ -560,13 +560,13 @@ def catalogue(reg: dict) -> list[str]:
     yn = lambda b: "yes" if b else "no"      # noqa: E731
     rows = [[f"[{code(n)}](#{anchor('algorithm', n)})", text(a.paper or "(not set)"), text(a.family or "(not set)"),
              text(a.personal or "(not set)"), text(a.sends or "(not set)"), yn(a.decentralized),
-             yn(a.has_server_params()), yn(a.unseen), yn(a.split)] for n, a in by_family(reg)]
+             yn(a.has_async()), yn(a.unseen), yn(a.split)] for n, a in by_family(reg)]
     counts = ", ".join(f"{sum(a.family == f for a in reg.values())} {f}" for f in FAMILIES)
     return [f"{len(reg)} methods ({counts}). **Keeps**: what a client holds between rounds (its state, "
             f"on its host; \"nothing\": stateless). **Sends**: what a trained client uploads each round. "
             f"**Gossip**: has a decentralized form (a {code('topology')} in the scenario). **Async**: runs "
-            f"with an asynchronous server ({code('systems.aggregation')}: fedbuff, fedasync), as every method "
-            f"with a global model does. **Unseen**: scores "
+            f"with an asynchronous server ({code('systems.aggregation')}: fedbuff, fedasync): every method "
+            f"with a global model and no other server state. **Unseen**: scores "
             f"clients that never trained ({code('eval.unseen_fraction')}). **Split**: needs a model with a "
             f"body and a head ({code('model.head')}). A name links to the method's section below: its "
             f"update, its defaults and their source, its options.\n",

@@ -411,10 +411,11 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if raw.get("systems") is not None:
         systems = _systems(ctx, raw["systems"], topology is not None, clients)
         if systems.aggregation != "sync":
-            if not method.has_server_params():
-                stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_server_params())
-                ctx.fail("systems.aggregation", f"{systems.aggregation} steps a global model, which "
-                         f"'{algorithm.name}' has not; use sync, or one of {stepped}")
+            if not method.has_async():
+                stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_async())
+                why = method.not_asynchronous or "it has no global model"
+                ctx.fail("systems.aggregation", f"{systems.aggregation} steps a global model with each reply; "
+                         f"'{algorithm.name}' cannot run so ({why}); use sync, or one of {stepped}")
             for key, neutral in (("deadline_s", None), ("over_selection", 1.0)):
                 if getattr(systems, key) != neutral:
                     ctx.fail(f"systems.{key}", f"a synchronous round's; {systems.aggregation} has no rounds to wait "

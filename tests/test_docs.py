@@ -384,7 +384,7 @@ def test_methods_page_catalogue_has_a_row_per_algorithm(site):
     problems = []
     for name, cls in algorithms.REGISTRY.items():
         want = [name, *(" ".join(str(getattr(cls, a)).split()) for a in CATALOGUE),
-                yn(cls.decentralized), yn(cls.has_server_params()), yn(cls.unseen), yn(cls.split)]
+                yn(cls.decentralized), yn(cls.has_async()), yn(cls.unseen), yn(cls.split)]
         if by_name[name] != want:
             problems.append(f"{name}: row {by_name[name]} is not {want}")
     assert not problems, "\n".join(problems)

@@ -302,9 +302,12 @@ def test_an_asynchronous_run_is_identical_for_one_or_three_hosts_and_resumes_exa
 
 
 def test_asynchronous_aggregation_is_refused_where_it_cannot_run(tmp_path):
-    with pytest.raises(ScenarioError, match=r"systems.aggregation: fedbuff steps a global model, which 'local' "
-                                            r"has not; use sync, or one of"):
+    with pytest.raises(ScenarioError, match=r"systems.aggregation: fedbuff steps a global model with each reply; "
+                                            r"'local' cannot run so \(it has no global model\); use sync, or one of "
+                                            r"fedavg, fedprox"):
         load(tmp_path, TINY, "algorithm.name=local", "systems={aggregation: fedbuff, buffer: 2}")
+    with pytest.raises(ScenarioError, match=r"'scaffold' cannot run so \(its server control variate c is updated"):
+        load(tmp_path, TINY, "algorithm.name=scaffold", "systems={aggregation: fedasync}")
     with pytest.raises(ScenarioError, match=r"systems.deadline_s: a synchronous round's; fedasync has no rounds"):
         load(tmp_path, TINY, "systems={aggregation: fedasync, deadline_s: 5}")
     with pytest.raises(ScenarioError, match=r"systems.buffer: 10 replies a step, but only 6 clients train at once"):
