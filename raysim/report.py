@@ -421,6 +421,43 @@ def compare_figure(runs: list[Compared], out: Path) -> Path | None:
     return _save(fig, out / "compare_accuracy.png")
 
 
+def time_curves(runs: list[Compared]) -> list[tuple[str, list[float], list[float]]] | None:
+    """Runs on a simulated fleet (``systems``: every run has a virtual clock): each
+    configuration's (label, virtual hours, metric), the mean over its seeds of both at the
+    rounds every seed evaluated; None where some run has no clock."""
+    groups = compare_groups(runs)
+    if not groups or not all(any("virtual_time_s" in h for h in r.summary.get("history", []))
+                             for _, members in groups for r in members):
+        return None
+    m = metric_of(groups[0][1][0].summary)
+    out = []
+    for label, members in groups:
+        points = [{int(h["round"]): (h["virtual_time_s"] / 3600, h[m]) for h in r.summary["history"]
+                   if "virtual_time_s" in h and isinstance(h.get(m), (int, float))} for r in members]
+        xs = sorted(set.intersection(*(set(p) for p in points)))
+        if xs:
+            out.append((label, [float(np.mean([p[x][0] for p in points])) for x in xs],
+                        [float(np.mean([p[x][1] for p in points])) for x in xs]))
+    return out
+
+
+def compare_time_figure(runs: list[Compared], out: Path) -> Path | None:
+    """``time_curves`` drawn: synchronous and asynchronous runs, whose rounds differ, on one
+    axis of virtual hours (``compare_time.png``); None without a clock."""
+    curves = time_curves(runs)
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    for label, hours, values in curves:
+        ax.plot(hours, values, marker=".", label=label)
+    m = metric_of(runs[0].summary)
+    ax.set(xlabel="virtual time (hours)", ylabel=f"{m} (mean over seeds)", title="runs compared on the virtual clock")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    return _save(fig, out / "compare_time.png")
+
+
 # ---------------------------------------------------------------------------------------------
 # MLflow
 
@@ -509,4 +546,7 @@ def report(run_ids: list[str], uri: str | None = None, out: str | Path = "report
         p = compare_figure(compared, out)
         if p is not None:
             made["compare"] = [p, p.with_suffix(".csv")]
+            timed = compare_time_figure(compared, out)
+            if timed is not None:
+                made["compare"].append(timed)
     return made

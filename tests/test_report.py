@@ -142,3 +142,26 @@ def test_superfed_sosicfl_and_cluster_figures(tmp_path):
     assert report.metric_of(mse) == "mse"
     assert [p.name for p in report.figures(mse, None, tmp_path / "mse")] == ["accuracy.png", "clients.png"]
     json.dumps(mse)
+
+
+def test_runs_on_a_fleet_compare_against_virtual_hours_by_hand(tmp_path):
+    """Two seeds of a synchronous run (clock 1800 s and 3600 s at rounds 5, 10; the other seed
+    3600 s and 7200 s) average to 0.75 and 1.5 hours; an asynchronous run has its own clock. A
+    run without a clock leaves the figure out."""
+    def run(seed, accs, clock, variant):
+        history = [{"round": r, "accuracy": a, "virtual_time_s": t, "eval_seconds": 0.1}
+                   for r, a, t in zip((5, 10), accs, clock)]
+        summary = {"name": "fleet", "algorithm": "fedavg", "seed": seed, "mlflow_run_id": f"{variant}{seed}",
+                   "history": history}
+        scenario = {"name": "fleet", "seed": seed, "systems": {"aggregation": variant}}
+        return report.Compared(summary, scenario, {"variant": variant})
+    runs = [run(0, [0.5, 0.6], [1800, 3600], "sync"), run(1, [0.7, 0.8], [3600, 7200], "sync"),
+            run(0, [0.6, 0.9], [360, 720], "fedbuff")]
+    (label, hours, acc), (_, hours2, acc2) = report.time_curves(runs)
+    assert hours == pytest.approx([0.75, 1.5]) and acc == pytest.approx([0.6, 0.7])
+    assert hours2 == pytest.approx([0.1, 0.2]) and acc2 == pytest.approx([0.6, 0.9])
+    assert report.compare_time_figure(runs, tmp_path).name == "compare_time.png"
+    plain = run(0, [0.5, 0.6], [1800, 3600], "sync")
+    for h in plain.summary["history"]:
+        del h["virtual_time_s"]
+    assert report.time_curves(runs[:2] + [plain]) is None and report.compare_time_figure([plain, plain], tmp_path) is None
