@@ -129,17 +129,23 @@ def test_topology_validation(tmp_path):
         load(tmp_path, DFEDEM, "topology.kind=edges", "topology.edges=/nonexistent")
 
 
+def resumed(tmp_path, sc, at: int):
+    """The run checkpointed after ``at`` rounds on 2 hosts, restored on 3 and run to its end."""
+    part = serial_driver(sc, 2)
+    for _ in range(at):
+        part.step()
+    part.save(str(tmp_path / "ck"))
+    again = serial_driver(sc, 3)
+    assert again.restore(str(tmp_path / "ck")) == at
+    for _ in range(sc.rounds - at):
+        again.step()
+    return again
+
+
 @pytest.mark.parametrize("extra", [(), ("algorithm.momentum=0.9", "algorithm.keep_momentum=true")])
 def test_gossip_checkpoint_resume_is_identical(tmp_path, extra):
     sc = load(tmp_path, DFEDEM, *extra)
-    full = run(sc, 2)
-    part = serial_driver(sc, 2)
-    part.step(), part.step()
-    part.save(str(tmp_path / "ck.pt"))
-    resumed = serial_driver(sc, 3)
-    assert resumed.restore(str(tmp_path / "ck.pt")) == 2
-    resumed.step(), resumed.step()
-    assert strip(resumed.history) == strip(full.history)
+    assert strip(resumed(tmp_path, sc, 2).history) == strip(run(sc, 2).history)
 
 
 def test_sweep_runs_every_topology_and_prints_a_table(tmp_path):
@@ -252,15 +258,9 @@ def test_rows_checkpoint_resume_is_identical(tmp_path):
     """A checkpoint of hosts holding rows (each client's model written as a copy of its row)
     restores into rows, on another number of hosts, and the run goes on as if never stopped."""
     sc = load(tmp_path, DSGD)
-    full = run(sc, 2)
-    part = serial_driver(sc, 2)
-    part.step(), part.step()
-    part.save(str(tmp_path / "ck.pt"))
-    resumed = serial_driver(sc, 3)
-    assert resumed.restore(str(tmp_path / "ck.pt")) == 2
-    resumed.step(), resumed.step()
-    assert strip(resumed.history) == strip(full.history)
-    one = next(iter(resumed.transport.hosts[0].get_states().values()))["server"][0]
+    again = resumed(tmp_path, sc, 2)
+    assert strip(again.history) == strip(run(sc, 2).history)
+    one = next(iter(again.transport.hosts[0].get_states().values()))["server"][0]
     assert one.untyped_storage().nbytes() == one.numel() * one.element_size()    # a copy, not a view of the matrix
 
 

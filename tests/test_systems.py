@@ -9,7 +9,7 @@ from raysim.engine.serial import serial_driver
 from raysim.sections import DistCfg, SystemsCfg
 from raysim.systems import MBIT, Fleet, Profiles, TraceError, read_devices, read_windows
 from tests.conftest import TINY
-from tests.test_gossip import DFEDEM, load
+from tests.test_gossip import DFEDEM, load, resumed, run
 from tests.test_gossip import strip as strip_timings
 
 
@@ -149,13 +149,6 @@ FLEET = ("systems={speed: {dist: lognormal, value: 2, sigma: 1.5}, dropout: 0.1,
          "over_selection: 1.5, availability: probability, available_p: 0.8}")
 
 
-def run(sc, hosts):
-    d = serial_driver(sc, hosts)
-    for _ in range(sc.rounds):
-        d.step()
-    return d
-
-
 def test_a_fleet_run_is_identical_for_one_or_three_hosts_and_resumes_exactly(tmp_path):
     """Heterogeneous speeds, dropouts, a deadline, over-selection and availability: every
     metric (the clock, who reported, accuracy) the same on 1 and 3 hosts, and a run resumed
@@ -168,17 +161,9 @@ def test_a_fleet_run_is_identical_for_one_or_three_hosts_and_resumes_exactly(tmp
     assert any(r["dropped_out"] > 0 for r in h) and any(r["stragglers"] > 0 for r in h)
     assert [r["virtual_time_s"] for r in h] == pytest.approx(np.cumsum([r["round_virtual_s"] for r in h]))
     assert a.participation.sum() == sum(r["clients"] for r in h)
-    part = serial_driver(sc, 2)
-    for _ in range(3):
-        part.step()
-    part.save(str(tmp_path / "ck"))
-    resumed = serial_driver(sc, 3)
-    assert resumed.restore(str(tmp_path / "ck")) == 3
-    assert resumed.clock == part.clock
-    for _ in range(3):
-        resumed.step()
-    assert strip(resumed.history) == strip(a.history)
-    assert resumed.participation.tolist() == a.participation.tolist()
+    again = resumed(tmp_path, sc, 3)
+    assert strip(again.history) == strip(a.history)
+    assert again.clock == a.clock and again.participation.tolist() == a.participation.tolist()
 
 
 def test_a_deadline_leaves_the_slowest_clients_out(tmp_path):
@@ -205,16 +190,6 @@ def test_staleness_weights_by_hand():
     hinge = fleet(staleness="hinge", staleness_a=0.5, staleness_b=4)
     assert hinge.staleness(4) == 1.0 and hinge.staleness(6) == 0.5
     assert fleet(staleness="constant").staleness(100) == 1.0
-
-
-def _alone(d, c, start_state, s):
-    """Client c's model from ``start_state`` through the ordinary (synchronous) path: trained
-    alone, its reply aggregated by the method."""
-    from raysim.engine.driver import groups_by_host
-    msg = d.algo.message(start_state, s)
-    (acc, _, _), = [p for p in d.transport.train(s, msg, groups_by_host({c: 0}, d.transport.placement))
-                    if p[1]]
-    return d.algo.server_params(d.algo.aggregate(start_state, acc.result(), s))
 
 
 def test_fedbuff_steps_after_the_first_buffer_arrivals_in_clock_order(tmp_path):
@@ -290,15 +265,7 @@ def test_an_asynchronous_run_is_identical_for_one_or_three_hosts_and_resumes_exa
     assert strip(a.history) == strip(b.history)
     assert all(h["clients"] == 3 for h in a.history) and any(h["staleness_max"] > 0 for h in a.history)
     assert [h["virtual_time_s"] for h in a.history] == sorted(h["virtual_time_s"] for h in a.history)
-    part = serial_driver(sc, 2)
-    for _ in range(3):
-        part.step()
-    part.save(str(tmp_path / "ck"))
-    resumed = serial_driver(sc, 3)
-    assert resumed.restore(str(tmp_path / "ck")) == 3
-    for _ in range(3):
-        resumed.step()
-    assert strip(resumed.history) == strip(a.history)
+    assert strip(resumed(tmp_path, sc, 3).history) == strip(a.history)
 
 
 def test_asynchronous_aggregation_is_refused_where_it_cannot_run(tmp_path):

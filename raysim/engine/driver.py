@@ -368,16 +368,16 @@ class RoundDriver:
         work = {int(c): float(w) for c, w in zip(kept.tolist(), out.work[out.kept].tolist()) if w < 1}
         return {int(c): assignment[int(c)] for c in kept}, work, {**out.record(), "virtual_time_s": self.clock}
 
-    def fleet_scores(self, results: dict[int, tuple]) -> dict[str, float]:
+    def fleet_scores(self, results: dict[int, tuple], seconds: dict[int, float]) -> dict[str, float]:
         """Who is left behind: the primary metric of the slowest and the fastest tenth of the
-        evaluated clients (by their device's seconds for a round with this evaluation's model),
-        and how often the clients took part (rounds whose update counted)."""
+        evaluated clients (by ``seconds``, their device's time for a round with this
+        evaluation's model), and how often the clients took part (rounds whose update counted)."""
         metric = self.algo.task.metric
         ids = np.array([c for c in sorted(int(c) for c in self.eval_ids)
                         if results[c][1] > 0 and metric in results[c][0]], dtype=np.int64)
         out: dict[str, float] = {}
         if len(ids):
-            secs = self.device_seconds(ids, self.eval_message())
+            secs = np.array([seconds[c] for c in ids.tolist()])
             order = np.lexsort((ids, secs))                 # fastest first (ties: lower id)
             m = max(1, int(round(0.1 * len(ids))))
             for name, pick in (("fastest", order[:m]), ("slowest", order[-m:])):
@@ -433,8 +433,10 @@ class RoundDriver:
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
         out.update(validation(results, [int(c) for c in self.eval_ids], unseen))
-        if self.fleet is not None:
-            out.update(self.fleet_scores(results))
+        if self.fleet is not None:                 # each evaluated client's device time for a round
+            scored = np.array(sorted(int(c) for c in self.eval_ids), dtype=np.int64)
+            seconds = dict(zip(scored.tolist(), self.device_seconds(scored, self.eval_message()).tolist()))
+            out.update(self.fleet_scores(results, seconds))
         importance = {c: r[2] for c, r in results.items() if r[2] is not None}
         centers = self.algo.centers(self.server_state)
         if not importance and centers is not None and chosen:     # hard clusters held by the server
@@ -450,10 +452,8 @@ class RoundDriver:
             if scores:
                 self.clusters[f"{prefix}client_{metric}"] = scores
         if self.fleet is not None:         # each evaluated client's rounds taken part in, and its device's round
-            ids = np.array(sorted(int(c) for c in self.eval_ids), dtype=np.int64)
-            self.clusters["participation"] = dict(zip(ids.tolist(), self.participation[ids].tolist()))
-            self.clusters["device_seconds"] = dict(zip(ids.tolist(), self.device_seconds(
-                ids, self.eval_message()).round(6).tolist()))
+            self.clusters["participation"] = dict(zip(scored.tolist(), self.participation[scored].tolist()))
+            self.clusters["device_seconds"] = {c: round(t, 6) for c, t in seconds.items()}
         return out
 
     def _cluster_report(self, importance: dict[int, list[float]], centers) -> dict[str, float]:
