@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ray (default) or serial: every host in this process, the reference engine")
     r.add_argument("--summary", default=None, metavar="PATH", help="write the run summary as JSON")
     r.add_argument("--resume", default=None, metavar="RUN_ID", type=_run_id,
-                   help="continue the MLflow run RUN_ID from its last checkpoint")
+                   help="continue the MLflow run RUN_ID from its last checkpoint; with a sweep (or --seeds), RUN_ID "
+                        "is its parent run: finished runs are kept, the others continue, the unstarted start")
     r.add_argument("--variant", default=None, metavar="NAME",
-                   help="run only this variant of a sweep file (needed with --resume)")
+                   help="run only this variant of a sweep file (with --resume: continue that one run)")
     r.add_argument("--seeds", default=None, metavar="LIST",
                    help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
                         "are nested under one parent MLflow run and compared at the end")

@@ -98,16 +98,21 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         threading.Thread(target=_import_tracking, daemon=True).start()
         pending = _start_ray_server(sc, address, verbose)
     boot_error = None
-    if pending is not None:
-        # the MLflow run is created in a thread while this one waits for the hosts to boot;
-        # a boot failure is raised below, once the run exists to be marked FAILED
-        tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
-        try:
-            pending.wait()
-        except BaseException as e:          # noqa: BLE001 - raised again below
-            boot_error = e
+    local = None
+    # the MLflow run is created in a thread while this one waits for the hosts to boot (Ray) or
+    # builds them (serial: data, partition, host state); a boot failure is raised below, once
+    # the run exists to be marked FAILED
+    tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
     try:
-        tracker = tracker_ready() if pending is not None else _new_tracker(sc, resume, verbose, resume_command, tags)
+        if pending is not None:
+            pending.wait()
+        else:
+            from raysim.engine.serial import serial_driver
+            local = serial_driver(sc)
+    except BaseException as e:          # noqa: BLE001 - raised again below
+        boot_error = e
+    try:
+        tracker = tracker_ready()
     except BaseException:
         if pending is not None:
             pending.close()
@@ -120,11 +125,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         stop.install()
         if boot_error is not None:
             raise boot_error
-        if pending is not None:
-            server = pending
-        else:
-            from raysim.engine.serial import serial_driver
-            server = serial_driver(sc)
+        server = pending if pending is not None else local
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
         path = checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,

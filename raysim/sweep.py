@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysim.config import Scenario, ScenarioError, absolute_uri
+from raysim.config import Scenario, absolute_uri
 from raysim.errors import RunsFailed
 from raysim.report import INDEX_TAG
 
@@ -61,6 +61,21 @@ def resume_command(file: str, overrides: list[str], engine: str, address: str | 
     return shlex.join(parts).replace("{", "{{").replace("}", "}}") + " --resume {run_id}"
 
 
+def sweep_resume_command(file: str, overrides: list[str], engine: str, address: str | None,
+                         seeds: list[int] | None, parent_id: str) -> str:
+    """The command that continues a whole sweep (``--resume`` of its parent run)."""
+    parts = ["raysim", "run", file]
+    if seeds:
+        parts += ["--seeds", ",".join(map(str, seeds))]
+    for item in overrides:
+        parts += ["--set", item]
+    if engine != "ray":
+        parts += ["--engine", engine]
+    if address:
+        parts += ["--address", address]
+    return shlex.join(parts) + f" --resume {parent_id}"
+
+
 def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,
                 overrides: list[str], engine: str = "ray", address: str | None = None,
                 resume: str | None = None, summary: str | None = None, verbose: bool = False,
@@ -68,32 +83,47 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     """Run every (variant, scenario); returns {label: summary}. Raises RunsFailed once every
     run has ended if some failed, SweepInterrupted (side by side) if stopped, or the error of
     a single run, a bad input or an interrupt at once."""
-    if resume and len(variants) > 1:
-        raise ScenarioError(f"{file}: --resume continues one run; add --variant NAME"
-                            + (" and --seeds SEED" if seeds else ""))
     several = len(variants) > 1
-    parent, given_uri = None, variants[0][1].tracking.uri
+    parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
         from raysim import tracking
         # one tracking store for every run, fixed here (trials start in folders of their own)
         uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
         variants = [(v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri)))
                     for v, sc in variants]
-        name = f"{Path(file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
-        parent = tracking.start_parent(variants[0][1], name, [(v, sc.seed) for v, sc in variants])
-    jobs = []
+        runs = [(v, sc.seed) for v, sc in variants]
+        if resume:          # the sweep continued: its parent, and the runs it has already
+            client, parent_id, earlier = tracking.reopen_parent(variants[0][1], resume, file, runs)
+            parent = (client, parent_id)
+        else:
+            name = f"{Path(file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+            parent = tracking.start_parent(variants[0][1], name, runs)
+    jobs, kept = [], []
     for i, (variant, sc) in enumerate(variants):
         tags = {"variant": variant} if variant else {}
         if parent is not None:
             tags.update({"mlflow.parentRunId": parent[1], INDEX_TAG: str(i)})
         label = variant if not seeds else f"{variant or sc.name} seed {sc.seed}"
+        before = earlier.get((variant, sc.seed))
+        if before is not None and before.info.status == "FINISHED":
+            kept.append(label or sc.name)       # its record is whole: not run again
+            continue
+        # a sweep's run that did not finish continues in its own MLflow run (from its last
+        # checkpoint, or from round 1 if it had none); one never started starts now
+        again = before.info.run_id if before is not None else (None if several else resume)
         jobs.append(Job(label or sc.name, variant, sc, tags,
                         resume_command(file, overrides, engine, address, variant, sc.seed if seeds else None),
-                        engine, address, resume, None if several else summary, verbose, progress))
-    ok, unfinished = False, None
+                        engine, address, again, None if several else summary, verbose, progress))
+    if resume and several:
+        going_on = sum(1 for j in jobs if j.resume)
+        print(f"raysim: continuing sweep {resume}: {len(kept)} finished runs kept, {going_on} continued, "
+              f"{len(jobs) - going_on} started", file=sys.stderr, flush=True)
+    ok, unfinished, summaries = False, None, {}
     try:
-        at_once = _at_once(jobs, concurrent) if several and engine == "ray" else 1
-        if at_once == 1:
+        at_once = (_at_once(jobs, concurrent) if several and engine == "ray" else 1) if jobs else 1
+        if not jobs:
+            pass
+        elif at_once == 1:
             summaries, unfinished = _one_after_another(jobs)
         else:
             summaries, unfinished = _side_by_side(jobs, at_once, parent)
@@ -101,8 +131,13 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     finally:
         if parent is not None:
             parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
-    if several and summaries:
-        _print_sweep(summaries)
+            if not ok:
+                print(f"raysim: continue the whole sweep (its finished runs kept) with: "
+                      f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1])}",
+                      file=sys.stderr, flush=True)
+    if several and (summaries or kept):
+        if summaries:
+            _print_sweep(summaries)
         if summary:
             Path(summary).write_text(json.dumps({"sweep": file, "variants": summaries}, indent=2))
         from raysim.compare import table

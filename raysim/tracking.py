@@ -441,6 +441,39 @@ def start_parent(sc: Scenario, name: str, runs: list[tuple[str | None, int]]) ->
     return client, run.info.run_id
 
 
+def reopen_parent(sc: Scenario, parent_id: str, file: str, runs: list[tuple[str | None, int]]):
+    """``raysim run SWEEP --resume PARENT``: the sweep's parent run, marked RUNNING again, and its
+    children by (variant, seed). ScenarioError (exit 2, nothing changed) when the run is not a
+    sweep's parent, when the file now makes other variants or seeds than the parent ran, or when
+    one of its runs is still running (its driver alive)."""
+    _, client, _ = open_store(sc)
+    uri = resolve_uri(sc.tracking.uri)
+    parent = resumable_run(client, parent_id, uri)
+    if parent.data.tags.get("raysim.parent") != "1":
+        raise ScenarioError(f"{file}: --resume {parent_id}: not a sweep's parent run; to continue one run of a "
+                            "sweep add --variant NAME (and --seeds SEED)")
+    variants = sorted({v for v, _ in runs if v is not None})
+    seeds = sorted({s for _, s in runs})
+    was = (parent.data.params.get("variants"), parent.data.params.get("seeds"))
+    now = (name_list(variants)[:6000] or "-", ",".join(map(str, seeds)))
+    if was != now:
+        raise ScenarioError(f"{file}: --resume {parent_id}: the sweep ran variants {was[0]} with seeds {was[1]}; "
+                            f"this command makes variants {now[0]} with seeds {now[1]}: resume with the same file, "
+                            "--set and --seeds")
+    kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'",
+                              max_results=50000)
+    for kid in kids:
+        if (kid.info.status == "RUNNING" and DRIVER_TAG in kid.data.tags
+                and driver_gone(kid.data.tags, time.time()) is None):
+            raise ScenarioError(f"{file}: --resume {parent_id}: its run {kid.info.run_id} is still RUNNING "
+                                f"(driver {kid.data.tags[DRIVER_TAG]}); stop the sweep first (Ctrl-C or SIGTERM)")
+    by = {}
+    for kid in sorted(kids, key=lambda k: k.info.start_time or 0):    # a variant run twice: the latest
+        by[(kid.data.tags.get("variant"), int(kid.data.tags.get("seed", sc.seed)))] = kid
+    client.update_run(parent_id, status="RUNNING")
+    return client, parent_id, by
+
+
 def write_curve(folder: str, key: str, curve: dict, std: dict | None, title: str) -> list[str]:
     """``<key>.csv`` (x, mean[, std]) and ``<key>.png`` (the mean with a ±std band) in
     ``folder``; returns their paths."""

@@ -1,0 +1,89 @@
+"""``raysim run SWEEP --resume PARENT``: a long sweep (a benchmark of hundreds of runs on a
+laptop) continued after a failure or a stop: finished runs kept as they are, unfinished ones
+continued in their own MLflow runs from their checkpoints, never-started ones started; the
+results equal an undisturbed sweep's."""
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import TINY
+from tests.test_runs import raysim, tracked
+
+SWEEP = TINY.replace("rounds: 3", "rounds: 4").replace("fedavg", "local") + """
+sweep:
+  short: {rounds: 2}
+  long: {}
+  other: {algorithm.lr: 0.05}
+"""
+
+
+def children(client, parent):
+    exp = client.get_run(parent).info.experiment_id
+    kids = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent}'")
+    return {k.data.tags["variant"]: k for k in kids}
+
+
+def parent_of(client):
+    exp = client.get_experiment_by_name("raysim").experiment_id
+    (parent,) = client.search_runs([exp], "tags.`raysim.parent` = '1'")
+    return parent.info.run_id
+
+
+def losses(client, run_id):
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")]
+
+
+def test_a_failed_sweep_continues_keeping_finished_runs_and_ends_as_an_undisturbed_one(tmp_path):
+    ref_dir, dir_ = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), dir_.mkdir()
+    ref_path, path = tracked(ref_dir, SWEEP), tracked(dir_, SWEEP)
+    raysim("run", ref_path, "-q", "--engine", "serial")
+    ref_client = MlflowClient(f"sqlite:///{ref_dir}/mlflow.db")
+    ref = {v: losses(ref_client, k.info.run_id) for v, k in children(ref_client, parent_of(ref_client)).items()}
+
+    # every run fails after its 3rd round: "short" (2 rounds) finishes, the two others fail
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "3"}, check=False)
+    assert proc.returncode == 1, proc.stderr
+    client = MlflowClient(f"sqlite:///{dir_}/mlflow.db")
+    parent = parent_of(client)
+    assert client.get_run(parent).info.status == "FAILED"
+    command = f"raysim run {path} --engine serial --resume {parent}"
+    assert f"continue the whole sweep (its finished runs kept) with: {command}" in proc.stderr
+    first = children(client, parent)
+    assert {v: k.info.status for v, k in first.items()} == {"short": "FINISHED", "long": "FAILED", "other": "FAILED"}
+    short_end = first["short"].info.end_time
+    # a run never started: its record deleted (as if the sweep had stopped before it)
+    client.delete_run(first["other"].info.run_id)
+
+    proc = raysim("run", path, "-q", "--engine", "serial", "--resume", parent)
+    assert "continuing sweep " + parent + ": 1 finished runs kept, 1 continued, 1 started" in proc.stderr
+    assert client.get_run(parent).info.status == "FINISHED"
+    after = children(client, parent)
+    assert set(after) == {"short", "long", "other"}
+    assert after["short"].info.run_id == first["short"].info.run_id and after["short"].info.end_time == short_end
+    assert after["long"].info.run_id == first["long"].info.run_id         # continued in its own run
+    assert after["other"].info.run_id != first["other"].info.run_id       # started anew
+    assert all(k.info.status == "FINISHED" for k in after.values())
+    for variant, kid in after.items():      # every round once, as in the undisturbed sweep
+        assert losses(client, kid.info.run_id) == ref[variant], variant
+    # the comparison table of the parent holds the three runs
+    assert all(v in proc.stdout for v in ("short", "long", "other"))
+
+
+def test_resuming_a_sweep_refuses_other_variants_a_single_run_and_a_finished_sweep(tmp_path):
+    path = tracked(tmp_path, SWEEP)
+    raysim("run", path, "-q", "--engine", "serial", "--set", "rounds=1")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = parent_of(client)
+    done = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", parent, check=False)
+    assert done.returncode == 2 and f"--resume {parent}: the run is FINISHED" in done.stderr
+    client.update_run(parent, status="FAILED")
+    other = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--seeds", "0,1", "--resume", parent,
+                   check=False)
+    assert other.returncode == 2, other.stderr
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"raysim: {path}: --resume {parent}: the sweep ran variants long, other, short with seeds 0; this command "
+        "makes variants long, other, short with seeds 0,1: resume with the same file, --set and --seeds")
+    kid = children(client, parent)["long"].info.run_id
+    client.update_run(kid, status="FAILED")
+    single = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", kid, check=False)
+    assert single.returncode == 2
+    assert f"--resume {kid}: not a sweep's parent run; to continue one run of a sweep add --variant NAME" in single.stderr
