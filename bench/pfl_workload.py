@@ -4,6 +4,7 @@ written the way PFLlib and FL-bench train (bench/bare_pfl.py).
     python bench/pfl_workload.py                      # the four workloads, 10 rounds
     python bench/pfl_workload.py fedavg-100 --rounds 3
     python bench/pfl_workload.py --hosts 1            # raysim on one host actor
+    python bench/pfl_workload.py --engine both        # Ray's engine and the serial one (one process)
 
 Fashion-MNIST, 50 clients, pathological 2-class split, every client every round, 1 local
 epoch of batch 10, plain SGD at lr 0.01, evaluation after the last round; FedAvg and Ditto
@@ -50,11 +51,11 @@ def scenario(method: str, hidden: list[int], rounds: int, hosts: int, root: str)
             "checkpoint": {"every": 0}}
 
 
-def run_raysim(sc: dict, tmp: Path) -> dict:
+def run_raysim(sc: dict, tmp: Path, engine: str = "ray") -> dict:
     path = tmp / f"{sc['name']}.yaml"
     path.write_text(yaml.safe_dump(sc))
     summary = tmp / f"{sc['name']}.json"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--summary", str(summary),
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine, "--summary", str(summary),
            "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck"]
     r = measure(cmd, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     if r["rc"]:
@@ -81,6 +82,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--engine", default="ray", choices=("ray", "serial", "both"),
+                    help="raysim's engine: Ray (host actors, the default) or serial (every host in the one "
+                         "process, one after another); both: a row for each")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each side this many times, alternating, and keep each side's fastest run "
                          "(machines that share their cores vary from minute to minute)")
@@ -94,14 +98,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             method, hidden = WORKLOADS[name]
-            bares, ourss = [], []
+            engines = ("ray", "serial") if args.engine == "both" else (args.engine,)
+            bares, ourss = [], {e: [] for e in engines}
             for _ in range(args.repeat):
                 bares.append(run_bare(method, hidden, args.rounds, args.root))
-                ourss.append(run_raysim(scenario(method, hidden, args.rounds, args.hosts, args.root), Path(tmp)))
-            bare, ours = min(bares, key=lambda r: r["wall"]), min(ourss, key=lambda r: r["wall"])
-            for side, r in (("bare", bare), ("raysim", ours)):
+                for e in engines:
+                    ourss[e].append(run_raysim(scenario(method, hidden, args.rounds, args.hosts, args.root),
+                                               Path(tmp), e))
+            bare = min(bares, key=lambda r: r["wall"])
+            ours = {e: min(rs, key=lambda r: r["wall"]) for e, rs in ourss.items()}
+            rows = [("bare", bare)] + [("raysim" if len(engines) == 1 else e, r) for e, r in ours.items()]
+            for side, r in rows:
                 ratios = (f" {r['wall'] / bare['wall']:10.2f} {r['cpu'] / bare['cpu']:9.2f} "
-                          f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f}") if r is ours else ""
+                          f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f}") if r is not bare else ""
                 print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
                       f"{r['accuracy']:6.3f} |{ratios}", flush=True)
     for size in ("100", "200-200"):
