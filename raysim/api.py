@@ -182,11 +182,14 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
             file's ``seeds:`` if any, else its ``seed``.
         address: Join this Ray cluster (``"auto"`` or ``HOST:PORT``) instead of starting a
             local Ray.
-        variant: Run only this variant of a sweep.
+        variant: Run only this variant of a sweep, or the variants a shell-style pattern
+            matches (``"*-shards,lr=0.01"``).
         concurrent: How many runs of a sweep or of seeds go side by side on Ray Tune
             (default: as many as Ray holds; 1: one after another in this process).
-        resume: Continue this MLflow run from its last checkpoint (one run: with a sweep,
-            give ``variant`` and a single seed too).
+        resume: Continue this MLflow run from its last checkpoint (with a sweep, give
+            ``variant`` and a single seed too); or, for a sweep or several seeds, the id of
+            their parent run: its finished runs are kept, the unfinished ones continue and
+            those never started start (the result holds them all).
         progress: Show a progress bar per run.
         verbose: Show Ray's and MLflow's logs.
 
@@ -217,7 +220,8 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
             variants = config.load_variants(file, items, variant, seeds=seed_list)
             from raysim.sweep import run_command
             summaries = run_command(file, variants, seed_list, overrides=items, engine=engine, address=address,
-                                    resume=resume, verbose=verbose, progress=progress, concurrent=concurrent)
+                                    resume=resume, verbose=verbose, progress=progress, concurrent=concurrent,
+                                    pattern=variant)
         except ScenarioError as e:
             raise ScenarioError(_api_words(str(e), file, label)) from None
     if label == DICT_LABEL:          # the temporary file is gone: the scenario is the dict's
@@ -225,6 +229,8 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
     if len(variants) == 1:
         (only,) = summaries.values()
         return _result(only, variants[0][1], variants[0][0])
+    if resume:          # a sweep continued: its runs of before and of now, read back
+        return load(resume, variants[0][1].tracking.uri)
     return _sweep_result(list(summaries.values()), variants)
 
 

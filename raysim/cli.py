@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the MLflow run RUN_ID from its last checkpoint; with a sweep (or --seeds), RUN_ID "
                         "is its parent run: finished runs are kept, the others continue, the unstarted start")
     r.add_argument("--variant", default=None, metavar="NAME",
-                   help="run only this variant of a sweep file (with --resume: continue that one run)")
+                   help="run only this variant of a sweep file, or the variants a shell pattern matches "
+                        "('*-shards,lr=0.01'); with --resume of one run, its variant")
     r.add_argument("--seeds", default=None, metavar="LIST",
                    help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
                         "are nested under one parent MLflow run and compared at the end")
@@ -186,7 +187,7 @@ def _dispatch(args, early_ray: bool = False) -> int:
     from raysim.sweep import run_command
     run_command(args.file, variants, seeds, overrides=args.overrides, engine=args.engine, address=args.address,
                 resume=args.resume, summary=args.summary, verbose=args.verbose, progress=not args.quiet,
-                concurrent=args.concurrent)
+                concurrent=args.concurrent, pattern=args.variant)
     return EXIT_OK
 
 

@@ -205,11 +205,10 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
                 one["seed"] = s
             out.append((None, validate(one, str(path), check_data=check_data and not out)))
         return out
-    if only is not None and only not in sweep:
-        raise ScenarioError(f"{path}: --variant {only}: no such variant; choose one of {name_list(sweep)}")
+    chosen = None if only is None else pick_variants(path, only, list(sweep))
     out = []
     for name, changes in sweep.items():
-        if only is not None and name != only:
+        if chosen is not None and name not in chosen:
             continue
         variant = copy.deepcopy(raw)
         for key, value in changes.items():
@@ -226,6 +225,21 @@ def load_variants(path: str | Path, overrides: list[str] = (), only: str | None 
             except ScenarioError as e:
                 raise ScenarioError(f"{e} (in sweep variant '{name}')") from None
     return out
+
+
+def pick_variants(path: str | Path, only: str, names: list) -> set:
+    """The variants ``--variant`` names: the one of that name, else every one its shell-style
+    pattern matches (``'*-shards,lr=0.01'``: ``*``, ``?``, ``[...]``)."""
+    import fnmatch
+    names = [str(n) for n in names]
+    if only in names:
+        return {only}
+    matched = {n for n in names if fnmatch.fnmatchcase(n, only)}
+    if not matched:
+        what = "matches no variant" if any(c in only for c in "*?[") else "no such variant"
+        raise ScenarioError(f"{path}: --variant {only}: {what}; choose one of {name_list(names)} (or a pattern "
+                            "such as '*-shards')")
+    return matched
 
 
 def name_list(names) -> str:

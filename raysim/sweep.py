@@ -62,9 +62,11 @@ def resume_command(file: str, overrides: list[str], engine: str, address: str | 
 
 
 def sweep_resume_command(file: str, overrides: list[str], engine: str, address: str | None,
-                         seeds: list[int] | None, parent_id: str) -> str:
+                         seeds: list[int] | None, parent_id: str, pattern: str | None = None) -> str:
     """The command that continues a whole sweep (``--resume`` of its parent run)."""
     parts = ["raysim", "run", file]
+    if pattern is not None:
+        parts += ["--variant", pattern]
     if seeds:
         parts += ["--seeds", ",".join(map(str, seeds))]
     for item in overrides:
@@ -79,10 +81,11 @@ def sweep_resume_command(file: str, overrides: list[str], engine: str, address: 
 def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,
                 overrides: list[str], engine: str = "ray", address: str | None = None,
                 resume: str | None = None, summary: str | None = None, verbose: bool = False,
-                progress: bool = True, concurrent: int | None = None) -> dict:
+                progress: bool = True, concurrent: int | None = None, pattern: str | None = None) -> dict:
     """Run every (variant, scenario); returns {label: summary}. Raises RunsFailed once every
     run has ended if some failed, SweepInterrupted (side by side) if stopped, or the error of
-    a single run, a bad input or an interrupt at once."""
+    a single run, a bad input or an interrupt at once. ``pattern``: the ``--variant`` that chose
+    the variants (for the command that continues the sweep)."""
     several = len(variants) > 1
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
@@ -133,7 +136,7 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
             parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
             if not ok:
                 print(f"raysim: continue the whole sweep (its finished runs kept) with: "
-                      f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1])}",
+                      f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern)}",
                       file=sys.stderr, flush=True)
     if several and (summaries or kept):
         if summaries:

@@ -87,3 +87,41 @@ def test_resuming_a_sweep_refuses_other_variants_a_single_run_and_a_finished_swe
     single = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", kid, check=False)
     assert single.returncode == 2
     assert f"--resume {kid}: not a sweep's parent run; to continue one run of a sweep add --variant NAME" in single.stderr
+
+
+def test_variant_patterns_choose_the_matching_variants_and_the_sweep_command_keeps_the_pattern(tmp_path):
+    import pytest
+
+    from raysim.config import ScenarioError, load_variants
+    from raysim.sweep import sweep_resume_command
+    grid = TINY + "sweep:\n  a-x: {}\n  a-y: {}\n  b-x: {}\ngrid:\n  algorithm.lr: [0.1, 0.2]\n"
+    path = tracked(tmp_path, grid)
+    names = lambda pattern: [v for v, _ in load_variants(path, only=pattern)]      # noqa: E731
+    assert names("*-x,lr=0.1") == ["a-x,lr=0.1", "b-x,lr=0.1"]
+    assert names("a-?,lr=0.2") == ["a-x,lr=0.2", "a-y,lr=0.2"]
+    assert names("b-x,lr=0.2") == ["b-x,lr=0.2"]                      # a name is itself
+    assert [sc.algorithm.params.lr for _, sc in load_variants(path, only="a-*")] == [0.1, 0.2, 0.1, 0.2]
+    with pytest.raises(ScenarioError, match=r"--variant c-\*: matches no variant; choose one of a-x,lr=0.1; "):
+        load_variants(path, only="c-*")
+    with pytest.raises(ScenarioError, match=r"--variant c-x: no such variant; choose one of"):
+        load_variants(path, only="c-x")
+    assert sweep_resume_command("b.yaml", ["rounds=5"], "serial", None, [0, 1], "abc", "*-x,lr=0.1") == (
+        "raysim run b.yaml --variant '*-x,lr=0.1' --seeds 0,1 --set rounds=5 --engine serial --resume abc")
+
+
+def test_the_python_api_continues_a_sweep_and_returns_every_run(tmp_path, monkeypatch):
+    import pytest
+
+    import raysim
+    from raysim.errors import RunsFailed
+    path = tracked(tmp_path, SWEEP)
+    monkeypatch.setenv("RAYSIM_FAIL_AFTER_ROUND", "3")
+    with pytest.raises(RunsFailed, match="2 of 3 runs failed: long, other"):
+        raysim.run(path, engine="serial", progress=False)
+    monkeypatch.delenv("RAYSIM_FAIL_AFTER_ROUND")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = parent_of(client)
+    result = raysim.run(path, engine="serial", progress=False, resume=parent)
+    assert result.parent_run_id == parent
+    assert list(result.runs) == [("short", 0), ("long", 0), ("other", 0)]
+    assert [len(result.runs[(v, 0)].history) for v in ("short", "long", "other")] == [2, 4, 4]
