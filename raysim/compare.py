@@ -368,6 +368,26 @@ def table(client, run_ids: list[str], experiment: str | None = None, metrics: li
     return markdown(*found, over, choices), found
 
 
+def sweep_progress(client, run_id: str) -> str | None:
+    """For a sweep's parent some of whose runs have not finished: one line saying how many did
+    (the table holds only those) and how to continue it; None otherwise."""
+    run = client.get_run(run_id)
+    if run.data.tags.get("raysim.parent") != "1":
+        return None
+    total = int(run.data.params.get("runs", 0) or 0)
+    kids = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", max_results=50000)
+    status = [k.info.status for k in kids]
+    done = status.count("FINISHED")
+    if done >= total:
+        return None
+    running = status.count("RUNNING")
+    stopped = len(status) - done - running
+    return (f"Sweep {run_id} ({run.data.tags.get('scenario', '?')}): {done} of {total} runs finished, "
+            f"{running} running, {stopped} failed or stopped, {max(0, total - len(status))} not started; the "
+            f"table holds the finished ones (`raysim run {run.data.tags.get('scenario', 'FILE')} --resume {run_id}`, "
+            "with the sweep's other options, continues it).")
+
+
 def compare(run_ids: list[str], experiment: str | None = None, uri: str | None = None,
             out: str | Path = "report", metrics: list[str] | None = None,
             over: str = "seeds", select_by: str | None = None, rank: str | None = None) -> tuple[str, Path, Path]:
@@ -381,6 +401,9 @@ def compare(run_ids: list[str], experiment: str | None = None, uri: str | None =
         raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     _, client = client_for(uri)
     text, found = table(client, run_ids, experiment, metrics, over, select_by, rank)
+    unfinished = [line for rid in run_ids if (line := sweep_progress(client, rid))]
+    if unfinished:
+        text += "\n\n" + "\n".join(unfinished)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md, cv = out / "compare.md", out / "compare.csv"

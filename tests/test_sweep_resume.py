@@ -50,6 +50,10 @@ def test_a_failed_sweep_continues_keeping_finished_runs_and_ends_as_an_undisturb
     first = children(client, parent)
     assert {v: k.info.status for v, k in first.items()} == {"short": "FINISHED", "long": "FAILED", "other": "FAILED"}
     short_end = first["short"].info.end_time
+    table = raysim("compare", parent, "--tracking-uri", f"sqlite:///{dir_}/mlflow.db", "--out", str(dir_ / "cmp")).stdout
+    assert (f"Sweep {parent} (s.yaml): 1 of 3 runs finished, 0 running, 2 failed or stopped, 0 not started; the "
+            f"table holds the finished ones (`raysim run s.yaml --resume {parent}`") in table
+    assert "[short]" in table and "[long]" not in table
     # a run never started: its record deleted (as if the sweep had stopped before it)
     client.delete_run(first["other"].info.run_id)
 
