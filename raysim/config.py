@@ -237,8 +237,7 @@ def pick_variants(path: str | Path, only: str, names: list) -> set:
     matched = {n for n in names if fnmatch.fnmatchcase(n, only)}
     if not matched:
         what = "matches no variant" if any(c in only for c in "*?[") else "no such variant"
-        raise ScenarioError(f"{path}: --variant {only}: {what}; choose one of {name_list(names)} (or a pattern "
-                            "such as '*-shards')")
+        raise ScenarioError(f"{path}: --variant {only}: {what}; choose one of {name_list(names)}")
     return matched
 
 
