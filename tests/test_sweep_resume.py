@@ -129,3 +129,44 @@ def test_the_python_api_continues_a_sweep_and_returns_every_run(tmp_path, monkey
     assert result.parent_run_id == parent
     assert list(result.runs) == [("short", 0), ("long", 0), ("other", 0)]
     assert [len(result.runs[(v, 0)].history) for v in ("short", "long", "other")] == [2, 4, 4]
+
+
+def test_a_sweep_whose_process_was_killed_continues_from_where_it_stood(tmp_path):
+    """The laptop case: the sweep's process dies without a word (SIGKILL, power loss) in its
+    second run, leaving the parent and that run RUNNING; --resume of the parent keeps the first
+    run, continues the second from its checkpoint and starts the third."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+    path = tracked(tmp_path, SWEEP)
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q", "--engine", "serial"], cwd=ROOT,
+                            env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "3"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline, paused = time.time() + 120, None
+    while time.time() < deadline and proc.poll() is None and paused is None:
+        time.sleep(0.3)
+        for f in (tmp_path / "ck").glob("*/manifest.json") if (tmp_path / "ck").exists() else []:
+            if json.loads(f.read_text())["round"] == 3:
+                paused = f.parent.name
+    assert paused is not None, "the sweep never checkpointed round 3 of its second run"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = parent_of(client)
+    assert client.get_run(parent).info.status == "RUNNING"
+    before = children(client, parent)
+    assert {v: k.info.status for v, k in before.items()} == {"short": "FINISHED", "long": "RUNNING"}
+    assert before["long"].info.run_id == paused
+
+    done = raysim("run", path, "-q", "--engine", "serial", "--resume", parent)
+    assert f"continuing sweep {parent}: 1 finished runs kept, 1 continued, 1 started" in done.stderr
+    after = children(client, parent)
+    assert {v: k.info.status for v, k in after.items()} == {"short": "FINISHED", "long": "FINISHED", "other": "FINISHED"}
+    assert after["long"].info.run_id == paused
+    assert [s for s, _ in losses(client, paused)] == [1, 2, 3, 4]           # each round logged once
+    assert client.get_run(parent).info.status == "FINISHED"
