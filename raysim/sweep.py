@@ -43,39 +43,36 @@ class SweepInterrupted(KeyboardInterrupt):
     130 (143)."""
 
 
-def resume_command(file: str, overrides: list[str], engine: str, address: str | None,
-                   variant: str | None, seed: int | None = None) -> str:
-    """The command that continues a run, with ``{run_id}`` to fill in."""
+def _run_line(file: str, overrides: list[str], engine: str, address: str | None, variant: str | None,
+              seeds: str | None) -> str:
+    """``raysim run FILE`` with the options that give the same runs again."""
     parts = ["raysim", "run", file]
     if variant is not None:
         parts += ["--variant", variant]
-    if seed is not None:
-        parts += ["--seeds", str(seed)]
+    if seeds:
+        parts += ["--seeds", seeds]
     for item in overrides:
         parts += ["--set", item]
     if engine != "ray":
         parts += ["--engine", engine]
     if address:
         parts += ["--address", address]
+    return shlex.join(parts)
+
+
+def resume_command(file: str, overrides: list[str], engine: str, address: str | None,
+                   variant: str | None, seed: int | None = None) -> str:
+    """The command that continues a run, with ``{run_id}`` to fill in."""
+    line = _run_line(file, overrides, engine, address, variant, None if seed is None else str(seed))
     # braces of the overrides (``--set systems={dropout: 0.1}``) escaped for the ``{run_id}`` format
-    return shlex.join(parts).replace("{", "{{").replace("}", "}}") + " --resume {run_id}"
+    return line.replace("{", "{{").replace("}", "}}") + " --resume {run_id}"
 
 
 def sweep_resume_command(file: str, overrides: list[str], engine: str, address: str | None,
                          seeds: list[int] | None, parent_id: str, pattern: str | None = None) -> str:
     """The command that continues a whole sweep (``--resume`` of its parent run)."""
-    parts = ["raysim", "run", file]
-    if pattern is not None:
-        parts += ["--variant", pattern]
-    if seeds:
-        parts += ["--seeds", ",".join(map(str, seeds))]
-    for item in overrides:
-        parts += ["--set", item]
-    if engine != "ray":
-        parts += ["--engine", engine]
-    if address:
-        parts += ["--address", address]
-    return shlex.join(parts) + f" --resume {parent_id}"
+    seeds_text = ",".join(map(str, seeds)) if seeds else None
+    return _run_line(file, overrides, engine, address, pattern, seeds_text) + f" --resume {parent_id}"
 
 
 def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,

@@ -433,12 +433,17 @@ def start_parent(sc: Scenario, name: str, runs: list[tuple[str | None, int]]) ->
     _, client, exp = open_store(sc)
     run = client.create_run(exp.experiment_id, run_name=name, tags={
         "raysim.parent": "1", "scenario": os.path.basename(sc.path), "algorithm": "sweep", **provenance()})
-    variants = sorted({v for v, _ in runs if v is not None})
-    seeds = sorted({s for _, s in runs})
+    variants, seeds = sweep_params(runs)
     client.log_batch(run.info.run_id, params=[
-        mlflow.entities.Param("variants", name_list(variants)[:6000] or "-"),
-        mlflow.entities.Param("seeds", ",".join(map(str, seeds))), mlflow.entities.Param("runs", str(len(runs)))])
+        mlflow.entities.Param("variants", variants), mlflow.entities.Param("seeds", seeds),
+        mlflow.entities.Param("runs", str(len(runs)))])
     return client, run.info.run_id
+
+
+def sweep_params(runs: list[tuple[str | None, int]]) -> tuple[str, str]:
+    """A sweep's parent's ``variants`` and ``seeds`` params, as logged."""
+    variants = sorted({v for v, _ in runs if v is not None})
+    return name_list(variants)[:6000] or "-", ",".join(map(str, sorted({s for _, s in runs})))
 
 
 def reopen_parent(sc: Scenario, parent_id: str, file: str, runs: list[tuple[str | None, int]]):
@@ -452,10 +457,8 @@ def reopen_parent(sc: Scenario, parent_id: str, file: str, runs: list[tuple[str 
     if parent.data.tags.get("raysim.parent") != "1":
         raise ScenarioError(f"{file}: --resume {parent_id}: not a sweep's parent run; to continue one run of a "
                             "sweep add --variant NAME (and --seeds SEED)")
-    variants = sorted({v for v, _ in runs if v is not None})
-    seeds = sorted({s for _, s in runs})
     was = (parent.data.params.get("variants"), parent.data.params.get("seeds"))
-    now = (name_list(variants)[:6000] or "-", ",".join(map(str, seeds)))
+    now = sweep_params(runs)
     if was != now:
         raise ScenarioError(f"{file}: --resume {parent_id}: the sweep ran variants {was[0]} with seeds {was[1]}; "
                             f"this command makes variants {now[0]} with seeds {now[1]}: resume with the same file, "
