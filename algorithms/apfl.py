@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, Objective, interpolate
+from .base import Algorithm, Objective, interpolate, set_dot
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -44,25 +44,45 @@ class APFLState:
 
 
 class APFLObjective(Objective):
-    """Parameters w (n), v (n), α (1,): f(w) + f(v̄) with w fixed inside v̄, so one gradient
-    gives both of the paper's steps; α is set by the objective (a projected step with the
-    job's ``lr`` constant)."""
+    """Parameters w (n), v (n), α (1,) with v̄ = α·v + (1 − α)·w in weight space: the paper's
+    two steps as gradients at two points, ∇f(w) for w and ∇_v f(v̄) = α·∇f(v̄) for v (w held
+    fixed in v̄), and α set by a projected step with the job's ``lr`` constant along
+    ∂f(v̄)/∂α = ⟨v − w, ∇f(v̄)⟩."""
 
-    def __init__(self, task, n: int, mix: str, adapt: bool):
-        self.task, self.n, self.mix, self.adapt = task, n, mix, adapt
+    def __init__(self, task, n: int, adapt: bool):
+        self.task, self.n, self.adapt = task, n, adapt
+        self.trainable = (True,) * (2 * n) + (False,)
+
+    def gradients(self, grad, params, batch, consts, draws):
+        n = self.n
+        w, v, alpha = params[:n], params[n:2 * n], params[2 * n][:, 0]
+        seen, g_w = grad(w)
+        _, g_bar = grad(interpolate(w, v, alpha))
+        g_v = [None if g is None else g * alpha.view(-1, *[1] * (g.dim() - 1)) for g in g_bar]
+        assign = {}
+        if self.adapt:
+            pairs = [(x, y, g) for x, y, g in zip(w, v, g_bar) if g is not None]
+            slope = set_dot(torch._foreach_sub([y for _, y, _ in pairs], [x for x, _, _ in pairs]),
+                            [g for _, _, g in pairs])
+            assign[2 * n] = (alpha - consts["lr"] * slope).clamp(0.0, 1.0).unsqueeze(1)
+        return seen, g_w + g_v + [None], assign
+
+
+class APFLLogits(Objective):
+    """``mix: logits`` (the authors' code): f(w) + f(v̄) with v̄(x) = α·v(x) + (1 − α)·w(x), w's
+    outputs held fixed in v̄; α as ``APFLObjective``'s, its slope by autograd."""
+
+    def __init__(self, task, n: int, adapt: bool):
+        self.task, self.n, self.adapt = task, n, adapt
         self.trainable = (True,) * (2 * n) + (False,)
 
     def loss(self, forward, params, batch, consts, draws):
         n = self.n
         w, v = params[:n], params[n:2 * n]
         alpha = params[2 * n].detach()[:, 0].requires_grad_(self.adapt)
-        fixed = [p.detach() for p in w]
         out_w = forward(w, batch.x)
-        if self.mix == "weights":
-            out_v = forward(interpolate(fixed, v, alpha), batch.x)
-        else:
-            a = alpha.view(-1, *[1] * (out_w.dim() - 1))
-            out_v = a * forward(v, batch.x) + (1 - a) * out_w.detach()
+        a = alpha.view(-1, *[1] * (out_w.dim() - 1))
+        out_v = a * forward(v, batch.x) + (1 - a) * out_w.detach()
         per_w = self.task.per_sample(out_w, batch.y)
         loss_v = (self.task.per_sample(out_v, batch.y) * batch.weight).sum(1)
         loss = (per_w * batch.weight).sum(1) + loss_v
@@ -88,7 +108,8 @@ class APFL(FedAvg):
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
         n = sum(1 for _ in model_fn().parameters())
-        self.mixed = APFLObjective(task, n, hyper.mix, hyper.adapt_alpha)
+        self.mixed = (APFLObjective(task, n, hyper.adapt_alpha) if hyper.mix == "weights"
+                      else APFLLogits(task, n, hyper.adapt_alpha))
 
     def _state(self, state, glob) -> APFLState:
         if state is None:

@@ -52,26 +52,25 @@ class PFedMeState:
 
 class PFedMeObjective(Objective):
     """Parameters θ (n, set here) and w_loc (n, trained): K inner steps on θ, then the loss
-    (λ/2)‖w_loc − θ‖²; the data loss reported is f(θ) before the inner steps."""
+    (λ/2)‖w_loc − θ‖²; the data loss reported is f(θ) before the inner steps. Given as
+    gradients (``Objective.gradients``): the inner steps' ∇f(θ) come from the loop."""
 
     def __init__(self, task, n: int, lam: float, steps: int, lr: float):
         self.task, self.n, self.lam, self.steps, self.lr = task, n, lam, steps, lr
         self.trainable = (False,) * n + (True,) * n
 
-    def loss(self, forward, params, batch, consts, draws):
-        n, lam = self.n, self.lam
+    def gradients(self, grad, params, batch, consts, draws):
+        n, lam, lr = self.n, self.lam, self.lr
         theta, w_loc = params[:n], params[n:]
-        anchor = [p.detach() for p in w_loc]
         seen = None
-        for _ in range(self.steps):
-            theta = [p.detach().requires_grad_() for p in theta]
-            per = self.task.per_sample(forward(theta, batch.x), batch.y)
-            grads = torch.autograd.grad((per * batch.weight).sum(), theta)
+        for _ in range(self.steps):                  # θ ← θ − η_p (∇f(θ) + λ(θ − w_loc))
+            data_sum, g = grad(theta)
             if seen is None:
-                seen = (per.detach() * batch.valid).sum(1)
-            theta = [p.detach() - self.lr * (g + lam * (p.detach() - a)) for p, g, a in zip(theta, grads, anchor)]
-        loss = 0.5 * lam * sum(((w - t) ** 2).flatten(1).sum(1) for w, t in zip(w_loc, theta))
-        return loss, seen, dict(enumerate(theta))
+                seen = data_sum
+            theta = [t if gi is None else t - lr * (gi + lam * (t - a)) for t, gi, a in zip(theta, g, w_loc)]
+        # ∇ of (λ/2)‖w_loc − θ‖² in w_loc (θ held): λ(w_loc − θ)
+        out = [None] * n + [None if gi is None else lam * (w - t) for w, t, gi in zip(w_loc, theta, g)]
+        return seen, out, dict(enumerate(theta))
 
 
 class PFedMe(FedAvg):

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, Objective, interpolate, lower_is_better, mean_std, params_of, training_field
+from .base import Algorithm, Objective, interpolate, lower_is_better, mean_std, params_of, set_dot, training_field
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -94,11 +94,40 @@ class SuPerFedState:
 
 def cos2(a: list[torch.Tensor], b: list[torch.Tensor], eps: float = 1e-12) -> torch.Tensor:
     """Squared cosine similarity of two stacked parameter sets (K, ...), each flattened and
-    concatenated over all its tensors: (K,)."""
+    concatenated over all its floating-point tensors: (K,)."""
+    a, b = _floats(a), _floats(b)
     dot = sum((x * y).flatten(1).sum(1) for x, y in zip(a, b))
     na = sum((x * x).flatten(1).sum(1) for x in a)
     nb = sum((y * y).flatten(1).sum(1) for y in b)
     return dot * dot / (na * nb).clamp_min(eps)
+
+
+def add_cos2_grad(a: list[torch.Tensor], b: list[torch.Tensor], out_a: list[torch.Tensor | None],
+                  out_b: list[torch.Tensor | None], scale: float, eps: float = 1e-12) -> None:
+    """Adds scale times the gradients of ``cos2`` in a and in b to ``out_a`` and ``out_b`` (in
+    place; None entries and tensors that are not floating-point skipped). With D = ⟨a, b⟩,
+    A = ‖a‖², B = ‖b‖²: ∂/∂a = (2D/AB)·(b − (D/A)·a) and ∂/∂b = (2D/AB)·(a − (D/B)·b);
+    where AB is below ε (``cos2``'s clamp), only the numerator varies: (2D/ε)·b and (2D/ε)·a.
+    Two passes over each output tensor (``addcmul``), no temporaries."""
+    fa, fb = _floats(a), _floats(b)
+    d, na, nb = set_dot(fa, fb), set_dot(fa, fa), set_dot(fb, fb)
+    den = na * nb
+    on = den >= eps
+    c = scale * 2 * d / den.clamp_min(eps)
+    ca = torch.where(on, -c * d / na, torch.zeros_like(c))
+    cb = torch.where(on, -c * d / nb, torch.zeros_like(c))
+    for x, y, ga, gb in zip(a, b, out_a, out_b):
+        if not x.is_floating_point():
+            continue
+        s = (-1,) + (1,) * (x.dim() - 1)
+        if ga is not None:
+            ga.addcmul_(y, c.view(s)).addcmul_(x, ca.view(s))
+        if gb is not None:
+            gb.addcmul_(x, c.view(s)).addcmul_(y, cb.view(s))
+
+
+def _floats(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t for t in ts if t.is_floating_point()]
 
 
 def prox(w: list[torch.Tensor], anchor: list[torch.Tensor], form: str) -> torch.Tensor:
@@ -106,6 +135,23 @@ def prox(w: list[torch.Tensor], anchor: list[torch.Tensor], form: str) -> torch.
     if form == "squared":
         return sum(((x - a) ** 2).flatten(1).sum(1) for x, a in zip(w, anchor))
     return sum(torch.linalg.vector_norm((x - a).flatten(1), dim=1) for x, a in zip(w, anchor))
+
+
+def add_prox_grad(w: list[torch.Tensor], anchor: list[torch.Tensor], form: str, out: list[torch.Tensor | None],
+                  scale: float) -> None:
+    """Adds scale times the gradient of ``prox`` in w to ``out`` (in place; None entries
+    skipped): 2(w − anchor) (``squared``), or (w_l − anchor_l)/‖w_l − anchor_l‖ per tensor
+    (``unsquared_sum``; 0 where the difference is 0, as autograd's norm)."""
+    keep = [i for i, g in enumerate(out) if g is not None]
+    diffs = torch._foreach_sub([w[i] for i in keep], [anchor[i] for i in keep])
+    targets = [out[i] for i in keep]
+    if form == "squared":
+        torch._foreach_add_(targets, diffs, alpha=2.0 * scale)
+        return
+    for g, x in zip(targets, diffs):
+        norm = torch.linalg.vector_norm(x.flatten(1), dim=1)
+        inv = torch.where(norm > 0, scale / norm, torch.zeros_like(norm))
+        g.addcmul_(x, inv.view(-1, *[1] * (x.dim() - 1)))
 
 
 class SuPerFedObjective(Objective):
@@ -122,20 +168,28 @@ class SuPerFedObjective(Objective):
             return None
         return torch.rand(steps, max(self.modules) + 1, generator=generator)
 
-    def loss(self, forward, params, batch, consts, draws):
+    def gradients(self, grad, params, batch, consts, draws):
+        """CE's gradient g at W(λ) (from the loop: by hand for chains of linear layers) gives
+        (1 − λ)·g to w^f and λ·g to w^l; μ·prox and ν·cos² add their gradients (``add_prox_grad``,
+        ``add_cos2_grad``: closed forms, tests hold them to autograd's)."""
         if self.modules is None:
-            wf, w = params, params
+            wf, wl = params, None
+            seen, grads = grad(wf)
+            grads = list(grads)
         else:
             n = len(self.modules)
             wf, wl = params[:n], params[n:]
-            w = interpolate(wf, wl, [draws[:, m] for m in self.modules])
-        per = self.task.per_sample(forward(w, batch.x), batch.y)
-        loss = (per * batch.weight).sum(1)
-        if "anchor" in consts:
-            loss = loss + self.mu * prox(wf, consts["anchor"], self.form)
-        if self.modules is not None and self.nu > 0:
-            loss = loss + self.nu * cos2(wf, wl)
-        return loss, (per.detach() * batch.valid).sum(1)
+            ts = [draws[:, m] for m in self.modules]
+            seen, g = grad(interpolate(wf, wl, ts))
+            shape = [(-1,) + (1,) * (p.dim() - 1) for p in wf]
+            grads = ([None if gi is None else gi * (1 - t).view(s) for gi, t, s in zip(g, ts, shape)]
+                     + [None if gi is None else gi * t.view(s) for gi, t, s in zip(g, ts, shape)])
+        if "anchor" in consts:                        # μ·prox(w^f, w^g)
+            add_prox_grad(wf, consts["anchor"], self.form, grads[:len(wf)], self.mu)
+        if wl is not None and self.nu > 0:              # ν·cos²(w^f, w^l)
+            n = len(wf)
+            add_cos2_grad(wf, wl, grads[:n], grads[n:], self.nu)
+        return seen, grads, {}
 
 
 class SuPerFedMM(FedAvg):

@@ -317,3 +317,55 @@ def test_a_stragglers_partial_work_stops_after_its_share_of_steps(gradients):
         assert all(torch.equal(u, v) for u, v in zip(a.params, b.params)) and a.loss == b.loss
     tiny = dataclasses.replace(ctx_of(datas[1]), work=0.01)      # never below one step
     assert trainer.fit([make_job(start, datas[1], tiny, s, CE)])[0].steps == 1
+
+
+class AtOnePoint(Supervised):
+    """``Supervised``'s loss given as gradients (``Objective.gradients``) at one point, the
+    job's parameters: the contract's simplest user."""
+
+    def gradients(self, grad, params, batch, consts, draws):
+        seen, g = grad(params)
+        g = list(g)
+        self.add_terms_grad(params, consts, g)
+        return seen, g, {}
+
+
+@pytest.mark.parametrize("name", ["mlp", "femnist_cnn", "layernorm_mlp"])
+def test_an_objective_given_as_gradients_trains_as_its_loss_does(name):
+    """Through ``gradients`` (the data gradient by hand for the chain, by autograd for the CNN
+    and the layer-norm MLP; the prox term in closed form) jobs end where the plain loop with
+    torch.optim ends them."""
+    build, shape = ZOO[name]
+    torch.manual_seed(0)
+    model = build()
+    n = 21
+    x, y = torch.randn(n, *shape), torch.randint(0, 3, (n,))
+    s = Settings(lr=0.05, epochs=2, batch_size=8, momentum=0.9, weight_decay=5e-4)
+    start = fwd.params_of(model)
+    g = torch.Generator().manual_seed(3)
+    obj = AtOnePoint(TASKS["classification"])
+    assert obj.by_points() and not Supervised.by_points()
+    jobs = [Job(start, x, y, draw_orders(g, n, s.epochs), s, obj, consts={"anchor": start, "mu": torch.tensor(0.5)},
+                cid=k) for k in range(2)]
+    trainer = Trainer(build())
+    assert (trainer.chain is not None) == (name == "mlp")
+    for j, f in zip(jobs, trainer.fit(jobs)):
+        expect = reference(model, x, y, j.orders, s, mu=0.5)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(f.params, expect)), name
+        assert not torch.equal(f.params[0], start[0])
+
+
+def test_an_objective_given_as_gradients_keeps_a_jobs_numbers_independent_of_the_others_bitwise():
+    model = mlp(MLPParams((6,)), (4,), 3)
+    s = Settings(lr=0.1, epochs=2, batch_size=8, momentum=0.9, weight_decay=5e-4)
+    datas = clients([5, 17, 40, 30, 12])
+    start = fwd.params_of(model)
+    obj = AtOnePoint(TASKS["classification"])
+    for trainer in (Trainer(model, "always"), Trainer(model, "always", gradients="autograd")):
+        def fit(pick):
+            return trainer.fit([make_job(start, datas[i], ctx_of(datas[i]), s, obj) for i in pick])
+        everyone = fit(range(5))
+        for pick in ([1], [0, 3], [2, 4]):
+            for i, f in zip(pick, fit(pick)):
+                assert all(torch.equal(u, v) for u, v in zip(f.params, everyone[i].params))
+                assert f.loss == everyone[i].loss

@@ -8,11 +8,11 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 
 from raysim.algorithms.base import Received, interpolate
-from raysim.algorithms.superfed import SuPerFedObjective, SuPerFedState, cos2, prox
+from raysim.algorithms.superfed import SuPerFedObjective, SuPerFedState, add_cos2_grad, cos2, prox
 from raysim import config
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData
-from raysim.core.loop import Batch
+from raysim.core.loop import Batch, Trainer
 from raysim.core.tasks import TASKS
 from raysim.data.partition import ShardsParams, shards
 from raysim.engine.serial import serial_driver
@@ -63,22 +63,32 @@ def final_global(tmp_path, algorithm: str, rounds=4, hosts=1):
 
 
 # -- reductions -------------------------------------------------------------------------------------
-def test_superfed_without_nu_mu_and_mixing_gives_exactly_the_fedavg_weights(tmp_path):
-    # FedAvg's gradients through autograd, as SuPerFed's own objective takes them (the default
-    # computes FedAvg's by hand: equal up to rounding)
-    fedavg = final_global(tmp_path, "{name: fedavg, gradients: autograd, " + SGD + "}").server_state
-    superfed = final_global(tmp_path, "{name: superfed-mm, nu: 0, mu: 0, start: 1.0, " + SGD + "}").server_state
+def same(a, b, gradients):
+    """Bit for bit with autograd on both sides; by hand, FedAvg's gradient is fused into its
+    optimizer step (one product-accumulate) while an ``Objective.gradients`` method's is
+    stepped after: equal up to float32 rounding."""
+    if gradients == "autograd":
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+    return all(torch.allclose(x, y, rtol=0, atol=1e-6) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("gradients", ["autograd", "auto"])
+def test_superfed_without_nu_mu_and_mixing_gives_exactly_the_fedavg_weights(tmp_path, gradients):
+    fedavg = final_global(tmp_path, "{name: fedavg, gradients: " + gradients + ", " + SGD + "}").server_state
+    superfed = final_global(tmp_path, "{name: superfed-mm, nu: 0, mu: 0, start: 1.0, gradients: " + gradients + ", "
+                            + SGD + "}").server_state
     assert len(fedavg) == len(superfed) == 2
-    assert all(torch.equal(a, b) for a, b in zip(fedavg, superfed))
+    assert same(fedavg, superfed, gradients)
     # and mixing does change them (the test can fail)
     mixed = final_global(tmp_path, "{name: superfed-mm, nu: 0, mu: 0, start: 0.0, " + SGD + "}").server_state
     assert not torch.equal(fedavg[0], mixed[0])
 
 
-def test_apfl_global_model_is_exactly_fedavgs(tmp_path):
-    fedavg = final_global(tmp_path, "{name: fedavg, gradients: autograd, " + SGD + "}").server_state
-    apfl = final_global(tmp_path, "{name: apfl, " + SGD + "}").server_state
-    assert all(torch.equal(a, b) for a, b in zip(fedavg, apfl))
+@pytest.mark.parametrize("gradients", ["autograd", "auto"])
+def test_apfl_global_model_is_exactly_fedavgs(tmp_path, gradients):
+    fedavg = final_global(tmp_path, "{name: fedavg, gradients: " + gradients + ", " + SGD + "}").server_state
+    apfl = final_global(tmp_path, "{name: apfl, gradients: " + gradients + ", " + SGD + "}").server_state
+    assert same(fedavg, apfl, gradients)
 
 
 # -- SuPerFed's pieces ------------------------------------------------------------------------------
@@ -146,29 +156,75 @@ def test_prox_forms_by_hand():
     assert prox([torch.tensor([[3.0, 4.0]])], [torch.zeros(1, 2)], "unsquared_sum").tolist() == [5.0]
 
 
-def test_layer_mixing_with_equal_lambdas_is_model_mixing():
-    model = mlp(0, bias=True)
-    forward = fwd.make_forward(model)
-    n = 4
+def superfed_batch(seed=0):
+    model = mlp(seed, bias=True)
     f = [p.detach().unsqueeze(0) for p in model.parameters()]
-    l = [p.detach().unsqueeze(0) for p in mlp(1, bias=True).parameters()]
-    x = torch.randn(1, 6, 4)
+    l = [p.detach().unsqueeze(0) for p in mlp(seed + 1, bias=True).parameters()]
+    x = torch.randn(1, 6, 4, generator=torch.Generator().manual_seed(seed))
     y = (x[..., 0] > 0).long()
-    batch = Batch(x, y, torch.full((1, 6), 1 / 6), torch.ones(1, 6))
-    consts = {"anchor": [t + 0.1 for t in f]}
+    return model, f, l, Batch(x, y, torch.full((1, 6), 1 / 6), torch.ones(1, 6)), {"anchor": [t + 0.1 for t in f]}
+
+
+def test_layer_mixing_with_equal_lambdas_is_model_mixing():
+    model, f, l, batch, consts = superfed_batch()
+    n = 4
     mm = SuPerFedObjective(CE, 0.01, 1.0, "squared", [0] * n)
     lm = SuPerFedObjective(CE, 0.01, 1.0, "squared", [0, 0, 1, 1])     # a module's weight and bias share λ
     assert lm.draws(torch.Generator().manual_seed(0), 5).shape == (5, 2)
+    grad = Trainer(model).point_grad(CE, batch)
 
     def grads(obj, lam):
-        ps = [t.clone().requires_grad_() for t in f + l]
-        loss, _ = obj.loss(forward, ps, batch, consts, lam)
-        return loss, torch.autograd.grad(loss.sum(), ps)
-    loss_mm, g_mm = grads(mm, torch.tensor([[0.3]]))
-    loss_lm, g_lm = grads(lm, torch.tensor([[0.3, 0.3]]))
-    assert torch.equal(loss_mm, loss_lm) and all(torch.equal(a, b) for a, b in zip(g_mm, g_lm))
-    loss_lm2, _ = grads(lm, torch.tensor([[0.3, 0.8]]))
-    assert not torch.equal(loss_mm, loss_lm2)
+        return obj.gradients(grad, f + l, batch, consts, lam)[1]
+    g_mm = grads(mm, torch.tensor([[0.3]]))
+    g_lm = grads(lm, torch.tensor([[0.3, 0.3]]))
+    assert all(torch.equal(a, b) for a, b in zip(g_mm, g_lm))
+    g_lm2 = grads(lm, torch.tensor([[0.3, 0.8]]))
+    assert not torch.equal(g_mm[0], g_lm2[0])
+
+
+@pytest.mark.parametrize("form", ["squared", "unsquared_sum"])
+@pytest.mark.parametrize("gradients", ["auto", "autograd"])
+def test_superfed_gradients_are_autograds_of_the_papers_loss(form, gradients):
+    # CE(W(λ)) + μ·prox(w^f, w^g) + ν·cos²(w^f, w^l), λ one per module, differentiated by
+    # autograd against Objective.gradients (the data gradient by hand for this chain, or by
+    # autograd; prox and cos² in closed form)
+    model, f, l, batch, consts = superfed_batch(3)
+    obj = SuPerFedObjective(CE, 0.3, 2.0, form, [0, 0, 1, 1])
+    lam = torch.tensor([[0.25, 0.6]])
+    seen, got, assign = obj.gradients(Trainer(model, gradients=gradients).point_grad(CE, batch), f + l, batch,
+                                      consts, lam)
+    ps = [t.clone().requires_grad_() for t in f + l]
+    w = interpolate(ps[:4], ps[4:], [lam[:, m] for m in (0, 0, 1, 1)])
+    per = CE.per_sample(fwd.make_forward(model)(w, batch.x), batch.y)
+    loss = (per * batch.weight).sum(1) + 0.3 * prox(ps[:4], consts["anchor"], form) + 2.0 * cos2(ps[:4], ps[4:])
+    want = torch.autograd.grad(loss.sum(), ps)
+    assert assign == {} and torch.allclose(seen, per.detach().sum(1))
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    # phase I: CE + μ·prox alone
+    phase1 = SuPerFedObjective(CE, 0.3, 2.0, form, None)
+    _, got1, _ = phase1.gradients(Trainer(model, gradients=gradients).point_grad(CE, batch), f, batch, consts, None)
+    ps = [t.clone().requires_grad_() for t in f]
+    per = CE.per_sample(fwd.make_forward(model)(ps, batch.x), batch.y)
+    want1 = torch.autograd.grad(((per * batch.weight).sum(1) + 0.3 * prox(ps, consts["anchor"], form)).sum(), ps)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got1, want1))
+
+
+def test_cos2_gradient_by_hand_on_two_numbers_and_against_autograd():
+    # a = (1, 0), b = (1, 1): D = 1, A = 1, B = 2, cos² = 1/2;
+    # ∂/∂a = (2D/AB)(b − (D/A) a) = 1·((1, 1) − (1, 0)) = (0, 1); ∂/∂b = 1·((1, 0) − ½(1, 1)) = (½, −½)
+    a, b = [torch.tensor([[1.0, 0.0]])], [torch.tensor([[1.0, 1.0]])]
+    ga, gb = [torch.zeros(1, 2)], [torch.zeros(1, 2)]
+    add_cos2_grad(a, b, ga, gb, 1.0)
+    assert ga[0].tolist() == [[0.0, 1.0]] and gb[0].tolist() == [[0.5, -0.5]]
+    g = torch.Generator().manual_seed(1)
+    x = [torch.randn(3, 4, 2, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)]
+    y = [torch.randn(3, 4, 2, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)]
+    ga, gb = [torch.zeros_like(t) for t in x], [torch.zeros_like(t) for t in y]
+    add_cos2_grad(x, y, ga, gb, 1.5)
+    xs, ys = [t.clone().requires_grad_() for t in x], [t.clone().requires_grad_() for t in y]
+    want = torch.autograd.grad((1.5 * cos2(xs, ys)).sum(), xs + ys)
+    assert all(torch.allclose(u, v) for u, v in zip(ga + gb, want))
 
 
 def test_layer_mixing_draws_one_lambda_per_module():

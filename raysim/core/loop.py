@@ -19,7 +19,9 @@ with momentum and weight decay, or Adam), devices and the reported loss.
 
 A step's gradients come from autograd, or, for chains of linear layers trained on the task's
 loss (most pFL models), from ``chain.py``'s hand-written backward pass, which is 2-3x faster at
-batch 10; the optimizer step is ``optim.Stacked`` either way.
+batch 10; the optimizer step is ``optim.Stacked`` either way. Objectives that are the task's
+loss at points of parameter space (``Objective.gradients``: APFL, SuPerFed, pFedMe, SosicFL)
+get the same hand-written pass at each point.
 
 ``drive`` runs client steps written as generators: a step yields the jobs it wants trained,
 gets ``Fitted`` back, and returns its result; ``drive`` trains the jobs every client of a host
@@ -88,6 +90,20 @@ class Objective:
     solution such as pFedMe's θ, a projected scalar such as APFL's α): ``loss`` then returns a
     third value ``{parameter index: new values (K, ...)}``, which the loop stores after the
     optimizer's step; the others stay constant.
+
+
+    An objective whose loss is the task's loss taken at one or more points of parameter space
+    (each point a function of the job's parameters: APFL's v̄, SuPerFed's W(λ), pFedMe's inner
+    θ) plus terms of the parameters alone may define ``gradients`` in place of ``loss``. It gets
+    ``grad``: ``grad(point)`` for a model parameter set stacked (K, ...) returns the data loss
+    summed over each job's valid rows (K,) and the gradient at ``point`` of the weighted task
+    loss Σ_rows weight·ℓ, one tensor per model tensor (None where the model's tensor does not
+    train). The loop computes it by hand where the model is a chain of linear layers (chain.py,
+    2 to 3 times faster than autograd at batch 10), else by autograd, so the objective writes
+    its own math once, as the paper's gradient steps. ``gradients`` returns the data loss to
+    report (K,), one gradient per job parameter (None for those it does not train) and the
+    ``{index: new values}`` that ``loss`` may return as a third value. Such an objective has
+    a ``task`` (tasks.py): the loss ``grad`` differentiates.
     """
 
     trainable: tuple[bool, ...] | None = None
@@ -98,6 +114,15 @@ class Objective:
     def loss(self, forward: Callable, params: list[torch.Tensor], batch: Batch, consts: dict,
              draws: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def gradients(self, grad: Callable, params: list[torch.Tensor], batch: Batch, consts: dict,
+                  draws: torch.Tensor | None) -> tuple[torch.Tensor, list[torch.Tensor | None], dict]:
+        raise NotImplementedError
+
+    @classmethod
+    def by_points(cls) -> bool:
+        """Whether this objective gives its step's gradients (``gradients``) rather than a loss."""
+        return cls.gradients is not Objective.gradients
 
 
 class Supervised(Objective):
@@ -124,6 +149,19 @@ class Supervised(Objective):
         if "linear" in consts:
             loss = loss + sum((p * l).flatten(1).sum(1) for p, l in zip(params, consts["linear"]))
         return loss, (per.detach() * batch.valid).sum(1)
+
+    @staticmethod
+    def add_terms_grad(params: list[torch.Tensor], consts: dict, grads: list[torch.Tensor | None]) -> None:
+        """Adds the gradients of ``loss``'s terms beside the data's to ``grads`` (in place; None
+        entries skipped), for a subclass that gives ``gradients``: μ·(w − anchor) and ``linear``."""
+        keep = [i for i, g in enumerate(grads) if g is not None]
+        if "mu" in consts:
+            mu = consts["mu"]
+            for i in keep:
+                p = params[i]
+                grads[i].addcmul_(p - consts["anchor"][i], mu.to(p.dtype).view(-1, *[1] * (p.dim() - 1)))
+        if "linear" in consts:
+            torch._foreach_add_([grads[i] for i in keep], [consts["linear"][i] for i in keep])
 
 
 @dataclass
@@ -376,6 +414,7 @@ class Trainer:
         widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
+        by_points = not by_hand and obj.by_points()
         tune = (bs, tuple(tuple(p.shape[1:]) for p in P), train_mask, by_hand, id(obj), tuple(sorted(consts)))
         self._mode(True)
         # pass by pass: a pass trains jobs c0..c1-1 through all their steps, so its parameters
@@ -412,6 +451,13 @@ class Trainer:
                 if by_hand:
                     data_sum, grads = self.chain.step(obj.task, sub_P, X[rows], Y[rows], wt_p[:b - c0, t, :width],
                                                       val_p[:b - c0, t, :width], terms, train_mask, opt, c0, b)
+                elif by_points:
+                    batch = Batch(X[rows], Y[rows], wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
+                    data_sum, every, *assign = obj.gradients(self.point_grad(obj.task, batch), sub_P, batch, cs,
+                                                             None if draws is None else draws[c0:b, t])
+                    grads = [g for g, m in zip(every, train_mask) if m]
+                    if any(g is None for g in grads):
+                        raise ValueError("the objective gave no gradient for a parameter the optimizer trains")
                 else:
                     sub = [p.detach().requires_grad_(m) for p, m in zip(sub_P, train_mask)]
                     batch = Batch(X[rows], Y[rows], wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
@@ -429,6 +475,29 @@ class Trainer:
                 self.widths.record(tune, c1 - c0, time.perf_counter() - t0, sum(steps[c0:c1]), k_all)
             c0 = c1
         return P, (loss_sums / seen.clamp_min(1)).tolist(), opt
+
+    def point_grad(self, task, batch: Batch) -> Callable:
+        """``grad(point)`` for an objective's ``gradients`` on this step's batch: the data loss
+        summed over valid rows (K,) and the gradient of Σ_rows weight·ℓ at the point, one
+        tensor per model tensor (None where it does not train); by hand for a chain, else by
+        autograd (the same graph as ``Supervised.loss``'s without its terms)."""
+        mask = self.trainable
+        if self.chain is not None and self.chain.supports(task, len(mask), {}):
+            def by_hand(point):
+                data_sum, grads = self.chain.step(task, point, batch.x, batch.y, batch.weight, batch.valid,
+                                                  chn.Terms(), mask)
+                it = iter(grads)
+                return data_sum, [next(it) if m else None for m in mask]
+            return by_hand
+
+        def by_autograd(point):
+            with torch.enable_grad():
+                leaves = [p.detach().requires_grad_(m) for p, m in zip(point, mask)]
+                per = task.per_sample(self.forward(leaves, batch.x), batch.y)
+                loss = (per * batch.weight).sum(1)
+                it = iter(torch.autograd.grad(loss.sum(), [p for p, m in zip(leaves, mask) if m]))
+            return (per.detach() * batch.valid).sum(1), [next(it) if m else None for m in mask]
+        return by_autograd
 
     def _mode(self, training: bool) -> None:
         if self.model.training != training:      # Module.train() walks every submodule: only on a change

@@ -49,9 +49,14 @@ class Stacked:
 
     @torch.no_grad()
     def step(self, params: list[torch.Tensor], grads: list[torch.Tensor], lo: int, hi: int) -> None:
-        """One step of sets lo..hi-1 (``params`` and ``grads`` are those slices)."""
+        """One step of sets lo..hi-1 (``params`` and ``grads`` are those slices; the gradients
+        are the step's own temporaries: weight decay is added into them, unless one is a
+        broadcast view, as autograd gives for a parameter that enters the loss through a sum)."""
         if self.wd:
-            grads = torch._foreach_add(grads, params, alpha=self.wd)
+            if any(0 in g.stride() for g in grads):
+                grads = torch._foreach_add(grads, params, alpha=self.wd)
+            else:
+                torch._foreach_add_(grads, params, alpha=self.wd)
         if self.name == "sgd":
             if self.momentum:
                 bufs = [b[lo:hi] for b in self.buffers["momentum"]]
