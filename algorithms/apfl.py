@@ -57,15 +57,17 @@ class APFLObjective(Objective):
         n = self.n
         w, v, alpha = params[:n], params[n:2 * n], params[2 * n][:, 0]
         seen, g_w = grad(w)
-        _, g_bar = grad(interpolate(w, v, alpha))
-        g_v = [None if g is None else g * alpha.view(-1, *[1] * (g.dim() - 1)) for g in g_bar]
+        _, g = grad(interpolate(w, v, alpha))               # ∇f(v̄)
         assign = {}
         if self.adapt:
-            pairs = [(x, y, g) for x, y, g in zip(w, v, g_bar) if g is not None]
+            pairs = [(x, y, gi) for x, y, gi in zip(w, v, g) if gi is not None]
             slope = set_dot(torch._foreach_sub([y for _, y, _ in pairs], [x for x, _, _ in pairs]),
-                            [g for _, _, g in pairs])
+                            [gi for _, _, gi in pairs])
             assign[2 * n] = (alpha - consts["lr"] * slope).clamp(0.0, 1.0).unsqueeze(1)
-        return seen, g_w + g_v + [None], assign
+        for gi in g:                                        # ∇_v f(v̄) = α·∇f(v̄), in place
+            if gi is not None:
+                gi.mul_(alpha.view(-1, *[1] * (gi.dim() - 1)))
+        return seen, g_w + g + [None], assign
 
 
 class APFLLogits(Objective):

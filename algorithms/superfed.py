@@ -182,8 +182,8 @@ class SuPerFedObjective(Objective):
             ts = [draws[:, m] for m in self.modules]
             seen, g = grad(interpolate(wf, wl, ts))
             shape = [(-1,) + (1,) * (p.dim() - 1) for p in wf]
-            grads = ([None if gi is None else gi * (1 - t).view(s) for gi, t, s in zip(g, ts, shape)]
-                     + [None if gi is None else gi * t.view(s) for gi, t, s in zip(g, ts, shape)])
+            to_local = [None if gi is None else gi * t.view(s) for gi, t, s in zip(g, ts, shape)]
+            grads = [None if gi is None else gi.mul_((1 - t).view(s)) for gi, t, s in zip(g, ts, shape)] + to_local
         if "anchor" in consts:                        # μ·prox(w^f, w^g)
             add_prox_grad(wf, consts["anchor"], self.form, grads[:len(wf)], self.mu)
         if wl is not None and self.nu > 0:              # ν·cos²(w^f, w^l)
