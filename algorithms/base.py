@@ -547,14 +547,12 @@ def interpolate(a: list[torch.Tensor], b: list[torch.Tensor], t) -> list[torch.T
     ts = t if isinstance(t, (list, tuple)) else [t] * len(a)
     out = []
     for x, y, s in zip(a, b, ts):
-        if isinstance(s, torch.Tensor):
-            s = s.to(x.dtype)
-            if s.dim() == 1:
-                s = s.view(-1, *[1] * (x.dim() - 1))
-        elif not x.is_floating_point():        # an integer buffer (a batch count): as the formula did
+        if isinstance(s, torch.Tensor) and s.dim() == 1:
+            s = s.view(-1, *[1] * (x.dim() - 1))
+        if not x.is_floating_point():          # an integer buffer (a batch count): the formula
             out.append((1 - s) * x + s * y)
             continue
-        out.append(torch.lerp(x, y, s))
+        out.append(torch.lerp(x, y, s.to(x.dtype) if isinstance(s, torch.Tensor) else s))
     return out
 
 
