@@ -158,7 +158,7 @@ class SweepResult:
 def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
         engine: str = "ray", seeds: Sequence[int] | str | int | None = None, address: str | None = None,
         variant: str | None = None, concurrent: int | None = None, resume: str | None = None,
-        progress: bool = False, verbose: bool = False) -> Result | SweepResult:
+        best_of: str | None = None, progress: bool = False, verbose: bool = False) -> Result | SweepResult:
     """Run a scenario, as ``raysim run`` does, and return its results.
 
     Every run is recorded in MLflow as the command records it (the store is the scenario's
@@ -190,6 +190,10 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
             ``variant`` and a single seed too); or, for a sweep or several seeds, the id of
             their parent run: its finished runs are kept, the unfinished ones continue and
             those never started start (the result holds them all).
+        best_of: The id of a sweep's parent run: of this sweep file's variants, run only
+            those it chose on validation (per method and dataset, the grid point of best mean
+            ``val_accuracy``, or ``val_mse``, over its seeds), e.g. a grid tuned at seed 0
+            repeated at seeds 1 and 2.
         progress: Show a progress bar per run.
         verbose: Show Ray's and MLflow's logs.
 
@@ -218,10 +222,12 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
             check_run(file, items, None, resume)
             seed_list = config.seeds_of(file, _seeds_text(seeds))
             variants = config.load_variants(file, items, variant, seeds=seed_list)
-            from raysim.sweep import run_command
+            from raysim.sweep import best_of as best, run_command
+            if best_of:
+                variants = best(file, variants, best_of, variant, verbose)
             summaries = run_command(file, variants, seed_list, overrides=items, engine=engine, address=address,
                                     resume=resume, verbose=verbose, progress=progress, concurrent=concurrent,
-                                    pattern=variant)
+                                    pattern=variant, tuned_by=best_of)
         except ScenarioError as e:
             raise ScenarioError(_api_words(str(e), file, label)) from None
     if label == DICT_LABEL:          # the temporary file is gone: the scenario is the dict's

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", default=None, metavar="LIST",
                    help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
                         "are nested under one parent MLflow run and compared at the end")
+    r.add_argument("--best-of", default=None, metavar="PARENT_ID", type=_run_id,
+                   help="of a sweep file's variants, run only those the sweep PARENT_ID chose on validation (per "
+                        "method and dataset, the grid point of best mean val_accuracy or val_mse over its seeds): "
+                        "tune a grid at one seed, then repeat its chosen points at others")
     r.add_argument("--concurrent", type=_positive, default=None, metavar="N",
                    help="a sweep's or seeds' runs at once, side by side on Ray Tune (default: as many as the "
                         "cluster holds; 1: one after another in this process)")
@@ -184,10 +188,12 @@ def _dispatch(args, early_ray: bool = False) -> int:
             print(f"{args.file}{label}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
                   f"{sc.data.clients} clients, {sc.rounds} rounds)")
         return EXIT_OK
-    from raysim.sweep import run_command
+    from raysim.sweep import best_of, run_command
+    if args.best_of:
+        variants = best_of(args.file, variants, args.best_of, args.variant, args.verbose)
     run_command(args.file, variants, seeds, overrides=args.overrides, engine=args.engine, address=args.address,
                 resume=args.resume, summary=args.summary, verbose=args.verbose, progress=not args.quiet,
-                concurrent=args.concurrent, pattern=args.variant)
+                concurrent=args.concurrent, pattern=args.variant, tuned_by=args.best_of)
     return EXIT_OK
 
 

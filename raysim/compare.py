@@ -174,7 +174,9 @@ def pick_variants(found: list[Row], metric: str) -> dict[tuple[str, str], Choice
     """{(algorithm, dataset): Choice} from rows of the selection ``metric``: per algorithm and
     dataset, the variant (the row's method) whose mean of ``metric`` over its runs (seeds) is
     best, the largest or, for a loss or error, the smallest; of equal means the first in the
-    runs' order."""
+    runs' order. The means are taken over the seeds every candidate has, where they share any:
+    a variant run at more seeds once it was chosen (``raysim run --best-of``) is compared with
+    the others on the seeds they were all tuned at."""
     from raysim.core.tasks import lower_is_better
     sign = 1.0 if lower_is_better(metric) else -1.0
     groups: dict[tuple[str, str], dict[str, list[Row]]] = {}
@@ -183,7 +185,9 @@ def pick_variants(found: list[Row], metric: str) -> dict[tuple[str, str], Choice
             groups.setdefault((r.algorithm, r.dataset), {}).setdefault(r.method, []).append(r)
     out = {}
     for key, by_method in groups.items():
-        means = [(m, float(np.mean([r.value for r in rs])), len(rs)) for m, rs in by_method.items()]
+        shared = set.intersection(*({r.seed for r in rs} for rs in by_method.values()))
+        scored = {m: [r for r in rs if r.seed in shared] or rs for m, rs in by_method.items()}
+        means = [(m, float(np.mean([r.value for r in rs])), len(rs)) for m, rs in scored.items()]
         best = min(range(len(means)), key=lambda i: (sign * means[i][1], i))
         label = lambda m: by_method[m][0].variant or by_method[m][0].algorithm      # noqa: E731
         out[key] = Choice(means[best][0], label(means[best][0]), means[best][1],
@@ -209,6 +213,29 @@ def chosen_rows(runs, metrics: list[str] | None, select: str) -> tuple[list[Row]
     found = [dataclasses.replace(r, method=r.algorithm) for r in rows(runs, metrics)
              if (c := choices.get((r.algorithm, r.dataset))) is not None and c.method == r.method]
     return found, choices
+
+
+def best_variants(uri: str | None, parent_ids: list[str]) -> list[str]:
+    """The sweep variants ``--select val_<metric>`` chooses among the finished runs of these
+    sweeps' parents (``pick_variants``: per method and dataset, the grid point of best mean
+    validation score), by ``val_accuracy`` where the runs logged it, else ``val_mse``: what
+    ``raysim run --best-of`` runs at its seeds."""
+    from raysim.report import client_for
+    _, client = client_for(uri)
+    runs = select(client, parent_ids, None)
+    logged = {k for r in runs for k in r.data.metrics}
+    metric = next((m for m in ("val_accuracy", "val_mse") if m in logged), None)
+    if metric is None:
+        raise CompareError(f"--best-of {' '.join(parent_ids)}: no finished run scored a validation split "
+                           f"(val_accuracy or val_mse) to choose by")
+    _, choices = chosen_rows(runs, None, metric)
+    tagged = {r.data.tags.get("variant") for r in runs}
+    names = [c.variant for c in choices.values()]
+    untagged = [n for n in names if n not in tagged]
+    if untagged:
+        raise CompareError(f"--best-of {' '.join(parent_ids)}: {', '.join(untagged)} is no sweep variant; "
+                           f"give the parent of a sweep")
+    return names
 
 
 def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[str, str]], dict]:

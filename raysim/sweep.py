@@ -44,13 +44,15 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def _run_line(file: str, overrides: list[str], engine: str, address: str | None, variant: str | None,
-              seeds: str | None) -> str:
+              seeds: str | None, best_of: str | None = None) -> str:
     """``raysim run FILE`` with the options that give the same runs again."""
     parts = ["raysim", "run", file]
     if variant is not None:
         parts += ["--variant", variant]
     if seeds:
         parts += ["--seeds", seeds]
+    if best_of:
+        parts += ["--best-of", best_of]
     for item in overrides:
         parts += ["--set", item]
     if engine != "ray":
@@ -69,20 +71,49 @@ def resume_command(file: str, overrides: list[str], engine: str, address: str | 
 
 
 def sweep_resume_command(file: str, overrides: list[str], engine: str, address: str | None,
-                         seeds: list[int] | None, parent_id: str, pattern: str | None = None) -> str:
+                         seeds: list[int] | None, parent_id: str, pattern: str | None = None,
+                         best_of: str | None = None) -> str:
     """The command that continues a whole sweep (``--resume`` of its parent run)."""
     seeds_text = ",".join(map(str, seeds)) if seeds else None
-    return _run_line(file, overrides, engine, address, pattern, seeds_text) + f" --resume {parent_id}"
+    return _run_line(file, overrides, engine, address, pattern, seeds_text, best_of) + f" --resume {parent_id}"
+
+
+def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: str, pattern: str | None,
+            verbose: bool = False) -> list[tuple[str | None, Scenario]]:
+    """``raysim run SWEEP --best-of PARENT``: of the file's variants (those ``--variant`` chose),
+    the ones the sweep PARENT's finished runs choose on validation (``compare.best_variants``:
+    per method and dataset, the grid point of best mean ``val_accuracy``, or ``val_mse``),
+    so a grid tuned at a few seeds is repeated at others for its chosen points only.
+    ScenarioError where the file is no sweep, or has none of them (or, without ``--variant``,
+    not all of them)."""
+    from raysim import tracking
+    from raysim.compare import CompareError, best_variants
+    from raysim.config import ScenarioError, name_list
+    if variants[0][0] is None:
+        raise ScenarioError(f"{file}: --best-of {parent_id}: the file has no sweep section to choose variants of")
+    try:
+        chosen = best_variants(tracking.resolve_uri(variants[0][1].tracking.uri, verbose), [parent_id])
+    except CompareError as e:
+        raise ScenarioError(f"{file}: {e}") from None
+    names = {v for v, _ in variants}
+    missing = [c for c in chosen if c not in names]
+    kept = [(v, sc) for v, sc in variants if v in set(chosen)]
+    if (missing and pattern is None) or not kept:
+        raise ScenarioError(f"{file}: --best-of {parent_id}: its chosen variants {name_list(missing or chosen)} are "
+                            f"not {'among the variants --variant chose' if pattern else 'variants of this file'}")
+    return kept
 
 
 def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,
                 overrides: list[str], engine: str = "ray", address: str | None = None,
                 resume: str | None = None, summary: str | None = None, verbose: bool = False,
-                progress: bool = True, concurrent: int | None = None, pattern: str | None = None) -> dict:
+                progress: bool = True, concurrent: int | None = None, pattern: str | None = None,
+                tuned_by: str | None = None) -> dict:
     """Run every (variant, scenario); returns {label: summary}. Raises RunsFailed once every
     run has ended if some failed, SweepInterrupted (side by side) if stopped, or the error of
     a single run, a bad input or an interrupt at once. ``pattern``: the ``--variant`` that chose
-    the variants (for the command that continues the sweep)."""
+    the variants, ``tuned_by``: the ``--best-of`` parent that did (both for the command that
+    continues the sweep)."""
     several = len(variants) > 1
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
@@ -96,7 +127,8 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
             client, parent_id, earlier = tracking.reopen_parent(variants[0][1], resume, file, runs)
             parent = (client, parent_id)
         else:
-            name = f"{Path(file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+            name = (f"{Path(file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+                    + (f" best of {tuned_by}" if tuned_by else ""))
             parent = tracking.start_parent(variants[0][1], name, runs)
     jobs, kept = [], []
     for i, (variant, sc) in enumerate(variants):
@@ -133,7 +165,7 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
             parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
             if not ok:
                 print(f"raysim: continue the whole sweep (its finished runs kept) with: "
-                      f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern)}",
+                      f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern, tuned_by)}",
                       file=sys.stderr, flush=True)
     if several and (summaries or kept):
         if summaries:

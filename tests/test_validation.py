@@ -228,3 +228,81 @@ def test_compare_select_reports_the_variant_with_the_best_mean_validation_score(
     assert 1 <= summary["final"]["val_best_round"] <= 3
     assert json.dumps(summary["final"])          # plain numbers, logged as the run's metrics too
     assert kids[0].data.metrics["val_best_round"] == summary["final"]["val_best_round"]
+
+
+def test_selection_compares_variants_on_the_seeds_they_share():
+    """Variant A was tuned at seed 0 (val 0.7) and then repeated at seeds 1 and 2 (0.1 each); B
+    ran at seed 0 only (0.6). On the seed they share A is better (0.7 > 0.6), though A's mean
+    over all its seeds (0.3) is below B's."""
+    from raysim.compare import Row, pick_variants
+    rows = [Row(f"a{s}", "fedavg [a]", "d", str(s), "val_accuracy", v, None, algorithm="fedavg", variant="a")
+            for s, v in ((0, 0.7), (1, 0.1), (2, 0.1))]
+    rows.append(Row("b0", "fedavg [b]", "d", "0", "val_accuracy", 0.6, None, algorithm="fedavg", variant="b"))
+    (choice,) = pick_variants(rows, "val_accuracy").values()
+    assert choice.variant == "a" and choice.mean == pytest.approx(0.7)
+    assert choice.candidates == [("a", pytest.approx(0.7), 1), ("b", pytest.approx(0.6), 1)]
+    # without a shared seed, each candidate's own mean
+    rows[-1] = Row("b5", "fedavg [b]", "d", "5", "val_accuracy", 0.6, None, algorithm="fedavg", variant="b")
+    (choice,) = pick_variants(rows, "val_accuracy").values()
+    assert choice.variant == "b" and choice.candidates[0] == ("a", pytest.approx(0.3), 3)
+
+
+TUNED = """
+name: tuned
+seed: 0
+seeds: [0]
+rounds: 3
+data: {{dataset: synthetic, clients: 8, dim: 10, max_samples: 80, splits: {{train: 0.6, val: 0.2, test: 0.2}}}}
+model: {{name: linear}}
+algorithm: {{name: fedavg, lr: 0.1, batch_size: 16}}
+resources: {{hosts: 2}}
+tracking: {{uri: 'sqlite:///{tmp}/m.db'}}
+checkpoint: {{dir: '{tmp}/ck'}}
+sweep:
+  avg: {{}}
+  prox: {{algorithm.name: fedprox, algorithm.mu: 0.01}}
+grid:
+  algorithm.lr: [0.0001, 0.3]
+"""
+
+
+def test_best_of_repeats_a_grid_tuned_at_one_seed_at_other_seeds_for_its_chosen_points(tmp_path, capsys):
+    """Stage 1: two methods x two learning rates at seed 0. Stage 2 (``--best-of`` its parent, at
+    seeds 1 and 2): only each method's grid point of best validation accuracy runs. Comparing
+    both parents, each method's cell is its chosen point over the three seeds, chosen on the
+    seed every candidate has."""
+    path = write_scenario(tmp_path, TUNED.format(tmp=tmp_path), "tuned.yaml")
+    uri = f"sqlite:///{tmp_path}/m.db"
+    first = raysim.run(path, engine="serial", concurrent=1)
+    assert len(first.runs) == 4
+    chosen = {"avg": None, "prox": None}
+    for (variant, _), r in first.runs.items():
+        method = variant.split(",")[0]
+        best = chosen[method]
+        if best is None or r.final["val_accuracy"] > best[1]:
+            chosen[method] = (variant, r.final["val_accuracy"])
+    assert {v for v, _ in chosen.values()} == {"avg,lr=0.3", "prox,lr=0.3"}     # clearly better on validation
+    out = tmp_path / "second.json"
+    assert cli.main(["run", path, "-q", "--engine", "serial", "--seeds", "1,2", "--best-of", first.parent_run_id,
+                     "--summary", str(out)]) == 0
+    second = json.loads(out.read_text())["variants"]
+    assert sorted(second) == ["avg,lr=0.3 seed 1", "avg,lr=0.3 seed 2", "prox,lr=0.3 seed 1", "prox,lr=0.3 seed 2"]
+    _, client = report.client_for(uri)
+    parent2 = client.get_run(second["avg,lr=0.3 seed 1"]["mlflow_run_id"]).data.tags["mlflow.parentRunId"]
+    assert client.get_run(parent2).info.run_name == f"tuned seeds 1,2 best of {first.parent_run_id}"
+    capsys.readouterr()
+    assert cli.main(["compare", first.parent_run_id, parent2, "--tracking-uri", uri, "--out", str(tmp_path),
+                     "--select", "val_accuracy"]) == 0
+    lines = (tmp_path / "compare.md").read_text().splitlines()
+    assert sum("(n=3; avg,lr=0.3;" in line for line in lines) == 1
+    assert sum("(n=3; prox,lr=0.3;" in line for line in lines) == 1
+    assert f"| fedavg | synthetic | **avg,lr=0.3** (chosen) | {100 * chosen['avg'][1]:.1f} | 1 |" in lines
+    # the command that continues the second sweep keeps --best-of
+    from raysim.sweep import sweep_resume_command
+    assert sweep_resume_command(path, [], "serial", None, [1, 2], parent2, None, first.parent_run_id).endswith(
+        f"--seeds 1,2 --best-of {first.parent_run_id} --engine serial --resume {parent2}")
+    # bad input: a file with no sweep; a parent none of whose runs scored a validation split
+    plain = write_scenario(tmp_path, TINY + f"tracking: {{uri: '{uri}'}}\n", "plain.yaml")
+    assert cli.main(["run", plain, "--engine", "serial", "--best-of", first.parent_run_id]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--best-of" in err[0] and "no sweep section" in err[0]
