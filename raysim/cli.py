@@ -27,6 +27,13 @@ def _run_id(text: str) -> str:
     return text.strip()
 
 
+def _run_ids(text: str) -> str:
+    ids = [t.strip() for t in text.split(",")]
+    if not all(ids):
+        raise argparse.ArgumentTypeError(f"{text!r}: give sweep parent run ids, separated by commas")
+    return ",".join(ids)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -58,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", default=None, metavar="LIST",
                    help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
                         "are nested under one parent MLflow run and compared at the end")
-    r.add_argument("--best-of", default=None, metavar="PARENT_ID", type=_run_id,
+    r.add_argument("--best-of", default=None, metavar="PARENT_ID", type=_run_ids,
                    help="of a sweep file's variants, run only those the sweep PARENT_ID chose on validation (per "
-                        "method and dataset, the grid point of best mean val_accuracy or val_mse over its seeds): "
-                        "tune a grid at one seed, then repeat its chosen points at others")
+                        "method and dataset, the grid point of best mean val_accuracy or val_mse over its seeds; "
+                        "several parents, comma-separated, choose together): tune a grid at one seed, then repeat "
+                        "its chosen points at others")
     r.add_argument("--concurrent", type=_positive, default=None, metavar="N",
                    help="a sweep's or seeds' runs at once, side by side on Ray Tune (default: as many as the "
                         "cluster holds; 1: one after another in this process)")

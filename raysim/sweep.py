@@ -81,7 +81,7 @@ def sweep_resume_command(file: str, overrides: list[str], engine: str, address: 
 def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: str, pattern: str | None,
             verbose: bool = False) -> list[tuple[str | None, Scenario]]:
     """``raysim run SWEEP --best-of PARENT``: of the file's variants (those ``--variant`` chose),
-    the ones the sweep PARENT's finished runs choose on validation (``compare.best_variants``:
+    the ones the sweep PARENT's finished runs (several parents: comma-separated) choose on validation (``compare.best_variants``:
     per method and dataset, the grid point of best mean ``val_accuracy``, or ``val_mse``),
     so a grid tuned at a few seeds is repeated at others for its chosen points only.
     ScenarioError where the file is no sweep, or has none of them (or, without ``--variant``,
@@ -92,7 +92,7 @@ def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: s
     if variants[0][0] is None:
         raise ScenarioError(f"{file}: --best-of {parent_id}: the file has no sweep section to choose variants of")
     try:
-        chosen = best_variants(tracking.resolve_uri(variants[0][1].tracking.uri, verbose), [parent_id])
+        chosen = best_variants(tracking.resolve_uri(variants[0][1].tracking.uri, verbose), parent_id.split(","))
     except CompareError as e:
         raise ScenarioError(f"{file}: {e}") from None
     names = {v for v, _ in variants}
