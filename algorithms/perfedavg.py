@@ -18,12 +18,12 @@ How the two-batch step runs through the one loop: the job's batch is ``parts`` �
 FO, 3B for HF; B = ``batch_size``), and ``MetaObjective.loss`` splits each job's valid rows, in
 the batch's (random) order, into ``parts`` consecutive parts D, D′, D″ (a remainder batch is
 split evenly; a part left empty, e.g. a single-row batch, is replaced by the whole batch). It
-takes the inner step itself (autograd on D) and returns a *surrogate* loss ⟨w, m⟩ whose
-gradient is the meta-gradient m (m held fixed; HF adds −α⟨∇f(w; D″), v⟩ with create_graph, or
-−α⟨w, Hv⟩ with the difference estimate), so the loop's optimizer takes the outer step at lr β
-(momentum and weight decay apply to it). The reported training loss is f(w) on the whole batch.
-No change to the loop's contract was needed: an objective may take steps inside its loss
-(pFedMe's does too). This is the layout of PFLlib's Per-FedAvg (a loader of 2B, split in two
+gives the meta-gradient m as the step's gradient (``Objective.gradients``: ∇f(w; D) for the
+inner step, ∇f(w̃; D′), and for HF's difference estimate ∇f(w ± δv; D″), each from the loop, by
+hand for chains of linear layers), so the loop's optimizer takes the outer step at lr β
+(momentum and weight decay apply to it); HF's exact product (``hvp: autograd``) differentiates
+⟨∇f(w; D″), v⟩ with create_graph, as a surrogate loss ⟨w, m⟩ − α⟨∇f(w; D″), v⟩ for autograd.
+The reported training loss is f(w) on the whole batch. This is the layout of PFLlib's Per-FedAvg (a loader of 2B, split in two
 halves), one epoch being ⌈n / 2B⌉ meta-steps. Batch-norm running statistics, if any, follow
 every forward pass of the step.
 
@@ -90,19 +90,44 @@ def _parts(batch, parts: int) -> list[torch.Tensor]:
 
 
 class MetaObjective(Objective):
-    """Per-FedAvg's local step on a batch of ``parts``·B rows (see the module docstring): the inner
-    step inside the loss, and a surrogate loss whose gradient is the meta-gradient."""
+    """Per-FedAvg's local step on a batch of ``parts``·B rows (see the module docstring) as
+    gradients (``Objective.gradients``): the inner step from ∇f(w; D), the meta-gradient
+    ∇f(w̃; D′), and for HF with the difference estimate two more gradients on D″, each from
+    the loop (by hand for chains of linear layers)."""
 
-    def __init__(self, task, alpha: float, variant: str, hvp: str, delta: float):
-        self.task, self.alpha, self.variant, self.hvp, self.delta = task, alpha, variant, hvp, delta
+    def __init__(self, task, alpha: float, variant: str, delta: float):
+        self.task, self.alpha, self.variant, self.delta = task, alpha, variant, delta
         self.parts = 2 if variant == "fo" else 3
+
+    def gradients(self, grad, params, batch, consts, draws):
+        w_d, w_d2, *rest = _parts(batch, self.parts)
+        seen, g1 = grad(params, w_d)                    # the whole batch's loss is reported
+        tilde = [p if g is None else p - self.alpha * g for p, g in zip(params, g1)]
+        _, meta = grad(tilde, w_d2)
+        if self.variant == "hf":                        # − α·(∇f(w + δv) − ∇f(w − δv)) / (2δ) on D″
+            _, up = grad([p if v is None else p + self.delta * v for p, v in zip(params, meta)], rest[0])
+            _, down = grad([p if v is None else p - self.delta * v for p, v in zip(params, meta)], rest[0])
+            meta = [None if m is None else m - self.alpha * (a - b) / (2 * self.delta)
+                    for m, a, b in zip(meta, up, down)]
+        return seen, list(meta), {}
+
+
+class ExactHVP(Objective):
+    """HF with the exact Hessian-vector product (``hvp: autograd``): the inner step inside the
+    loss, and a surrogate loss whose gradient is the meta-gradient, the product taken by
+    differentiating ⟨∇f(w; D″), v⟩ (create_graph: autograd's, on every model)."""
+
+    parts = 3
+
+    def __init__(self, task, alpha: float):
+        self.task, self.alpha = task, alpha
 
     def _data(self, forward, params, x, y, weight):
         per = self.task.per_sample(forward(params, x), y)
         return per, (per * weight).sum(1)
 
     def loss(self, forward, params, batch, consts, draws):
-        w_d, w_d2, *rest = _parts(batch, self.parts)
+        w_d, w_d2, w_d3 = _parts(batch, self.parts)
         live = [i for i, p in enumerate(params) if p.requires_grad]
         per, f_d = self._data(forward, params, batch.x, batch.y, w_d)
         seen = (per.detach() * batch.valid).sum(1)
@@ -113,31 +138,11 @@ class MetaObjective(Objective):
         tilde = [t.requires_grad_(i in live) for i, t in enumerate(tilde)]
         _, f_d2 = self._data(forward, tilde, batch.x, batch.y, w_d2)
         v = [g.detach() for g in torch.autograd.grad(f_d2.sum(), [tilde[i] for i in live])]
-        meta = list(v)
-        loss = 0.0
-        if self.variant == "hf":
-            w_d3 = rest[0]
-            if self.hvp == "autograd":
-                _, f_d3 = self._data(forward, params, batch.x, batch.y, w_d3)
-                g3 = torch.autograd.grad(f_d3.sum(), [params[i] for i in live], create_graph=True)
-                loss = loss - self.alpha * sum((g * u).flatten(1).sum(1) for g, u in zip(g3, v))
-            else:
-                hv = self._difference(forward, params, batch, w_d3, live, v)
-                meta = [m - self.alpha * h for m, h in zip(meta, hv)]
-        loss = loss + sum((params[i] * m).flatten(1).sum(1) for i, m in zip(live, meta))
+        _, f_d3 = self._data(forward, params, batch.x, batch.y, w_d3)
+        g3 = torch.autograd.grad(f_d3.sum(), [params[i] for i in live], create_graph=True)
+        loss = -self.alpha * sum((g * u).flatten(1).sum(1) for g, u in zip(g3, v))
+        loss = loss + sum((params[i] * m).flatten(1).sum(1) for i, m in zip(live, v))
         return loss, seen
-
-    def _difference(self, forward, params, batch, weight, live, v):
-        """(∇f(w + δv) − ∇f(w − δv)) / (2δ) on the batch part ``weight``."""
-        grads = []
-        for sign in (1.0, -1.0):
-            q = [p.detach() for p in params]
-            for i, u in zip(live, v):
-                q[i] = q[i] + sign * self.delta * u
-            q = [t.requires_grad_(i in live) for i, t in enumerate(q)]
-            _, f = self._data(forward, q, batch.x, batch.y, weight)
-            grads.append(torch.autograd.grad(f.sum(), [q[i] for i in live]))
-        return [(a - b) / (2 * self.delta) for a, b in zip(*grads)]
 
 
 class PerFedAvg(FedAvg):
@@ -154,7 +159,8 @@ class PerFedAvg(FedAvg):
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
-        self.meta = MetaObjective(task, hyper.alpha, hyper.variant, hyper.hvp, hyper.delta)
+        self.meta = (ExactHVP(task, hyper.alpha) if hyper.variant == "hf" and hyper.hvp == "autograd"
+                     else MetaObjective(task, hyper.alpha, hyper.variant, hyper.delta))
 
     def train(self, state, received, data, ctx):
         # the job's batch holds D, D′ (and D″): parts × B rows

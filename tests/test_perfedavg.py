@@ -7,10 +7,10 @@ from torch import nn
 import raysim.algorithms as algorithms
 from raysim import config
 from raysim.algorithms.base import Received
-from raysim.algorithms.perfedavg import MetaObjective
+from raysim.algorithms.perfedavg import ExactHVP, MetaObjective
 from raysim.config import FinetuneCfg
 from raysim.core.data import ClientData
-from raysim.core.loop import Batch
+from raysim.core.loop import Batch, Trainer
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
 from tests.conftest import write_scenario
@@ -57,16 +57,33 @@ def forward(p, x):
     return x @ p[0].transpose(-1, -2)                   # (K, B, d) @ (K, d, 1)
 
 
-def meta_gradient(variant, hvp="autograd"):
-    """The gradient of the objective's loss on one batch of 3 samples (D, D′, D″ one each)."""
-    obj = MetaObjective(REG, alpha=0.1, variant=variant, hvp=hvp, delta=1e-2)
+def step_gradient(obj, batch, gradients="auto"):
+    """The step's gradient at w = (1, −1) of the linear model 2 → 1: the objective's
+    ``gradients`` (its data gradients from the loop's Trainer: by hand, or by autograd), or the
+    gradient of its loss (HF's exact product)."""
+    w = torch.tensor([[[1.0, -1.0]]])
+    if obj.by_points():
+        grad = Trainer(nn.Linear(2, 1, bias=False), gradients=gradients).point_grad(REG, batch)
+        seen, (g,), _ = obj.gradients(grad, [w], batch, {}, None)
+        return g[0, 0], seen
+    w.requires_grad_()
+    loss, seen = obj.loss(forward, [w], batch, {}, None)
+    (g,) = torch.autograd.grad(loss.sum(), [w])
+    return g[0, 0], seen
+
+
+def objective(variant, hvp="autograd"):
+    if variant == "hf" and hvp == "autograd":
+        return ExactHVP(REG, alpha=0.1)
+    return MetaObjective(REG, alpha=0.1, variant=variant, delta=1e-2)
+
+
+def meta_gradient(variant, hvp="autograd", gradients="auto"):
+    """The step's gradient on one batch of 3 samples (D, D′, D″ one each)."""
     x = torch.tensor([[[1.0, 0.0], [1.0, 2.0], [0.5, 1.0]]])
     y = torch.tensor([[1.0, 0.0, 2.0]])
     one = torch.ones(1, 3)
-    w = torch.tensor([[[1.0, -1.0]]], requires_grad=True)
-    loss, seen = obj.loss(forward, [w], Batch(x, y, one / 3, one), {}, None)
-    (g,) = torch.autograd.grad(loss.sum(), [w])
-    return g[0, 0], seen
+    return step_gradient(objective(variant, hvp), Batch(x, y, one / 3, one), gradients)
 
 
 def by_hand(hf: bool):
@@ -89,21 +106,20 @@ def test_fo_meta_gradient_splits_a_batch_into_d_and_d_prime():
     # ∇f(w; D) = (2·1·(1, 0) + 2·(−2)·(1, 2)) / 2 = (−1, −4), w̃ = (1.1, −0.6).
     # D′: w̃·(0, 1) − 1 = −1.6 and w̃·(2, 1) − 0 = 1.6, so
     # ∇f(w̃; D′) = (2·(−1.6)·(0, 1) + 2·1.6·(2, 1)) / 2 = (3.2, 0).
-    obj = MetaObjective(REG, alpha=0.1, variant="fo", hvp="autograd", delta=1e-2)
     x = torch.tensor([[[1.0, 0.0], [1.0, 2.0], [0.0, 1.0], [2.0, 1.0]]])
     y = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
     one = torch.ones(1, 4)
-    w = torch.tensor([[[1.0, -1.0]]], requires_grad=True)
-    loss, seen = obj.loss(forward, [w], Batch(x, y, one / 4, one), {}, None)
-    (g,) = torch.autograd.grad(loss.sum(), [w])
-    assert torch.allclose(g[0, 0], torch.tensor([3.2, 0.0]), atol=1e-5), g
-    assert torch.allclose(seen, torch.tensor([1.0 + 4.0 + 4.0 + 1.0]))   # f(w) summed over the batch
+    for gradients in ("auto", "autograd"):          # the data gradients by hand, and by autograd
+        g, seen = step_gradient(objective("fo"), Batch(x, y, one / 4, one), gradients)
+        assert torch.allclose(g, torch.tensor([3.2, 0.0]), atol=1e-5), g
+        assert torch.allclose(seen, torch.tensor([1.0 + 4.0 + 4.0 + 1.0]))   # f(w) summed over the batch
 
 
 def test_hf_hessian_vector_product_on_a_quadratic_is_exact():
     for hvp in ("autograd", "difference"):     # a quadratic's central difference is exact too
-        g, _ = meta_gradient("hf", hvp)
-        assert torch.allclose(g, by_hand(True), atol=1e-4), (hvp, g, by_hand(True))
+        for gradients in ("auto", "autograd"):
+            g, _ = meta_gradient("hf", hvp, gradients)
+            assert torch.allclose(g, by_hand(True), atol=1e-4), (hvp, g, by_hand(True))
     assert torch.allclose(by_hand(True), torch.tensor([-1.5, -3.0]))
 
 

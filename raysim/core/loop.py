@@ -20,8 +20,8 @@ with momentum and weight decay, or Adam), devices and the reported loss.
 A step's gradients come from autograd, or, for chains of linear layers trained on the task's
 loss (most pFL models), from ``chain.py``'s hand-written backward pass, which is 2-3x faster at
 batch 10; the optimizer step is ``optim.Stacked`` either way. Objectives that are the task's
-loss at points of parameter space (``Objective.gradients``: APFL, SuPerFed, pFedMe, SosicFL)
-get the same hand-written pass at each point.
+loss at points of parameter space (``Objective.gradients``: APFL, SuPerFed, pFedMe, SosicFL,
+Per-FedAvg) get the same hand-written pass at each point.
 
 ``drive`` runs client steps written as generators: a step yields the jobs it wants trained,
 gets ``Fitted`` back, and returns its result; ``drive`` trains the jobs every client of a host
@@ -98,7 +98,7 @@ class Objective:
     ``grad``: ``grad(point)`` for a model parameter set stacked (K, ...) returns the data loss
     summed over each job's valid rows (K,) and the gradient at ``point`` of the weighted task
     loss Σ_rows weight·ℓ, one tensor per model tensor (None where the model's tensor does not
-    train). The loop computes it by hand where the model is a chain of linear layers (chain.py,
+    train); ``grad(point, weight)`` weighs the rows by ``weight`` (K, B) instead. The loop computes it by hand where the model is a chain of linear layers (chain.py,
     2 to 3 times faster than autograd at batch 10), else by autograd, so the objective writes
     its own math once, as the paper's gradient steps. ``gradients`` returns the data loss to
     report (K,), one gradient per job parameter (None for those it does not train) and the
@@ -477,24 +477,26 @@ class Trainer:
         return P, (loss_sums / seen.clamp_min(1)).tolist(), opt
 
     def point_grad(self, task, batch: Batch) -> Callable:
-        """``grad(point)`` for an objective's ``gradients`` on this step's batch: the data loss
-        summed over valid rows (K,) and the gradient of Σ_rows weight·ℓ at the point, one
-        tensor per model tensor (None where it does not train); by hand for a chain, else by
-        autograd (the same graph as ``Supervised.loss``'s without its terms)."""
+        """``grad(point, weight=None)`` for an objective's ``gradients`` on this step's batch: the
+        data loss summed over valid rows (K,) and the gradient of Σ_rows weight·ℓ at the point
+        (``weight``: the batch's row weights, or other ones (K, B), e.g. Per-FedAvg's parts of
+        the batch), one tensor per model tensor (None where it does not train); by hand for a
+        chain, else by autograd (the same graph as ``Supervised.loss``'s without its terms)."""
         mask = self.trainable
         if self.chain is not None and self.chain.supports(task, len(mask), {}):
-            def by_hand(point):
-                data_sum, grads = self.chain.step(task, point, batch.x, batch.y, batch.weight, batch.valid,
+            def by_hand(point, weight=None):
+                data_sum, grads = self.chain.step(task, point, batch.x, batch.y,
+                                                  batch.weight if weight is None else weight, batch.valid,
                                                   chn.Terms(), mask)
                 it = iter(grads)
                 return data_sum, [next(it) if m else None for m in mask]
             return by_hand
 
-        def by_autograd(point):
+        def by_autograd(point, weight=None):
             with torch.enable_grad():
                 leaves = [p.detach().requires_grad_(m) for p, m in zip(point, mask)]
                 per = task.per_sample(self.forward(leaves, batch.x), batch.y)
-                loss = (per * batch.weight).sum(1)
+                loss = (per * (batch.weight if weight is None else weight)).sum(1)
                 it = iter(torch.autograd.grad(loss.sum(), [p for p, m in zip(leaves, mask) if m]))
             return (per.detach() * batch.valid).sum(1), [next(it) if m else None for m in mask]
         return by_autograd
