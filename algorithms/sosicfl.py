@@ -168,24 +168,6 @@ class SimplexObjective(Supervised):
     def model_params(self, params, draws):
         return self.compose(params, draws)
 
-    def gradients(self, grad, params, batch, consts, draws):
-        """The task loss's gradient at w_α (from the loop: by hand for chains of linear layers),
-        taken back to the shared parameters and the endpoints through ``compose`` by autograd
-        (parameters only, no data: α_m times it for endpoint m), plus ``Supervised``'s terms."""
-        with torch.enable_grad():
-            leaves = [p.detach().requires_grad_(p.is_floating_point()) for p in params]
-            point = self.model_params(leaves, draws)
-            seen, g = grad([q.detach() for q in point])
-            pairs = [(q, gi) for q, gi in zip(point, g) if gi is not None and q.requires_grad]
-            wanted = [i for i, p in enumerate(leaves) if p.requires_grad]
-            got = torch.autograd.grad([q for q, _ in pairs], [leaves[i] for i in wanted],
-                                      grad_outputs=[gi for _, gi in pairs], allow_unused=True)
-        grads: list = [None] * len(params)
-        for i, gi in zip(wanted, got):
-            grads[i] = None if gi is None else gi.clone() if 0 in gi.stride() else gi
-        self.add_terms_grad(params, consts, grads)
-        return seen, grads, {}
-
 
 class SosicFL(FedAvg):
     name = "sosicfl"

@@ -150,6 +150,32 @@ class Supervised(Objective):
             loss = loss + sum((p * l).flatten(1).sum(1) for p, l in zip(params, consts["linear"]))
         return loss, (per.detach() * batch.valid).sum(1)
 
+    @classmethod
+    def by_points(cls) -> bool:
+        """A subclass whose ``model_params`` composes the model from the job's parameters
+        (SosicFL's simplex point, pFedHN's hypernetwork) gives gradients (``gradients``); plain
+        ``Supervised`` gives its loss (or, for chains, the loop's fused path)."""
+        return cls.gradients is not Supervised.gradients or cls.model_params is not Supervised.model_params
+
+    def gradients(self, grad, params, batch, consts, draws):
+        """The task loss's gradient at the model's parameters ``model_params`` (from the loop: by
+        hand for chains of linear layers), taken back to the job's parameters through
+        ``model_params`` by autograd (parameters only, no data: SosicFL's endpoint m gets α_m
+        times it), plus the gradients of ``loss``'s other terms (``add_terms_grad``)."""
+        with torch.enable_grad():
+            leaves = [p.detach().requires_grad_(p.is_floating_point()) for p in params]
+            point = self.model_params(leaves, draws)
+            seen, g = grad([q.detach() for q in point])
+            pairs = [(q, gi) for q, gi in zip(point, g) if gi is not None and q.requires_grad]
+            wanted = [i for i, p in enumerate(leaves) if p.requires_grad]
+            got = torch.autograd.grad([q for q, _ in pairs], [leaves[i] for i in wanted],
+                                      grad_outputs=[gi for _, gi in pairs], allow_unused=True)
+        grads: list = [None] * len(params)
+        for i, gi in zip(wanted, got):
+            grads[i] = None if gi is None else gi.clone() if 0 in gi.stride() else gi
+        self.add_terms_grad(params, consts, grads)
+        return seen, grads, {}
+
     @staticmethod
     def add_terms_grad(params: list[torch.Tensor], consts: dict, grads: list[torch.Tensor | None]) -> None:
         """Adds the gradients of ``loss``'s terms beside the data's to ``grads`` (in place; None
