@@ -6,8 +6,9 @@ model w^l of the same architecture; its personalized model is the weight-space m
 W(λ) = (1 − λ)·w^f + λ·w^l of every parameter.
 
 - **Rounds r ≤ ⌊L·R⌋** (``start`` = L, a fraction of the rounds, rounds counted from 1 as the
-  official code): λ = 0 and only w^f trains, on CE + μ·prox(w^f, w^g) — FedProx, or with μ = 0
-  exactly FedAvg (same batches, same optimizer: a test checks the weights bit for bit).
+  official code): λ = 0 and only w^f trains, on CE + μ·prox(w^f, w^g) — FedProx at μ' = 2μ
+  (with the squared prox, it is trained as FedProx's objective, the loop's own), or with μ = 0
+  exactly FedAvg (same batches, same optimizer: tests check the weights bit for bit).
 - **Later rounds**: w^f and w^l train in one optimizer on
   CE(W(λ)) + μ·prox(w^f, w^g) + ν·cos²(w^f, w^l), with λ ~ U(0, 1) drawn for **every
   mini-batch** from the client's generator: one λ for the whole model (``superfed-mm``, model
@@ -54,7 +55,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, Objective, interpolate, lower_is_better, mean_std, params_of, set_dot, training_field
+from .base import (Algorithm, Objective, Supervised, interpolate, lower_is_better, mean_std, params_of, set_dot,
+                   training_field)
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -214,7 +216,10 @@ class SuPerFedMM(FedAvg):
         order = list(dict.fromkeys(owners))
         modules = [order.index(o) for o in owners] if self.layerwise else [0] * len(names)
         hp = self.hp
-        self.phase1 = SuPerFedObjective(task, hp.mu, hp.nu, hp.prox_form, None)
+        # phase I with the paper's prox μ‖w − w^g‖² is FedProx's (μ'/2)‖w − w^g‖² at μ' = 2μ:
+        # the loop's own objective (fused by hand for chains); the official code's form is not
+        self.squared_prox = hp.prox_form == "squared"
+        self.phase1 = Supervised(task) if self.squared_prox else SuPerFedObjective(task, hp.mu, hp.nu, hp.prox_form, None)
         self.phase2 = SuPerFedObjective(task, hp.mu, hp.nu, hp.prox_form, modules)
         self.grid = np.linspace(0.0, 1.0, hp.lambdas)
 
@@ -242,6 +247,8 @@ class SuPerFedMM(FedAvg):
             n = len(glob)
             wf, state = fit.params[:n], SuPerFedState(fit.params[n:])
         else:
+            if consts and self.squared_prox:
+                consts["mu"] = 2.0 * self.hp.mu
             (fit,) = yield [self.job(glob, data, ctx, objective=self.phase1, consts=consts)]
             wf = fit.params
         return state, self.reply(wf, glob, data.num_train), fit.loss

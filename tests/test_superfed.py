@@ -85,6 +85,19 @@ def test_superfed_without_nu_mu_and_mixing_gives_exactly_the_fedavg_weights(tmp_
 
 
 @pytest.mark.parametrize("gradients", ["autograd", "auto"])
+def test_superfed_phase_one_is_exactly_fedprox_at_twice_mu(tmp_path, gradients):
+    # the paper's prox μ‖w − w^g‖² is FedProx's (μ'/2)‖w − w^g‖² at μ' = 2μ: the same objective
+    fedprox = final_global(tmp_path, "{name: fedprox, mu: 0.2, gradients: " + gradients + ", " + SGD + "}").server_state
+    superfed = final_global(tmp_path, "{name: superfed-mm, mu: 0.1, start: 1.0, gradients: " + gradients + ", "
+                            + SGD + "}").server_state
+    assert all(torch.equal(a, b) for a, b in zip(fedprox, superfed))
+    # the official code's unsquared prox is another objective
+    other = final_global(tmp_path, "{name: superfed-mm, mu: 0.1, start: 1.0, prox_form: unsquared_sum, gradients: "
+                         + gradients + ", " + SGD + "}").server_state
+    assert not torch.equal(fedprox[0], other[0])
+
+
+@pytest.mark.parametrize("gradients", ["autograd", "auto"])
 def test_apfl_global_model_is_exactly_fedavgs(tmp_path, gradients):
     fedavg = final_global(tmp_path, "{name: fedavg, gradients: " + gradients + ", " + SGD + "}").server_state
     apfl = final_global(tmp_path, "{name: apfl, gradients: " + gradients + ", " + SGD + "}").server_state
