@@ -361,9 +361,10 @@ def test_an_objective_given_as_gradients_keeps_a_jobs_numbers_independent_of_the
     datas = clients([5, 17, 40, 30, 12])
     start = fwd.params_of(model)
     obj = AtOnePoint(TASKS["classification"])
+    prox = {"anchor": [p + 0.1 for p in start], "mu": 0.3}
     for trainer in (Trainer(model, "always"), Trainer(model, "always", gradients="autograd")):
         def fit(pick):
-            return trainer.fit([make_job(start, datas[i], ctx_of(datas[i]), s, obj) for i in pick])
+            return trainer.fit([make_job(start, datas[i], ctx_of(datas[i]), s, obj, consts=prox) for i in pick])
         everyone = fit(range(5))
         for pick in ([1], [0, 3], [2, 4]):
             for i, f in zip(pick, fit(pick)):

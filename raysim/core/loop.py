@@ -181,11 +181,14 @@ class Supervised(Objective):
         """Adds the gradients of ``loss``'s terms beside the data's to ``grads`` (in place; None
         entries skipped), for a subclass that gives ``gradients``: μ·(w − anchor) and ``linear``."""
         keep = [i for i, g in enumerate(grads) if g is not None]
-        if "mu" in consts:
-            mu = consts["mu"]
-            for i in keep:
-                p = params[i]
-                grads[i].addcmul_(p - consts["anchor"][i], mu.to(p.dtype).view(-1, *[1] * (p.dim() - 1)))
+        if "mu" in consts and keep:
+            mu = torch.as_tensor(consts["mu"]).reshape(-1)
+            diffs = torch._foreach_sub([params[i] for i in keep], [consts["anchor"][i] for i in keep])
+            if bool((mu == mu[0]).all()):              # one μ for every set: one foreach call
+                torch._foreach_add_([grads[i] for i in keep], diffs, alpha=float(mu[0]))
+            else:
+                for i, d in zip(keep, diffs):
+                    grads[i].addcmul_(d, mu.to(d.dtype).view(-1, *[1] * (d.dim() - 1)))
         if "linear" in consts:
             torch._foreach_add_([grads[i] for i in keep], [consts["linear"][i] for i in keep])
 
