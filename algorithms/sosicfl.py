@@ -158,11 +158,12 @@ class PersonalState:
 
 class SimplexObjective(Supervised):
     """The task's loss at w_α: the job's parameters are the shared ones then the endpoints, and
-    this step's draw α (K, M + 1) mixes them."""
+    this step's draw α (K, M + 1) mixes them. ``pull_back``: the adjoint of ``compose`` (the
+    gradient at w_α taken back to the flat layout in closed form)."""
 
-    def __init__(self, task, compose, trainable=None):
+    def __init__(self, task, compose, trainable=None, pull_back=None):
         super().__init__(task)
-        self.compose = compose
+        self.compose, self.pull_back = compose, pull_back
         self.trainable = trainable
 
     def model_params(self, params, draws):
@@ -190,7 +191,7 @@ class SosicFL(FedAvg):
         self.plain = [i for i in range(n) if i not in self.simplex]
         self.ends = self.endpoint_count(hyper)
         self.classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
-        self.objective = SimplexObjective(task, self.compose)
+        self.objective = SimplexObjective(task, self.compose, pull_back=self.compose_grad)
 
     @staticmethod
     def endpoint_count(hp) -> int:
@@ -211,6 +212,22 @@ class SosicFL(FedAvg):
                 a = alpha[..., m].to(t.dtype)
                 w = w + (a.view(-1, *[1] * (t.dim() - 1)) if alpha.dim() == 2 else a) * t
             out[i] = w
+        return out
+
+    def compose_grad(self, flat: list[torch.Tensor], alpha: torch.Tensor, g: list) -> list:
+        """``compose``'s adjoint for stacked sets: from the gradients g at the model's parameters
+        w_α (None where one has none), those of the flat layout: a shared parameter takes its
+        own, endpoint m of a simplex layer α_m times its layer's."""
+        p = len(self.plain)
+        out: list[Any] = [None] * len(flat)
+        for j, i in enumerate(self.plain):
+            out[j] = g[i]
+        for s, i in enumerate(self.simplex):
+            if g[i] is None:
+                continue
+            shape = (-1,) + (1,) * (g[i].dim() - 1)
+            for m in range(self.ends):
+                out[p + s * self.ends + m] = g[i] * alpha[..., m].to(g[i].dtype).view(shape)
         return out
 
     def centroid(self) -> torch.Tensor:
@@ -389,7 +406,7 @@ class Personal:
         if getattr(self, "_personal_obj", None) is None:
             n = len(self.plain) + len(self.simplex) * self.ends
             mask = None if self.hp.personal == "all" else tuple(i >= len(self.plain) for i in range(n))
-            self._personal_obj = SimplexObjective(self.task, self.compose, mask)
+            self._personal_obj = SimplexObjective(self.task, self.compose, mask, self.compose_grad)
         return self._personal_obj
 
     def personal_params(self, state, glob) -> list[torch.Tensor]:

@@ -389,3 +389,18 @@ def test_unseen_clients_are_scored_at_the_centroid_and_left_out_of_the_clusters(
     last = d.history[-1]
     assert last["unseen_accuracy"] == last["unseen_global_accuracy"]        # the centroid
     assert set(d.report()["importance"]) == set(int(c) for c in d.train_ids)
+
+
+@pytest.mark.parametrize("layers", ["head", "all"])
+def test_compose_grad_is_the_adjoint_of_compose(layers):
+    """⟨compose(flat, α), g⟩'s gradient in flat, by autograd, is ``compose_grad(flat, α, g)``:
+    the shared parameters take g, endpoint m α_m·g (stacked sets, one α each)."""
+    algo, _ = _tiny_sosicfl(dim=2, layers=layers)
+    flat = [torch.stack([p, p + 1]) for p in algo.init_server(np.random.default_rng(0)).params]
+    alpha = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    leaves = [p.clone().requires_grad_() for p in flat]
+    point = algo.compose(leaves, alpha)
+    g = [torch.randn_like(q) for q in point]
+    want = torch.autograd.grad(sum((q * gi).sum() for q, gi in zip(point, g)), leaves)
+    got = algo.compose_grad(flat, alpha, g)
+    assert len(got) == len(want) and all(torch.allclose(a, b) for a, b in zip(got, want))

@@ -161,7 +161,15 @@ class Supervised(Objective):
         """The task loss's gradient at the model's parameters ``model_params`` (from the loop: by
         hand for chains of linear layers), taken back to the job's parameters through
         ``model_params`` by autograd (parameters only, no data: SosicFL's endpoint m gets α_m
-        times it), plus the gradients of ``loss``'s other terms (``add_terms_grad``)."""
+        times it), or by the subclass's ``pull_back(params, draws, g)`` where it has one (the
+        map's adjoint in closed form), plus the gradients of ``loss``'s other terms
+        (``add_terms_grad``)."""
+        pull_back = getattr(self, "pull_back", None)
+        if pull_back is not None:
+            seen, g = grad(self.model_params(params, draws))
+            grads = pull_back(params, draws, g)
+            self.add_terms_grad(params, consts, grads)
+            return seen, grads, {}
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(p.is_floating_point()) for p in params]
             point = self.model_params(leaves, draws)
