@@ -247,17 +247,8 @@ def test_selection_compares_variants_on_the_seeds_they_share():
     assert choice.variant == "b" and choice.candidates[0] == ("a", pytest.approx(0.3), 3)
 
 
-TUNED = """
-name: tuned
-seed: 0
-seeds: [0]
-rounds: 3
-data: {{dataset: synthetic, clients: 8, dim: 10, max_samples: 80, splits: {{train: 0.6, val: 0.2, test: 0.2}}}}
-model: {{name: linear}}
-algorithm: {{name: fedavg, lr: 0.1, batch_size: 16}}
-resources: {{hosts: 2}}
-tracking: {{uri: 'sqlite:///{tmp}/m.db'}}
-checkpoint: {{dir: '{tmp}/ck'}}
+# the grid's base scenario, at seed 0 only: two methods x two learning rates
+TUNED = GRID.replace("name: grid", "name: tuned").replace("seeds: [0, 1]", "seeds: [0]").split("sweep:")[0] + """\
 sweep:
   avg: {{}}
   prox: {{algorithm.name: fedprox, algorithm.mu: 0.01}}
