@@ -215,11 +215,11 @@ def chosen_rows(runs, metrics: list[str] | None, select: str) -> tuple[list[Row]
     return found, choices
 
 
-def best_variants(uri: str | None, parent_ids: list[str]) -> list[str]:
+def best_variants(uri: str | None, parent_ids: list[str]) -> dict[str, set[str]]:
     """The sweep variants ``--select val_<metric>`` chooses among the finished runs of these
     sweeps' parents (``pick_variants``: per method and dataset, the grid point of best mean
     validation score), by ``val_accuracy`` where the runs logged it, else ``val_mse``: what
-    ``raysim run --best-of`` runs at its seeds."""
+    ``raysim run --best-of`` runs at its seeds; each with the seeds it ran at there."""
     from raysim.report import client_for
     _, client = client_for(uri)
     runs = select(client, parent_ids, None)
@@ -229,13 +229,16 @@ def best_variants(uri: str | None, parent_ids: list[str]) -> list[str]:
         raise CompareError(f"--best-of {' '.join(parent_ids)}: no finished run scored a validation split "
                            f"(val_accuracy or val_mse) to choose by")
     _, choices = chosen_rows(runs, None, metric)
-    tagged = {r.data.tags.get("variant") for r in runs}
+    seeds: dict[str, set[str]] = {}
+    for r in runs:
+        if (v := r.data.tags.get("variant")) is not None:
+            seeds.setdefault(v, set()).add(r.data.tags.get("seed", r.data.params.get("seed", "?")))
     names = [c.variant for c in choices.values()]
-    untagged = [n for n in names if n not in tagged]
+    untagged = [n for n in names if n not in seeds]
     if untagged:
         raise CompareError(f"--best-of {' '.join(parent_ids)}: {', '.join(untagged)} is no sweep variant; "
                            f"give the parent of a sweep")
-    return names
+    return {n: seeds[n] for n in names}
 
 
 def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[str, str]], dict]:

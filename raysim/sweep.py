@@ -97,10 +97,14 @@ def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: s
         raise ScenarioError(f"{file}: {e}") from None
     names = {v for v, _ in variants}
     missing = [c for c in chosen if c not in names]
-    kept = [(v, sc) for v, sc in variants if v in set(chosen)]
+    kept = [(v, sc) for v, sc in variants if v in chosen]
     if (missing and pattern is None) or not kept:
-        raise ScenarioError(f"{file}: --best-of {parent_id}: its chosen variants {name_list(missing or chosen)} are "
-                            f"not {'among the variants --variant chose' if pattern else 'variants of this file'}")
+        raise ScenarioError(f"{file}: --best-of {parent_id}: its chosen variants {name_list(missing or list(chosen))} "
+                            f"are not {'among the variants --variant chose' if pattern else 'variants of this file'}")
+    again = sorted({str(sc.seed) for v, sc in kept if str(sc.seed) in chosen[v]}, key=int)
+    if again:
+        raise ScenarioError(f"{file}: --best-of {parent_id}: the chosen variants ran at seed {', '.join(again)} there "
+                            f"already; give the other seeds (--seeds), e.g. the file's without {', '.join(again)}")
     return kept
 
 

@@ -292,7 +292,10 @@ def test_best_of_repeats_a_grid_tuned_at_one_seed_at_other_seeds_for_its_chosen_
     from raysim.sweep import sweep_resume_command
     assert sweep_resume_command(path, [], "serial", None, [1, 2], parent2, None, first.parent_run_id).endswith(
         f"--seeds 1,2 --best-of {first.parent_run_id} --engine serial --resume {parent2}")
-    # bad input: a file with no sweep; a parent none of whose runs scored a validation split
+    # bad input: seeds the chosen variants ran at already (the file's seeds: [0]); a file with no sweep
+    assert cli.main(["run", path, "--engine", "serial", "--best-of", first.parent_run_id]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ran at seed 0 there already; give the other seeds (--seeds)" in err[0]
     plain = write_scenario(tmp_path, TINY + f"tracking: {{uri: '{uri}'}}\n", "plain.yaml")
     assert cli.main(["run", plain, "--engine", "serial", "--best-of", first.parent_run_id]) == 2
     err = capsys.readouterr().err.strip().splitlines()
