@@ -12,9 +12,12 @@ from torch import nn
 from raysim import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedbn import FedBNState
+from raysim.core.data import ClientData
 from raysim.core.forward import params_of
 from raysim.core.groups import groups_of
+from raysim.core.loop import Job, Settings, Supervised, Trainer
 from raysim.core.norm import BatchNorm1d
+from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
 from raysim.models import MLPParams, mlp
 from tests.conftest import write_scenario
@@ -173,3 +176,26 @@ def test_fedbn_beats_fedavg_on_rotated_digits(tmp_path):
     fedbn_ = final(tmp_path, text.replace("NAME", "fedbn")).history[-1]
     assert fedbn_["accuracy"] > 0.5 and fedbn_["accuracy"] >= fedavg["accuracy"], (fedbn_["accuracy"], fedavg["accuracy"])
     assert fedbn_["bytes_up"] < fedavg["bytes_up"]                          # batch norm never sent
+
+
+def test_a_training_batch_of_one_sample_is_normalized_by_the_running_statistics():
+    """A client's last batch of one sample (9 samples, batches of 8 and 1) trains: that step
+    normalizes by the running statistics (PyTorch refuses batch statistics of one sample) and
+    leaves them as they are; by hand: full-batch GD on the 8 samples, then the one sample's step
+    in evaluation form."""
+    model = bn_mlp()
+    start = [p.detach().clone() for p in model.parameters()]
+    x = torch.tensor([[-1.0], [0.5], [2.0], [1.0], [-0.5], [0.0], [1.5], [-2.0], [0.7]])
+    y = torch.tensor([0, 1, 1, 1, 0, 0, 1, 0, 1])
+    s = Settings(lr=0.1, epochs=1, batch_size=8)
+    orders = torch.arange(9).unsqueeze(0)
+    (fit,) = Trainer(bn_mlp(), "never").fit([Job(start, x, y, orders, s, Supervised(TASKS["classification"]))])
+    p = bn_gd(start, ClientData(0, x[:8], y[:8], x[:0], y[:0], x[:0], y[:0]), 0.1, 1, TRAINED)
+    stats = (p[4].clone(), p[5].clone())
+    q = [t.clone().requires_grad_(i in TRAINED) for i, t in enumerate(p)]
+    grads = torch.autograd.grad(F.cross_entropy(bn_forward(q, x[8:], False), y[8:]), [q[i] for i in TRAINED])
+    for i, g in zip(TRAINED, grads):
+        p[i] = p[i] - 0.1 * g
+    assert close(fit.params, p)                 # its running statistics: those of the 8-sample step
+    h = x[8:] @ p[0].T + p[1]                   # a one-sample update of them would have moved the mean
+    assert not torch.allclose(fit.params[4], 0.9 * stats[0] + 0.1 * h[0], atol=1e-3)

@@ -35,11 +35,22 @@ class BatchNorm2d(_StatsAsParameters, nn.BatchNorm2d):
 
 
 class BatchNorm1d(_StatsAsParameters, nn.BatchNorm1d):
-    """``nn.BatchNorm1d`` with its running statistics as parameters."""
+    """``nn.BatchNorm1d`` with its running statistics as parameters.
+
+    A training batch of one sample (a client's last batch when its train split leaves one over,
+    common under a Dirichlet split) has no batch statistics: PyTorch refuses it ("Expected more
+    than 1 value per channel when training"). Here it is normalized by the running statistics,
+    as in evaluation, which it leaves as they are; the affine parameters still train on it."""
 
     def __init__(self, features: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__(features, eps=eps, momentum=momentum)
         self._stats_to_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.dim() == 2 and x.shape[0] == 1:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                            False, 0.0, self.eps)
+        return super().forward(x)
 
 
 def trainable_mask(model: nn.Module) -> tuple[bool, ...]:
