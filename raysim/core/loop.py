@@ -91,16 +91,16 @@ class Objective:
     third value ``{parameter index: new values (K, ...)}``, which the loop stores after the
     optimizer's step; the others stay constant.
 
-
     An objective whose loss is the task's loss taken at one or more points of parameter space
     (each point a function of the job's parameters: APFL's v̄, SuPerFed's W(λ), pFedMe's inner
     θ) plus terms of the parameters alone may define ``gradients`` in place of ``loss``. It gets
     ``grad``: ``grad(point)`` for a model parameter set stacked (K, ...) returns the data loss
     summed over each job's valid rows (K,) and the gradient at ``point`` of the weighted task
     loss Σ_rows weight·ℓ, one tensor per model tensor (None where the model's tensor does not
-    train); ``grad(point, weight)`` weighs the rows by ``weight`` (K, B) instead. The loop computes it by hand where the model is a chain of linear layers (chain.py,
-    2 to 3 times faster than autograd at batch 10), else by autograd, so the objective writes
-    its own math once, as the paper's gradient steps. ``gradients`` returns the data loss to
+    train); ``grad(point, weight)`` weighs the rows by ``weight`` (K, B) instead. The loop
+    computes it by hand where the model is a chain of linear layers (chain.py, 2 to 3 times
+    faster than autograd at batch 10), else by autograd, so the objective writes its own math
+    once, as the paper's gradient steps. ``gradients`` returns the data loss to
     report (K,), one gradient per job parameter (None for those it does not train) and the
     ``{index: new values}`` that ``loss`` may return as a third value. Such an objective has
     a ``task`` (tasks.py): the loss ``grad`` differentiates.
