@@ -23,8 +23,8 @@ inner step, ∇f(w̃; D′), and for HF's difference estimate ∇f(w ± δv; D�
 hand for chains of linear layers), so the loop's optimizer takes the outer step at lr β
 (momentum and weight decay apply to it); HF's exact product (``hvp: autograd``) differentiates
 ⟨∇f(w; D″), v⟩ with create_graph, as a surrogate loss ⟨w, m⟩ − α⟨∇f(w; D″), v⟩ for autograd.
-The reported training loss is f(w) on the whole batch. This is the layout of PFLlib's Per-FedAvg (a loader of 2B, split in two
-halves), one epoch being ⌈n / 2B⌉ meta-steps. Batch-norm running statistics, if any, follow
+The reported training loss is f(w) on the whole batch. This is the layout of PFLlib's
+Per-FedAvg (a loader of 2B, split in two halves), one epoch being ⌈n / 2B⌉ meta-steps. Batch-norm running statistics, if any, follow
 every forward pass of the step.
 
 Evaluation: the personalized model is the global model after the local update, the shared

@@ -191,9 +191,10 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
             their parent run: its finished runs are kept, the unfinished ones continue and
             those never started start (the result holds them all).
         best_of: The id of a sweep's parent run (or several, comma-separated, that choose
-            together): of this sweep file's variants, run only those it chose on validation (per method and dataset, the grid point of best mean
-            ``val_accuracy``, or ``val_mse``, over its seeds), e.g. a grid tuned at seed 0
-            repeated at seeds 1 and 2.
+            together): of this sweep file's variants, run only those it chose on validation
+            (per method and dataset, the grid point of best mean ``val_accuracy``, or
+            ``val_mse``, over its seeds), e.g. a grid tuned at seed 0 repeated at seeds 1
+            and 2.
         progress: Show a progress bar per run.
         verbose: Show Ray's and MLflow's logs.
 

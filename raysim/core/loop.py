@@ -100,10 +100,10 @@ class Objective:
     train); ``grad(point, weight)`` weighs the rows by ``weight`` (K, B) instead. The loop
     computes it by hand where the model is a chain of linear layers (chain.py, 2 to 3 times
     faster than autograd at batch 10), else by autograd, so the objective writes its own math
-    once, as the paper's gradient steps. ``gradients`` returns the data loss to
-    report (K,), one gradient per job parameter (None for those it does not train) and the
-    ``{index: new values}`` that ``loss`` may return as a third value. Such an objective has
-    a ``task`` (tasks.py): the loss ``grad`` differentiates.
+    once, as the paper's gradient steps. ``gradients`` returns the data loss to report (K,),
+    one gradient per job parameter (None for those it does not train) and the
+    ``{index: new values}`` that ``loss`` may return as a third value. Such an objective has a
+    ``task`` (tasks.py): the loss ``grad`` differentiates.
     """
 
     trainable: tuple[bool, ...] | None = None
