@@ -27,6 +27,8 @@ def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     what = f"{sc.resources.hosts} host actors"
     if not ray_start.running():
         what = (f"joining Ray at {address}" if address else "starting a local Ray instance") + f" and {what}"
+    elif ray_engine.parked_for(sc):
+        what = f"reusing the previous run's {what}"
     else:
         what = f"starting {what}"
     print(f"raysim: {what} ...", file=sys.stderr, flush=True)
@@ -119,7 +121,8 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         raise
     outcome = "failed"
     bar = None
-    close = pending.close if pending is not None else (lambda: None)
+    # a finished run's hosts may serve the next run of a sequence (ray_engine.reuse_hosts)
+    close = (lambda: pending.close(keep=outcome == "ok")) if pending is not None else (lambda: None)
     stop = DeferredInterrupt()
     try:
         stop.install()

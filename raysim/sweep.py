@@ -160,7 +160,7 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
         if not jobs:
             pass
         elif at_once == 1:
-            summaries, unfinished = _one_after_another(jobs)
+            summaries, unfinished = _one_after_another(jobs, reuse=engine == "ray" and len(jobs) > 1)
         else:
             summaries, unfinished = _side_by_side(jobs, at_once, parent)
         ok = unfinished is None
@@ -205,11 +205,16 @@ def _finished(summary: dict, sc: Scenario) -> None:
           f"{summary['tracking_uri']}", flush=True)
 
 
-def _one_after_another(jobs: list[Job]) -> tuple[dict, BaseException | None]:
+def _one_after_another(jobs: list[Job], reuse: bool = False) -> tuple[dict, BaseException | None]:
     """The runs in turn: the finished ones' summaries, and RunsFailed (to raise once they are
     shown) if some failed. A run that fails (diverged, a host lost too often: already marked
     FAILED with its resume command printed) does not stop the others, as side by side; bad
-    input, an interrupt or a single run's failure stops at once."""
+    input, an interrupt or a single run's failure stops at once. ``reuse`` (Ray): a finished
+    run's host actors serve the next run of the same shape (``ray_engine.reuse_hosts``)."""
+    if reuse:
+        from raysim.engine import ray_engine
+        with ray_engine.reuse_hosts():
+            return _one_after_another(jobs)
     from raysim.errors import EXIT_FAILED, explain
     summaries, failed = {}, []
     for job in jobs:

@@ -15,7 +15,9 @@ paths of their own, in one sweep (one Ray start):
   hypernetwork's VJP on the server;
 
 each also scoring its clients' validation split (``val_*``, the summary's ``val_best_round`` and
-``test_at_val_best_*``).
+``test_at_val_best_*``). The Ray runs go one after another, each finished run's host actors
+serving the next run asking the same hosts (``ray_engine.reuse_hosts``); FedBN asks other CPUs,
+so it and the run after it start hosts of their own.
 """
 import json
 
@@ -32,7 +34,7 @@ sweep:
   feddyn: {algorithm.name: feddyn}
   moon: {algorithm.name: moon, model: {name: mlp, hidden: [8]}}
   fedrod: {algorithm.name: fedrod, model: {name: mlp, hidden: [8]}}
-  fedbn: {algorithm.name: fedbn, model: {name: mlp, hidden: [8], norm: batch}}
+  fedbn: {algorithm.name: fedbn, model: {name: mlp, hidden: [8], norm: batch}, resources.cpus_per_host: 0.4}
   pfedhn: {algorithm.name: pfedhn}
 """
 
@@ -44,9 +46,16 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
         f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n")
     path = write_scenario(tmp_path, text)
     out = {}
+    said = {}
     for name, extra in (("ray", ("--set", "resources.hosts=3")), ("serial", ("--engine", "serial"))):
-        raysim("run", path, "-q", "--concurrent", "1", "--summary", str(tmp_path / f"{name}.json"), *extra)
+        said[name] = raysim("run", path, "-q", "--concurrent", "1", "--summary", str(tmp_path / f"{name}.json"),
+                            *extra).stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
+    # hosts started (Ray itself by the sweep, before its runs): the first run's, FedBN's (other
+    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other five took the last run's
+    boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actors" in ln]
+    assert boots == (["starting 3 host actors ..."]
+                     + ["reusing the previous run's 3 host actors ..."] * 5 + ["starting 3 host actors ..."] * 2)
     assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 8
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]

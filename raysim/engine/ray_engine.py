@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -49,6 +50,46 @@ def _release(pg) -> None:
         remove_placement_group(pg)
 
 
+# Runs one after another (a sweep's variants and seeds, ``reuse_hosts``): the host actors of a
+# run that finished, kept for the next run of the same shape: {"key", "pg", "hosts"}; None
+# outside such a sequence
+_PARKED: dict | None = None
+
+
+def _shape(sc: Scenario) -> tuple:
+    res = sc.resources
+    return res.hosts, res.cpus_per_host, res.gpus_per_host
+
+
+@contextmanager
+def reuse_hosts():
+    """Within it, a run that finishes leaves its host actors up, and the next run asking the
+    same hosts (count, CPUs, GPUs) takes them: each is re-initialised with the new run's
+    scenario and clients (``RayHost.reset``: the same state as a new actor's) instead of a new
+    process starting and importing PyTorch (about 4 s a run for 3 hosts on 2 cores). A run
+    that fails or loses a host never hands its hosts on. Left: every parked host killed."""
+    global _PARKED
+    outer, _PARKED = _PARKED, {}
+    try:
+        yield
+    finally:
+        _drop_parked()
+        _PARKED = outer
+
+
+def _drop_parked() -> None:
+    if _PARKED:
+        for h in _PARKED["hosts"]:
+            ray.kill(h)
+        _release(_PARKED["pg"])
+        _PARKED.clear()
+
+
+def parked_for(sc: Scenario) -> bool:
+    """Whether the next run of ``sc`` takes parked hosts."""
+    return bool(_PARKED) and _TRIAL is None and _PARKED["key"] == _shape(sc)
+
+
 def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
     """Per-group parts sent as {group: ref}: fetched here, on the host (Ray does not resolve
     refs inside a dict)."""
@@ -79,6 +120,12 @@ class RayHost(Host):
     def __init__(self, index: int, *args, **kwargs):
         self.index = index
         super().__init__(*args, **kwargs)
+
+    def reset(self, index: int, *args, **kwargs) -> None:
+        """Become host ``index`` of another run (``reuse_hosts``): everything of the previous
+        run dropped, then built as a new actor would be."""
+        self.__dict__.clear()
+        self.__init__(index, *args, **kwargs)
 
     def _fault(self, phase: str, round_: int) -> None:
         if self.cids:
@@ -160,13 +207,20 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
         source = ray.put(source)
     placement = placement or place(sc, source=ray.get(source))
     res = sc.resources
+    threads = max(1, int(res.cpus_per_host))
+    if parked_for(sc):
+        pg, hosts = _PARKED["pg"], _PARKED["hosts"]
+        _PARKED.clear()
+        for h, actor in enumerate(hosts):
+            actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
+        return pg, hosts, placement
+    _drop_parked()                 # another shape: their resources freed first
     if _TRIAL is not None:
         pg, first = _TRIAL
     else:
         pg, first = placement_group(host_bundles(sc), strategy="SPREAD"), 0
         _wait_placed(sc, pg, say)
     actor = ray.remote(RayHost)
-    threads = max(1, int(res.cpus_per_host))
     hosts = [
         actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
                       scheduling_strategy=PlacementGroupSchedulingStrategy(pg, first + h))
@@ -382,8 +436,16 @@ class RayServer:
     def report(self) -> dict:
         return self.driver.report()
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Stop the hosts; ``keep`` (a run that finished, within ``reuse_hosts``): leave them up
+        for the next run."""
         if self.driver is None:              # never came up: nothing to shut down cleanly
             self._abandon()
             return
-        self.driver.transport.shutdown()
+        transport = self.driver.transport
+        if keep and _PARKED is not None and _TRIAL is None and transport.hosts:
+            _drop_parked()
+            _PARKED.update(key=_shape(self.sc), pg=transport.pg, hosts=transport.hosts)
+            transport.hosts = []
+            return
+        transport.shutdown()
