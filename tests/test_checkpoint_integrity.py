@@ -239,7 +239,7 @@ def test_resume_of_a_damaged_checkpoint_exits_2_with_one_line(made, tmp_path):
     path = write_scenario(tmp_path, TINY + f"checkpoint: {{dir: '{tmp_path}/ck'}}\n"
                           f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n")
     sets = [a for s in SETS for a in ("--set", s)]
-    proc = raysim("run", path, *sets, "--engine", "serial", "-q", "--resume", rid, check=False)
+    proc = raysim("run", path, *sets, "--engine", "serial", "-q", "--resume", rid, check=False, here=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"raysim: {tmp_path}/ck/{rid}/round-00000005/server.pt: "
                                                 "SHA-256 differs from the manifest's (file damaged or replaced)"]

@@ -119,7 +119,7 @@ def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on
     proc.communicate(timeout=60)
     assert client.get_run(rid).info.status == "RUNNING"
     # any later run on the store notices the driver is gone
-    later = raysim("run", path, "-q", "--engine", "serial")
+    later = raysim("run", path, "-q", "--engine", "serial", here=True)
     assert f"MLflow run {rid} (tiny) was left RUNNING: its driver (pid {proc.pid} on " in later.stderr
     assert f"Continue it with: raysim run {path} --resume {rid}" in later.stderr
     assert client.get_run(rid).info.status == "FAILED"

@@ -154,7 +154,7 @@ def test_sweep_runs_every_topology_and_prints_a_table(tmp_path):
         "sweep:\n  ring: {topology.kind: ring}\n  complete: {topology.kind: complete}\n")
     path = tracked(tmp_path, text)
     out = tmp_path / "sweep.json"
-    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(out))
+    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(out), here=True)
     lines = proc.stdout.strip().splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("variant"))
     table = lines[at:at + 3]

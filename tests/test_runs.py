@@ -42,9 +42,15 @@ resources: {hosts: 2, cpus_per_host: 0.5}
 """
 
 
-def raysim(*args, env=None, check=True):
-    proc = subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
+def raysim(*args, env=None, check=True, here=False):
+    """``raysim ARGS`` as a command in a process of its own; ``here``: through the command's
+    ``main`` in this process (``in_process``), its output captured the same way, sparing the
+    3 s a new process spends importing torch and MLflow (serial runs and store commands)."""
+    if here:
+        proc = in_process(*args, env=env, expect=None)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -67,21 +73,34 @@ def summary_of(tmp_path, path, *extra, name="summary.json", env=None):
     return json.loads(out.read_text())
 
 
-def in_process(*args):
-    """``raysim ARGS`` through the command's ``main`` in this process, which must exit 0; what
-    the command changes in the process (the SIGTERM handler, MLflow's exported tracking URI)
-    is put back."""
+def in_process(*args, env=None, expect=0):
+    """``raysim ARGS`` through the command's ``main`` in this process, with ``env`` added to the
+    environment meanwhile; its exit code (which must be ``expect`` unless None), standard
+    output and error as a CompletedProcess. What the command changes in the process (the
+    SIGTERM handler, MLflow's exported tracking URI) is put back."""
+    import contextlib
+    import io
+
     from raysim.cli import main
-    before = signal.getsignal(signal.SIGTERM), os.environ.get("MLFLOW_TRACKING_URI")
+    keys = ["MLFLOW_TRACKING_URI", *(env or {})]
+    before = signal.getsignal(signal.SIGTERM), {k: os.environ.get(k) for k in keys}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update(env or {})
     try:
-        code = main(list(args))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:      # argparse's refusals
+                code = e.code
     finally:
         signal.signal(signal.SIGTERM, before[0])
-        if before[1] is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = before[1]
-    assert code == 0, f"raysim {' '.join(args)}: exit {code}"
+        for k, v in before[1].items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert expect is None or code == expect, f"raysim {' '.join(args)}: exit {code}\n{err.getvalue()}"
+    return subprocess.CompletedProcess(["raysim", *args], code, out.getvalue(), err.getvalue())
 
 
 def mlflow_run(tmp_path, run_id):
@@ -120,7 +139,8 @@ def test_mlflow_records_params_metrics_artifacts(tmp_path):
 def test_crash_marks_failed_keeps_checkpoint_and_resume_is_identical(tmp_path):
     path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local"))
     full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
-    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False,
+                  here=True)
     assert proc.returncode == 1
     assert "injected failure after round 2" in proc.stderr and "Traceback" not in proc.stderr
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -148,7 +168,7 @@ def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
     assert proc.returncode == 2 and "differs" in proc.stderr
     import shutil                # a failed run whose checkpoint is gone: refused, not silently redone
     shutil.rmtree(tmp_path / "ck" / s["mlflow_run_id"])
-    proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], check=False)
+    proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], check=False, here=True)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"raysim: {path}: checkpoint.dir: no checkpoint for run {s['mlflow_run_id']} at {tmp_path}/ck/"
@@ -163,7 +183,8 @@ def test_a_run_that_failed_before_its_first_checkpoint_resumes_from_round_1_in_t
     the numbers of an undisturbed run."""
     path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local"), every=0)
     full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
-    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False,
+                  here=True)
     assert proc.returncode == 1, proc.stderr
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (failed,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id],
@@ -175,7 +196,8 @@ def test_a_run_that_failed_before_its_first_checkpoint_resumes_from_round_1_in_t
     command = f"raysim run {path} --engine serial --resume {run_id}"
     assert f"continue it with: {command}" in proc.stderr
     assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [1, 2]
-    changed = raysim("run", path, "--engine", "serial", "--set", "algorithm.lr=0.5", "--resume", run_id, check=False)
+    changed = raysim("run", path, "--engine", "serial", "--set", "algorithm.lr=0.5", "--resume", run_id, check=False,
+                     here=True)
     assert changed.returncode == 2 and "the scenario differs from the one run" in changed.stderr
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", run_id, name="resumed.json")
     assert resumed["mlflow_run_id"] == run_id and resumed["final"] == full["final"]
@@ -275,7 +297,7 @@ def test_divergence_stops_the_run_naming_the_round_and_clients_and_keeps_the_las
     # FedAvg with lr 5 on least squares (FedSoft's synthetic regression): |1 - lr·λ_max| > 1,
     # so the weights grow geometrically and the loss overflows within a few rounds
     path = tracked(tmp_path, DIVERGING)
-    proc = raysim("run", path, "-q", "--engine", "serial", check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", check=False, here=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     line = next(ln for ln in proc.stderr.splitlines() if "Diverged" in ln)
     import re

@@ -106,7 +106,7 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(tmp_path):
     run_id = done["mlflow_run_id"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     before = client.download_artifacts(run_id, "summary.json", str(tmp_path / "before"))
-    proc = raysim("run", path, "-q", "--engine", "serial", "--resume", run_id, check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", "--resume", run_id, check=False, here=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"raysim: --resume {run_id}: the run is FINISHED, nothing to continue (its record is left as it is); "
@@ -120,7 +120,7 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(tmp_path):
 
 def test_an_empty_resume_id_is_an_input_error(tmp_path):
     path = tracked(tmp_path, TINY)
-    proc = raysim("run", path, "--engine", "serial", "--resume", "", check=False)
+    proc = raysim("run", path, "--engine", "serial", "--resume", "", check=False, here=True)
     assert proc.returncode == 2
     assert "--resume: an empty run id" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()
@@ -164,11 +164,12 @@ def test_unwritable_summary_and_checkpoint_paths_are_refused_before_the_run(tmp_
     path = tracked(tmp_path, TINY)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(blocker / "s.json"), check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(blocker / "s.json"), check=False, here=True)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
         f"raysim: --summary: cannot write to {blocker}")
-    proc = raysim("run", path, "-q", "--engine", "serial", "--set", f"checkpoint.dir={blocker}/ck", check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", "--set", f"checkpoint.dir={blocker}/ck",
+                  check=False, here=True)
     assert proc.returncode == 2 and f"checkpoint.dir: cannot write to {blocker}/ck" in proc.stderr
-    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(tmp_path), check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(tmp_path), check=False, here=True)
     assert proc.returncode == 2 and "--summary: " in proc.stderr and "is a folder" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()         # no run was created

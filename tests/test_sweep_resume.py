@@ -35,12 +35,13 @@ def test_a_failed_sweep_continues_keeping_finished_runs_and_ends_as_an_undisturb
     ref_dir, dir_ = tmp_path / "ref", tmp_path / "run"
     ref_dir.mkdir(), dir_.mkdir()
     ref_path, path = tracked(ref_dir, SWEEP), tracked(dir_, SWEEP)
-    raysim("run", ref_path, "-q", "--engine", "serial")
+    raysim("run", ref_path, "-q", "--engine", "serial", here=True)
     ref_client = MlflowClient(f"sqlite:///{ref_dir}/mlflow.db")
     ref = {v: losses(ref_client, k.info.run_id) for v, k in children(ref_client, parent_of(ref_client)).items()}
 
     # every run fails after its 3rd round: "short" (2 rounds) finishes, the two others fail
-    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "3"}, check=False)
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "3"}, check=False,
+                  here=True)
     assert proc.returncode == 1, proc.stderr
     client = MlflowClient(f"sqlite:///{dir_}/mlflow.db")
     parent = parent_of(client)
@@ -50,14 +51,15 @@ def test_a_failed_sweep_continues_keeping_finished_runs_and_ends_as_an_undisturb
     first = children(client, parent)
     assert {v: k.info.status for v, k in first.items()} == {"short": "FINISHED", "long": "FAILED", "other": "FAILED"}
     short_end = first["short"].info.end_time
-    table = raysim("compare", parent, "--tracking-uri", f"sqlite:///{dir_}/mlflow.db", "--out", str(dir_ / "cmp")).stdout
+    table = raysim("compare", parent, "--tracking-uri", f"sqlite:///{dir_}/mlflow.db", "--out", str(dir_ / "cmp"),
+                   here=True).stdout
     assert (f"Sweep {parent} (s.yaml): 1 of 3 runs finished, 0 running, 2 failed or stopped, 0 not started; the "
             f"table holds the finished ones (`raysim run s.yaml --resume {parent}`") in table
     assert "[short]" in table and "[long]" not in table
     # a run never started: its record deleted (as if the sweep had stopped before it)
     client.delete_run(first["other"].info.run_id)
 
-    proc = raysim("run", path, "-q", "--engine", "serial", "--resume", parent)
+    proc = raysim("run", path, "-q", "--engine", "serial", "--resume", parent, here=True)
     assert "continuing sweep " + parent + ": 1 finished runs kept, 1 continued, 1 started" in proc.stderr
     assert client.get_run(parent).info.status == "FINISHED"
     after = children(client, parent)
@@ -74,21 +76,21 @@ def test_a_failed_sweep_continues_keeping_finished_runs_and_ends_as_an_undisturb
 
 def test_resuming_a_sweep_refuses_other_variants_a_single_run_and_a_finished_sweep(tmp_path):
     path = tracked(tmp_path, SWEEP)
-    raysim("run", path, "-q", "--engine", "serial", "--set", "rounds=1")
+    raysim("run", path, "-q", "--engine", "serial", "--set", "rounds=1", here=True)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     parent = parent_of(client)
-    done = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", parent, check=False)
+    done = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", parent, check=False, here=True)
     assert done.returncode == 2 and f"--resume {parent}: the run is FINISHED" in done.stderr
     client.update_run(parent, status="FAILED")
     other = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--seeds", "0,1", "--resume", parent,
-                   check=False)
+                   check=False, here=True)
     assert other.returncode == 2, other.stderr
     assert other.stderr.strip().splitlines()[-1] == (
         f"raysim: {path}: --resume {parent}: the sweep ran variants long, other, short with seeds 0; this command "
         "makes variants long, other, short with seeds 0,1: resume with the same file, --set and --seeds")
     kid = children(client, parent)["long"].info.run_id
     client.update_run(kid, status="FAILED")
-    single = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", kid, check=False)
+    single = raysim("run", path, "--engine", "serial", "--set", "rounds=1", "--resume", kid, check=False, here=True)
     assert single.returncode == 2
     assert f"--resume {kid}: not a sweep's parent run; to continue one run of a sweep add --variant NAME" in single.stderr
 
