@@ -78,6 +78,8 @@ class BalancedSoftmax(Objective):
     def __init__(self, task, groups, n: int, trainable: tuple[bool, ...] | None = None):
         self.task, self.groups, self.n = task, groups, n
         self.trainable = trainable
+        head = set(groups.head) if groups is not None else set()
+        self.head_mask = tuple(i in head for i in range(n))
 
     def balanced(self, out: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
         """Per-sample balanced softmax loss of logits ``out`` (K, B, C), prior (K, C)."""
@@ -94,6 +96,17 @@ class BalancedSoftmax(Objective):
         loss = ((bsm + per_p) * batch.weight).sum(1)
         plain = self.task.per_sample(out_g.detach(), batch.y)
         return loss, (plain * batch.valid).sum(1)
+
+    def gradients(self, grad, params, batch, consts, draws):
+        """``loss``'s gradients from the loop's ``grad`` (by hand for chains of linear layers):
+        the balanced softmax's at the generic model (its outputs offset by log π), then the
+        personal loss's at the model with the personal head, its outputs offset by the generic
+        logits, differentiated in the head only."""
+        model, personal = params[:self.n], params[self.n:]
+        _, g_model, out_g = grad(model, offset=consts["log_prior"].unsqueeze(1), outputs=True)
+        _, g_p = grad(self.groups.merge(model, "head", personal), offset=out_g, train=self.head_mask)
+        plain = (self.task.per_sample(out_g, batch.y) * batch.valid).sum(1)
+        return plain, g_model + [g_p[i] for i in self.groups.head], {}
 
 
 def log_prior(y: torch.Tensor, classes: int) -> torch.Tensor:

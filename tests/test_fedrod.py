@@ -3,12 +3,15 @@ head by hand (the personal loss never reaches the body), and its personalized ac
 FedAvg's on a pathological digits split."""
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from raysim import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedrod import BalancedSoftmax, FedRoDState, log_prior
+from raysim.core import forward as fwd
 from raysim.core.forward import params_of
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
@@ -105,3 +108,36 @@ def test_fedrod_personalized_beats_fedavg_on_a_pathological_split(tmp_path):
     fedavg, fedrod = final(tmp_path, "fedavg"), final(tmp_path, "fedrod")
     assert fedrod["accuracy"] > fedavg["accuracy"] + 0.3, (fedrod["accuracy"], fedavg["accuracy"])
     assert fedrod["global_accuracy"] > 0.2                  # the generic model learns too (chance: 0.1)
+
+
+@pytest.mark.parametrize("gradients", ["auto", "autograd"])
+def test_the_gradients_path_equals_autograd_of_the_loss_with_an_absent_class_and_a_padded_row(gradients):
+    # 2 sets, MLP 3 -> 4 -> ReLU -> 3 (the chain: by hand under "auto"), a batch of 5 rows whose last
+    # is padding (weight 0) labelled with the class set 0 lacks (log π = −inf there)
+    from raysim.core.groups import groups_of
+    from raysim.core.loop import Batch, Trainer
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3))
+    groups = groups_of(model)
+    n = 4
+    gen = torch.Generator().manual_seed(0)
+    sets = [torch.randn(2, *p.shape, generator=gen) for p in model.parameters()]
+    personal = [torch.randn(2, *model[2].weight.shape, generator=gen), torch.randn(2, 3, generator=gen)]
+    x = torch.randn(2, 5, 3, generator=gen)
+    y = torch.tensor([[0, 1, 0, 1, 2], [2, 1, 0, 2, 1]])
+    valid = torch.tensor([[1.0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    weight = valid / valid.sum(1, keepdim=True)
+    prior = torch.stack([log_prior(y[0, :4], 3), log_prior(y[1], 3)])
+    assert prior[0, 2] == -math.inf
+    batch = Batch(x, y, weight, valid)
+    obj = BalancedSoftmax(CLS, groups, n)
+    seen, got, assign = obj.gradients(Trainer(model, gradients=gradients).point_grad(CLS, batch), sets + personal,
+                                      batch, {"log_prior": prior}, None)
+    # the reference: autograd of ``loss`` with the padded row labelled with a class set 0 has (its
+    # balanced loss is then finite, and weighs 0 as before; with class 2 it is inf · 0 = nan)
+    ref = Batch(x, torch.where(valid > 0, y, torch.zeros_like(y)), weight, valid)
+    leaves = [t.clone().requires_grad_() for t in sets + personal]
+    loss, plain = obj.loss(fwd.make_forward(model), leaves, ref, {"log_prior": prior}, None)
+    want = torch.autograd.grad(loss.sum(), leaves)
+    assert assign == {} and torch.allclose(seen, plain)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and torch.allclose(a, b, rtol=1e-5, atol=1e-6)

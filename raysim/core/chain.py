@@ -123,14 +123,17 @@ class Chain:
         return Terms(c, d)
 
     def step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-             valid: torch.Tensor, terms: tuple, train_mask: tuple[bool, ...], opt=None, lo: int = 0, hi: int = 0
-             ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+             valid: torch.Tensor, terms: tuple, train_mask: tuple[bool, ...], opt=None, lo: int = 0, hi: int = 0,
+             offset: torch.Tensor | None = None, outputs: bool = False):
         """One step's data loss summed over each set's valid rows (K,) and the gradients of the
         trained parameters in model order (``terms`` included: ``terms(...)`` of these sets);
         or, given an ``opt`` (optim.Stacked, sets lo..hi-1 of it: ``params`` are their slices)
         that fuses, the step itself, each parameter updated by ``opt.fused`` as soon as its
         gradient is known (and after the layer below has its error from the weights before the
-        step); None then comes back for the gradients."""
+        step); None then comes back for the gradients. ``offset``: a constant added to the
+        model's outputs before the loss (broadcast to (K, B, out): FedRoD's log prior, a
+        detached other model's logits). ``outputs``: the model's outputs (K, B, out), before
+        the offset, come back third."""
         k, b = x.shape[0], x.shape[1]
         c, d = terms.c, terms.d
         fuse = opt is not None and opt.fusable()
@@ -149,6 +152,9 @@ class Chain:
                 seq.append(_forward(act, seq[-1]))
             seqs.append(seq)
             a = seq[-1]
+        out = a
+        if offset is not None:
+            a = a + offset
         if isinstance(task, Classification):
             logp = a.log_softmax(-1)
             target = logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
@@ -180,13 +186,13 @@ class Chain:
             delta = prev
         if fuse:
             return data_sum, None
-        out = [grads[i] for i, t in enumerate(train_mask) if t]
+        got = [grads[i] for i, t in enumerate(train_mask) if t]
         if c is not None:
             trained = [p for p, t in zip(params, train_mask) if t]
-            torch._foreach_add_(out, [p * c.view(-1, *([1] * (p.dim() - 1))) for p in trained])
+            torch._foreach_add_(got, [p * c.view(-1, *([1] * (p.dim() - 1))) for p in trained])
         if d is not None:
-            torch._foreach_add_(out, d)
-        return data_sum, out
+            torch._foreach_add_(got, d)
+        return (data_sum, got, out) if outputs else (data_sum, got)
 
 
     @staticmethod

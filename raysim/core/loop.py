@@ -97,7 +97,9 @@ class Objective:
     ``grad``: ``grad(point)`` for a model parameter set stacked (K, ...) returns the data loss
     summed over each job's valid rows (K,) and the gradient at ``point`` of the weighted task
     loss Σ_rows weight·ℓ, one tensor per model tensor (None where the model's tensor does not
-    train); ``grad(point, weight)`` weighs the rows by ``weight`` (K, B) instead. The loop
+    train); ``grad(point, weight)`` weighs the rows by ``weight`` (K, B) instead; ``offset``,
+    ``train`` and ``outputs`` add a constant to the outputs before the loss, restrict the
+    tensors differentiated and return the outputs (``Trainer.point_grad``). The loop
     computes it by hand where the model is a chain of linear layers (chain.py, 2 to 3 times
     faster than autograd at batch 10), else by autograd, so the objective writes its own math
     once, as the paper's gradient steps. ``gradients`` returns the data loss to report (K,),
@@ -514,28 +516,37 @@ class Trainer:
         return P, (loss_sums / seen.clamp_min(1)).tolist(), opt
 
     def point_grad(self, task, batch: Batch) -> Callable:
-        """``grad(point, weight=None)`` for an objective's ``gradients`` on this step's batch: the
-        data loss summed over valid rows (K,) and the gradient of Σ_rows weight·ℓ at the point
-        (``weight``: the batch's row weights, or other ones (K, B), e.g. Per-FedAvg's parts of
-        the batch), one tensor per model tensor (None where it does not train); by hand for a
-        chain, else by autograd (the same graph as ``Supervised.loss``'s without its terms)."""
-        mask = self.trainable
-        if self.chain is not None and self.chain.supports(task, len(mask), {}):
-            def by_hand(point, weight=None):
-                data_sum, grads = self.chain.step(task, point, batch.x, batch.y,
-                                                  batch.weight if weight is None else weight, batch.valid,
-                                                  chn.Terms(), mask)
+        """``grad(point, weight=None, offset=None, train=None, outputs=False)`` for an
+        objective's ``gradients`` on this step's batch: the data loss summed over valid rows
+        (K,) and the gradient of Σ_rows weight·ℓ at the point (``weight``: the batch's row
+        weights, or other ones (K, B), e.g. Per-FedAvg's parts of the batch), one tensor per
+        model tensor (None where it does not train). ``offset``: a constant added to the
+        model's outputs before the loss (FedRoD's log prior, or another model's detached
+        logits); ``train``: a mask over the model's tensors, the only ones differentiated
+        (no gradient flows below the lowest); ``outputs``: the model's outputs at the point
+        (K, B, out), before the offset, come back third. By hand for a chain, else by autograd
+        (the same graph as ``Supervised.loss``'s without its terms)."""
+        base = self.trainable
+        if self.chain is not None and self.chain.supports(task, len(base), {}):
+            def by_hand(point, weight=None, offset=None, train=None, outputs=False):
+                mask = base if train is None else tuple(a and b for a, b in zip(base, train))
+                data_sum, grads, *out = self.chain.step(
+                    task, point, batch.x, batch.y, batch.weight if weight is None else weight, batch.valid,
+                    chn.Terms(), mask, offset=offset, outputs=outputs)
                 it = iter(grads)
-                return data_sum, [next(it) if m else None for m in mask]
+                return (data_sum, [next(it) if m else None for m in mask], *out)
             return by_hand
 
-        def by_autograd(point, weight=None):
+        def by_autograd(point, weight=None, offset=None, train=None, outputs=False):
+            mask = base if train is None else tuple(a and b for a, b in zip(base, train))
             with torch.enable_grad():
                 leaves = [p.detach().requires_grad_(m) for p, m in zip(point, mask)]
-                per = task.per_sample(self.forward(leaves, batch.x), batch.y)
+                out = self.forward(leaves, batch.x)
+                per = task.per_sample(out if offset is None else out + offset, batch.y)
                 loss = (per * (batch.weight if weight is None else weight)).sum(1)
                 it = iter(torch.autograd.grad(loss.sum(), [p for p, m in zip(leaves, mask) if m]))
-            return (per.detach() * batch.valid).sum(1), [next(it) if m else None for m in mask]
+            got = [next(it) if m else None for m in mask]
+            return ((per.detach() * batch.valid).sum(1), got, *((out.detach(),) if outputs else ()))
         return by_autograd
 
     def _mode(self, training: bool) -> None:
