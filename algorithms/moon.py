@@ -163,14 +163,41 @@ class MOONObjective(Objective):
         per = self.task.per_sample(out, batch.y)
         loss = (per * batch.weight).sum(1)
         if self.mu:
-            with torch.no_grad():
-                if self.body_only:
-                    zg, zp = self.frozen(consts["glob"], batch.x), self.frozen(consts["prev"], batch.x)
-                else:
-                    zg, zp = self.frozen_whole(consts["glob"], batch.x)[0], self.frozen_whole(consts["prev"], batch.x)[0]
+            zg, zp = self.frozen_reps(batch.x, consts)
             con = self.contrastive(z.flatten(2), zg.flatten(2), zp.flatten(2))
             loss = loss + self.mu * (con * batch.weight).sum(1)
         return loss, (per.detach() * batch.valid).sum(1)
+
+    def frozen_reps(self, x: torch.Tensor, consts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """z_glob and z_prev: the frozen models' representations of the batch."""
+        with torch.no_grad():
+            if self.body_only:
+                return self.frozen(consts["glob"], x), self.frozen(consts["prev"], x)
+            return self.frozen_whole(consts["glob"], x)[0], self.frozen_whole(consts["prev"], x)[0]
+
+    # the contrastive gradient enters the hand-written backward pass at the head's input
+    # (``grad(..., hidden=...)``), which only chains of linear layers have; other models train
+    # ``loss`` through autograd
+    needs_chain = True
+
+    def gradients(self, grad, params, batch, consts, draws):
+        """``loss``'s gradients by the loop's hand-written backward pass: the cross-entropy's
+        error passed down through the head, plus μ·∂ℓ_con/∂z at the representation z (the
+        head's input), taken by autograd over the (K, B, d) representations alone."""
+        self.to(batch.x.device)
+        if not self.mu:
+            seen, g = grad(params)
+            return seen, g, {}
+        zg, zp = (r.flatten(2) for r in self.frozen_reps(batch.x, consts))
+
+        def pull(z: torch.Tensor) -> torch.Tensor:
+            with torch.enable_grad():
+                leaf = z.detach().requires_grad_()
+                con = self.contrastive(leaf.flatten(2), zg, zp)
+                (g,) = torch.autograd.grad((con * batch.weight).sum() * self.mu, leaf)
+            return g
+        seen, g = grad(params, hidden=(self.head_idx[0], pull))
+        return seen, g, {}
 
 
 class MOON(FedAvg):

@@ -53,6 +53,33 @@ def test_the_contrastive_term_by_hand_through_the_objective():
     assert data2.item() == pytest.approx(2 * math.log(2))                 # reported: the sum
 
 
+@pytest.mark.parametrize("mu", [0.0, 2.0])
+def test_the_hand_written_gradients_equal_autograd_of_the_loss(mu):
+    # MLP 3 -> 5 -> ReLU -> 4 -> Tanh -> 3 with model.head 1 (the representation: the Tanh's
+    # output), 2 sets, 4 rows, the last of set 1 padding; the loop's gradient for this chain is by
+    # hand, with the contrastive term's gradient entering at the head's input
+    from raysim.core import forward as fwd
+    from raysim.core.loop import Trainer
+    from raysim.core.tasks import TASKS
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
+    obj = make("moon", model_fn=lambda: model, mu=mu, tau=0.5).moon
+    assert obj.needs_chain and obj.head_idx == (4, 5)
+    gen = torch.Generator().manual_seed(1)
+    sets = [[torch.randn(2, *p.shape, generator=gen) for p in model.parameters()] for _ in range(3)]
+    consts = {"glob": obj.const_params(sets[1]), "prev": obj.const_params(sets[2])}
+    valid = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]])
+    batch = Batch(torch.randn(2, 4, 3, generator=gen), torch.tensor([[0, 1, 2, 0], [2, 2, 1, 0]]),
+                  valid / valid.sum(1, keepdim=True), valid)
+    trainer = Trainer(model)
+    assert trainer.chain is not None
+    seen, got, assign = obj.gradients(trainer.point_grad(TASKS["classification"], batch), sets[0], batch, consts,
+                                      None)
+    leaves = [t.clone().requires_grad_() for t in sets[0]]
+    loss, data = obj.loss(fwd.make_forward(model), leaves, batch, consts, None)
+    want = torch.autograd.grad(loss.sum(), leaves)
+    assert assign == {} and torch.allclose(seen, data)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def two_d(cid, rows, ys):

@@ -124,7 +124,7 @@ class Chain:
 
     def step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
              valid: torch.Tensor, terms: tuple, train_mask: tuple[bool, ...], opt=None, lo: int = 0, hi: int = 0,
-             offset: torch.Tensor | None = None, outputs: bool = False):
+             offset: torch.Tensor | None = None, outputs: bool = False, hidden=None):
         """One step's data loss summed over each set's valid rows (K,) and the gradients of the
         trained parameters in model order (``terms`` included: ``terms(...)`` of these sets);
         or, given an ``opt`` (optim.Stacked, sets lo..hi-1 of it: ``params`` are their slices)
@@ -133,7 +133,9 @@ class Chain:
         step); None then comes back for the gradients. ``offset``: a constant added to the
         model's outputs before the loss (broadcast to (K, B, out): FedRoD's log prior, a
         detached other model's logits). ``outputs``: the model's outputs (K, B, out), before
-        the offset, come back third."""
+        the offset, come back third. ``hidden``: (parameter index i, fn): a loss on the input
+        z of the layer whose weight is parameter i (MOON's representation) joins the data's,
+        fn(z) giving its gradient at z (K, B, ...), added to the error passed down there."""
         k, b = x.shape[0], x.shape[1]
         c, d = terms.c, terms.d
         fuse = opt is not None and opt.fusable()
@@ -176,6 +178,8 @@ class Chain:
             p = self.first[li]
             below = li > 0 and p > lowest
             prev = torch.bmm(delta, weights[li]) if below else None     # with the weights before the step
+            if below and hidden is not None and hidden[0] == p:
+                prev = prev + hidden[1](inputs[li])
             if train_mask[p]:
                 self._apply(p, slot, params, terms, grads, opt if fuse else None, lo, hi,
                             ga=delta.transpose(1, 2), gb=inputs[li])

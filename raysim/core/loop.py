@@ -109,6 +109,9 @@ class Objective:
     """
 
     trainable: tuple[bool, ...] | None = None
+    # an objective whose ``gradients`` use what only the chain's gradient offers (``hidden``):
+    # on other models the loop differentiates its ``loss``
+    needs_chain: bool = False
 
     def draws(self, generator: torch.Generator, steps: int) -> torch.Tensor | None:
         return None
@@ -453,7 +456,8 @@ class Trainer:
         widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
-        by_points = not by_hand and obj.by_points()
+        by_points = not by_hand and obj.by_points() and (not obj.needs_chain or (
+            self.chain is not None and self.chain.supports(obj.task, len(self.trainable), {})))
         tune = (bs, tuple(tuple(p.shape[1:]) for p in P), train_mask, by_hand, id(obj), tuple(sorted(consts)))
         self._mode(True)
         # pass by pass: a pass trains jobs c0..c1-1 through all their steps, so its parameters
@@ -525,14 +529,16 @@ class Trainer:
         logits); ``train``: a mask over the model's tensors, the only ones differentiated
         (no gradient flows below the lowest); ``outputs``: the model's outputs at the point
         (K, B, out), before the offset, come back third. By hand for a chain, else by autograd
-        (the same graph as ``Supervised.loss``'s without its terms)."""
+        (the same graph as ``Supervised.loss``'s without its terms). By hand only: ``hidden``
+        (``chain.Chain.step``), a loss on a layer's input, for an objective that sets
+        ``needs_chain``."""
         base = self.trainable
         if self.chain is not None and self.chain.supports(task, len(base), {}):
-            def by_hand(point, weight=None, offset=None, train=None, outputs=False):
+            def by_hand(point, weight=None, offset=None, train=None, outputs=False, hidden=None):
                 mask = base if train is None else tuple(a and b for a, b in zip(base, train))
                 data_sum, grads, *out = self.chain.step(
                     task, point, batch.x, batch.y, batch.weight if weight is None else weight, batch.valid,
-                    chn.Terms(), mask, offset=offset, outputs=outputs)
+                    chn.Terms(), mask, offset=offset, outputs=outputs, hidden=hidden)
                 it = iter(grads)
                 return (data_sum, [next(it) if m else None for m in mask], *out)
             return by_hand
