@@ -146,6 +146,9 @@ def _dispatch(args, early_ray: bool = False) -> int:
     if args.command == "run":
         from raysim.preflight import check_run
         check_run(args.file, args.overrides, args.summary, args.resume)
+        if args.engine == "serial":      # MLflow imported by a helper while this one loads
+            from raysim import tracker_process
+            tracker_process.prestart()
     if early_ray and args.command == "run" and args.engine == "ray":
         from raysim.engine import ray_start
         print(f"raysim: {'joining Ray at ' + args.address if args.address else 'starting a local Ray instance'} ...",
@@ -241,6 +244,9 @@ def entry() -> None:
     if "raysim.engine.ray_start" in sys.modules:
         from raysim.engine import ray_start
         ray_start.stop_for_exit()
+    if "raysim.tracker_process" in sys.modules:      # a helper no run took (a refused scenario)
+        from raysim import tracker_process
+        tracker_process.discard()
     os._exit(rc)
 
 

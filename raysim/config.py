@@ -538,12 +538,12 @@ def make_source(sc: Scenario):
 def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     """Open the data source (files present and well-formed), build the model once and, with
     a topology, its first graph."""
-    from raysim import topology
     from raysim.data import DataError
     from raysim.core.groups import groups_of
     from raysim.models import build as build_model
 
     if sc.topology is not None:
+        from raysim import topology       # networkx and scipy: only a decentralized run needs them
         try:
             topology.check_scenario(sc.topology, sc.data.clients, sc.seed)
         except topology.TopologyError as e:

@@ -103,8 +103,14 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     local = None
     # the MLflow run is created in a thread while this one waits for the hosts to boot (Ray) or
     # builds them (serial: data, partition, host state); a boot failure is raised below, once
-    # the run exists to be marked FAILED
-    tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
+    # the run exists to be marked FAILED. A serial run in a process without MLflow yet tracks
+    # through a helper process instead, so MLflow's imports and store run on another core
+    # rather than against the hosts for the GIL (tracker_process)
+    from raysim import tracker_process
+    if engine != "ray" and tracker_process.wanted():
+        tracker_ready = tracker_process.TrackerProcess(sc, resume, verbose, tags, resume_command).ready
+    else:
+        tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
     try:
         if pending is not None:
             pending.wait()

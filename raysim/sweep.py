@@ -121,7 +121,8 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     several = len(variants) > 1
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
-        from raysim import tracking
+        from raysim import tracker_process, tracking
+        tracker_process.discard()       # the runs track in threads: MLflow is imported here now
         # one tracking store for every run, fixed here (trials start in folders of their own)
         uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
         variants = [(v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri)))

@@ -219,9 +219,15 @@ def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
 
 
 class Tracker:
-    def __init__(self, sc: Scenario, resume_run_id: str | None = None, verbose: bool = False,
-                 tags: dict[str, str] | None = None):
+    def __init__(self, sc, resume_run_id: str | None = None, verbose: bool = False,
+                 tags: dict[str, str] | None = None, driver_pid: int | None = None):
+        """A new run (or ``resume_run_id`` reopened) for ``sc``: a Scenario, or its
+        ``tracker_process.RunSpec`` (what tracking needs of it, for a process without the
+        methods' modules). ``driver_pid``: the process that runs the rounds (default: this)."""
+        from raysim.tracker_process import RunSpec
+        sc = sc if isinstance(sc, RunSpec) else RunSpec.of(sc)
         self.sc = sc
+        self._driver_pid = driver_pid or os.getpid()
         self._queue: queue.Queue = queue.Queue()   # rounds' metrics for the writer thread
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -239,20 +245,19 @@ class Tracker:
             return
         self.reap(exp.experiment_id)
         run = self.client.create_run(exp.experiment_id, run_name=sc.name, tags={
-            "algorithm": sc.algorithm.name, "dataset": sc.data.dataset.name, "model": sc.model.name,
+            "algorithm": sc.algorithm, "dataset": sc.dataset, "model": sc.model,
             "scenario": os.path.basename(sc.path), "seed": str(sc.seed), **provenance(), **(tags or {})})
         self.run_id = run.info.run_id
         self._start_heartbeat()
         self._record_scenario(sc)
 
-    def _record_scenario(self, sc: Scenario) -> None:
+    def _record_scenario(self, sc) -> None:
         """What reproduces the run: every key of the resolved scenario (``config.resolved``:
         defaults filled in) as a parameter, and as artifacts under ``scenario/`` the file as
         written, ``given.json`` (the keys the file, its sweep variant and ``--set`` gave) and
         ``resolved.json`` (every key, as the run used it; ``raysim run`` of it runs the same
         scenario)."""
-        from raysim.config import resolved as resolve
-        full = resolve(sc)
+        full = sc.resolved
         items = [mlflow.entities.Param(k, v[:6000]) for k, v in sorted(flatten(full).items())]
         for i in range(0, len(items), 100):            # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=items[i:i + 100])
@@ -366,7 +371,7 @@ class Tracker:
         self.client.set_tag(self.run_id, BEAT_TAG, f"{time.time():.0f}")
 
     def _start_heartbeat(self) -> None:
-        self.client.set_tag(self.run_id, DRIVER_TAG, f"{socket.gethostname()}:{os.getpid()}")
+        self.client.set_tag(self.run_id, DRIVER_TAG, f"{socket.gethostname()}:{self._driver_pid}")
         self._beat()
         self._stop = threading.Event()
 

@@ -215,13 +215,15 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
     # a shell's background job starts with SIGINT ignored (and Python keeps it so): restore it
     proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q", "--engine", "serial"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), start_new_session=True)
     ck_root = tmp_path / "ck"
     deadline = time.time() + 120
     while time.time() < deadline and not list(ck_root.glob("*/manifest.json")):
         time.sleep(0.2)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    # Ctrl-C: SIGINT to the whole process group, the MLflow helper process included
+    # (tracker_process), which leaves the ending to the run
+    os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     run_id = next(ck_root.iterdir()).name
@@ -232,6 +234,37 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
     saved = checkpoint.manifest(ck_root / run_id)["round"]
     logged = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(run_id, "train_loss")
     assert 0 < saved < 400 and saved == max(m.step for m in logged)
+
+
+def test_a_serial_run_without_mlflow_imported_tracks_through_a_helper_process_and_records_the_same_run(tmp_path):
+    """A serial run in a process that has not imported MLflow (the ``raysim run`` command) leaves
+    MLflow to a helper process (raysim/tracker_process.py): MLflow is never imported in the run's
+    process, and the MLflow record is the one a run tracking in a thread (this process, which has
+    MLflow) makes: status, parameters, every round's metrics, artifacts, the driver's pid."""
+    path = tracked(tmp_path, TINY.replace("fedavg", "local"))
+    code = ("import json, os, sys; from raysim import config, runner; "
+            "s = runner.run(config.load(sys.argv[1]), engine='serial', progress=False); "
+            "print(json.dumps({'mlflow': 'mlflow' in sys.modules, 'id': s['mlflow_run_id'], 'pid': os.getpid()}))")
+    out = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    helper = json.loads(out.stdout.strip().splitlines()[-1])
+    assert helper["mlflow"] is False
+    from raysim import config
+    from raysim.runner import run as run_here
+    assert "mlflow" in sys.modules
+    threaded = run_here(config.load(path), engine="serial", progress=False)["mlflow_run_id"]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    a, b = client.get_run(helper["id"]), client.get_run(threaded)
+    assert a.info.status == b.info.status == "FINISHED"
+    assert a.data.params == b.data.params and set(a.data.metrics) == set(b.data.metrics)
+    for key in a.data.metrics:
+        if "seconds" not in key:
+            assert ([(m.step, m.value) for m in client.get_metric_history(a.info.run_id, key)]
+                    == [(m.step, m.value) for m in client.get_metric_history(b.info.run_id, key)]), key
+    arts = lambda rid: sorted(f.path for d in ("", "scenario") for f in client.list_artifacts(rid, d))  # noqa: E731
+    assert arts(a.info.run_id) == arts(b.info.run_id) and "summary.json" in arts(a.info.run_id)
+    assert a.data.tags["raysim.driver"].endswith(f":{helper['pid']}")
+    assert b.data.tags["raysim.driver"].endswith(f":{os.getpid()}")
 
 
 def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):

@@ -1,0 +1,226 @@
+"""MLflow tracking in a helper process, beside a run that has not imported MLflow yet.
+
+Importing MLflow and its SQL store, opening the store and creating the run cost about 2 to 3
+s of one core (import 1.2 s and 0.9 s, the store 0.7 s, 1.75 s for a new database). The
+serial engine runs every host in the command's process, so a tracking thread there would
+hold the GIL against the hosts' data loading and rounds for those seconds. A process of its
+own does the same work on another core: ``TrackerProcess`` starts it first, the run builds its
+hosts meanwhile, and the run's calls (``log_round``, ``flush``, ``note_checkpoint``,
+``log_summary``, ``finish``) go to the ``raysim.tracking.Tracker`` there over a pipe, in
+order. The run's record is the same either way; where MLflow is imported already (a sweep's
+parent run, a notebook's second run, the tests), runs track in a thread as before
+(``wanted``).
+
+The helper ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the run
+decides, and marks its MLflow run KILLED or FAILED through ``finish`` as it would itself. If
+the run's process dies without a word (SIGKILL), the helper sees its pipe close and exits,
+leaving the MLflow run RUNNING with the run's own pid as its driver, for the next run on the
+store to mark FAILED (``Tracker.reap``). What the helper prints (``reap``'s lines) comes back
+to the run's standard error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from multiprocessing.connection import Connection, Pipe
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackingRef:
+    uri: str | None
+    experiment: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What tracking needs of a scenario, as plain values (so a process without the methods'
+    modules and PyTorch can receive it)."""
+
+    name: str
+    algorithm: str
+    dataset: str
+    model: str
+    path: str
+    seed: int
+    tracking: TrackingRef
+    raw: dict
+    resolved: dict
+
+    @classmethod
+    def of(cls, sc) -> "RunSpec":
+        from raysim.config import resolved
+        return cls(sc.name, sc.algorithm.name, sc.data.dataset.name, sc.model.name, str(sc.path), sc.seed,
+                   TrackingRef(sc.tracking.uri, sc.tracking.experiment), sc.raw, resolved(sc))
+
+
+def wanted() -> bool:
+    """Whether a run in this process should track through a helper: MLflow not imported yet."""
+    return "mlflow" not in sys.modules
+
+
+_REPLIES = {"flush", "note_checkpoint", "log_summary", "finish"}
+
+
+def _serve(conn, spec: RunSpec, resume: str | None, verbose: bool, tags: dict | None, driver_pid: int,
+           resume_command: str | None) -> None:
+    """The helper: a Tracker, then its calls from the pipe until ``finish`` or the pipe closes."""
+    import contextlib
+    import io
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            from raysim.tracking import Tracker
+            tracker = Tracker(spec, resume, verbose, tags, driver_pid=driver_pid)
+            if resume_command:
+                tracker.note_resume(resume_command.format(run_id=tracker.run_id))
+    except BaseException as e:      # noqa: BLE001 - raised in the run's process
+        _send(conn, "error", e, said.getvalue())
+        return
+    _send(conn, "ok", (tracker.run_id, tracker.uri), said.getvalue())
+    while True:
+        try:
+            op, args = conn.recv()
+        except (EOFError, OSError):      # the run's process is gone
+            return
+        try:
+            out = getattr(tracker, op)(*args)
+            reply = ("ok", out)
+        except BaseException as e:  # noqa: BLE001 - raised in the run's process
+            reply = ("error", e)
+        if op in _REPLIES:
+            _send(conn, *reply, "")
+        if op == "finish":
+            # the run is ended and every write committed: leave without MLflow's exit handlers
+            # (about half a second, which the run would wait for)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _send(conn, kind: str, value: Any, said: str) -> None:
+    """A reply; an exception that does not pickle goes as a RuntimeError with its text."""
+    try:
+        conn.send((kind, value, said))
+    except Exception:               # noqa: BLE001
+        conn.send((kind, RuntimeError(f"{type(value).__name__}: {value}"), said))
+
+
+def _start_helper() -> tuple[Connection, subprocess.Popen]:
+    """The helper process, importing MLflow at once, then waiting for its run on the pipe. A
+    command of its own (``python -m raysim.tracker_process FD``), not multiprocessing's spawn,
+    which would run the caller's main script again in the helper."""
+    conn, child = Pipe()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # raysim importable there too
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.tracker_process", str(child.fileno())],
+                            pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path})
+    child.close()
+    return conn, proc
+
+
+_PRESTARTED: tuple[Connection, subprocess.Popen] | None = None
+
+
+def prestart() -> None:
+    """Start the helper now, before this process imports PyTorch and loads the scenario (the
+    ``raysim run`` command of a serial run does, first thing), so MLflow's imports overlap
+    them; the run takes it (``TrackerProcess``). Unused, it ends with this process, or at
+    ``discard``."""
+    global _PRESTARTED
+    if _PRESTARTED is None and wanted():
+        import atexit
+        _PRESTARTED = _start_helper()
+        atexit.register(discard)
+
+
+def discard() -> None:
+    """Stop a prestarted helper no run will take: a sweep's runs track in threads (its parent
+    run imports MLflow here), and a refused scenario has no run."""
+    global _PRESTARTED
+    if _PRESTARTED is not None:
+        conn, proc = _PRESTARTED
+        _PRESTARTED = None
+        conn.close()
+        proc.kill()
+        proc.wait()
+
+
+class TrackerProcess:
+    """A ``Tracker`` in a helper process, with its methods; ``ready()`` waits for the run."""
+
+    def __init__(self, sc, resume: str | None = None, verbose: bool = False, tags: dict | None = None,
+                 resume_command: str | None = None):
+        global _PRESTARTED
+        (self._conn, self._proc), _PRESTARTED = _PRESTARTED or _start_helper(), None
+        self._conn.send((RunSpec.of(sc), resume, verbose, tags, os.getpid(), resume_command))
+        self.run_id: str | None = None
+        self.uri: str | None = None
+
+    def _reply(self) -> Any:
+        try:
+            kind, value, said = self._conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(f"the MLflow tracking process ended unexpectedly (exit code "
+                               f"{self._proc.poll()})") from None
+        if said:
+            sys.stderr.write(said)
+            sys.stderr.flush()
+        if kind == "error":
+            raise value
+        return value
+
+    def ready(self) -> "TrackerProcess":
+        """The run created (or reopened): its id and the store's URI known; the helper's error
+        (a store that cannot be opened, a run that cannot be resumed) raised here."""
+        if self.run_id is None:
+            try:
+                self.run_id, self.uri = self._reply()
+            except BaseException:
+                self._wait()
+                raise
+        return self
+
+    def _call(self, op: str, *args) -> Any:
+        self._conn.send((op, args))
+        return self._reply() if op in _REPLIES else None
+
+    def log_round(self, record: dict) -> None:
+        self._call("log_round", record)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def note_checkpoint(self, folder) -> None:
+        self._call("note_checkpoint", str(folder))
+
+    def log_summary(self, summary: dict) -> None:
+        self._call("log_summary", summary)
+
+    def finish(self, outcome: str) -> None:
+        try:
+            self._call("finish", outcome)
+        finally:
+            self._wait()
+
+    def _wait(self) -> None:
+        self._conn.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+if __name__ == "__main__":
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the run decides (see above)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    import raysim.tracking      # noqa: F401 - MLflow imported while the run loads; then its run
+    _conn = Connection(int(sys.argv[1]))
+    try:
+        _init = _conn.recv()
+    except (EOFError, OSError):     # not taken (discard, or the run's process ended first)
+        sys.exit(0)
+    _serve(_conn, *_init)
