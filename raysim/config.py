@@ -284,6 +284,34 @@ def resolved(sc: Scenario) -> dict:
     return out
 
 
+
+@dataclasses.dataclass(frozen=True)
+class TrackingRef:
+    uri: str | None
+    experiment: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What tracking needs of a scenario, as plain values: a process without the methods'
+    modules and PyTorch (``tracker_process``) receives it in place of the scenario."""
+
+    name: str
+    algorithm: str
+    dataset: str
+    model: str
+    path: str
+    seed: int
+    tracking: TrackingRef
+    raw: dict
+    resolved: dict
+
+    @classmethod
+    def of(cls, sc) -> "RunSpec":
+        return cls(sc.name, sc.algorithm.name, sc.data.dataset.name, sc.model.name, str(sc.path), sc.seed,
+                   TrackingRef(sc.tracking.uri, sc.tracking.experiment), sc.raw, resolved(sc))
+
+
 def named(ctx: Ctx, path: str, mapping, key: str, builtins: dict, lookup, params_of, default=None):
     """``component`` for a section whose name may also be a plugin's (``raysim.plugins``): a
     name that is not built in resolves through ``lookup`` (``module:Name`` or an entry point),

@@ -20,40 +20,13 @@ to the run's standard error.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
-
-@dataclasses.dataclass(frozen=True)
-class TrackingRef:
-    uri: str | None
-    experiment: str
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """What tracking needs of a scenario, as plain values (so a process without the methods'
-    modules and PyTorch can receive it)."""
-
-    name: str
-    algorithm: str
-    dataset: str
-    model: str
-    path: str
-    seed: int
-    tracking: TrackingRef
-    raw: dict
-    resolved: dict
-
-    @classmethod
-    def of(cls, sc) -> "RunSpec":
-        from raysim.config import resolved
-        return cls(sc.name, sc.algorithm.name, sc.data.dataset.name, sc.model.name, str(sc.path), sc.seed,
-                   TrackingRef(sc.tracking.uri, sc.tracking.experiment), sc.raw, resolved(sc))
+from raysim.config import RunSpec
 
 
 def wanted() -> bool:

@@ -33,7 +33,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from raysim.config import Scenario, ScenarioError, name_list
+from raysim.config import RunSpec, Scenario, ScenarioError, name_list
 
 STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0
@@ -222,9 +222,8 @@ class Tracker:
     def __init__(self, sc, resume_run_id: str | None = None, verbose: bool = False,
                  tags: dict[str, str] | None = None, driver_pid: int | None = None):
         """A new run (or ``resume_run_id`` reopened) for ``sc``: a Scenario, or its
-        ``tracker_process.RunSpec`` (what tracking needs of it, for a process without the
+        ``config.RunSpec`` (what tracking needs of it, for a process without the
         methods' modules). ``driver_pid``: the process that runs the rounds (default: this)."""
-        from raysim.tracker_process import RunSpec
         sc = sc if isinstance(sc, RunSpec) else RunSpec.of(sc)
         self.sc = sc
         self._driver_pid = driver_pid or os.getpid()
