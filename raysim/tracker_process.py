@@ -157,7 +157,11 @@ class TrackerProcess:
         return self
 
     def _call(self, op: str, *args) -> Any:
-        self._conn.send((op, args))
+        try:
+            self._conn.send((op, args))
+        except OSError:                  # BrokenPipeError: the helper is gone
+            raise RuntimeError(f"the MLflow tracking process ended unexpectedly (exit code "
+                               f"{self._proc.poll()})") from None
         return self._reply() if op in _REPLIES else None
 
     def log_round(self, record: dict) -> None:

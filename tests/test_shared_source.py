@@ -56,3 +56,32 @@ def test_ray_hosts_use_the_drivers_partition(tmp_path):
         ray.util.remove_placement_group(pg)
     finally:
         ray_start.shutdown()
+
+
+@pytest.mark.ray
+def test_parked_hosts_are_reset_for_the_next_run_and_a_dead_one_gives_new_hosts(tmp_path):
+    """``reuse_hosts``: the second run of the same shape takes the first run's host actors (same
+    actors, re-initialised: its own clients' data), a third, after one parked host was killed,
+    starts new ones; the three runs' metrics are equal (the same scenario and seed)."""
+    import ray
+
+    from raysim.engine import ray_engine, ray_start
+    from raysim.runner import run
+    sc = config.load(write_scenario(tmp_path, DIGITS), ["rounds=1", f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                                                        f"checkpoint.dir={tmp_path}/ck"])
+    ray_start.init(None)
+    try:
+        with ray_engine.reuse_hosts():
+            first = run(sc, progress=False)
+            parked = [h._actor_id for h in ray_engine._PARKED["hosts"]]
+            second = run(sc, progress=False)
+            assert [h._actor_id for h in ray_engine._PARKED["hosts"]] == parked
+            ray.kill(ray_engine._PARKED["hosts"][1])
+            third = run(sc, progress=False)
+            fresh = [h._actor_id for h in ray_engine._PARKED["hosts"]]
+            assert not set(fresh) & set(parked)
+        assert ray_engine._PARKED is None
+        assert first["final"] == second["final"] == third["final"]
+        assert [h["train_loss"] for h in first["history"]] == [h["train_loss"] for h in third["history"]]
+    finally:
+        ray_start.shutdown()

@@ -211,10 +211,13 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
     if parked_for(sc):
         pg, hosts = _PARKED["pg"], _PARKED["hosts"]
         _PARKED.clear()
-        for h, actor in enumerate(hosts):
-            actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
-        return pg, hosts, placement
-    _drop_parked()                 # another shape: their resources freed first
+        try:
+            ray.get([actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
+                     for h, actor in enumerate(hosts)], timeout=res.host_timeout_s)
+            return pg, hosts, placement
+        except (ray.exceptions.RayError, TimeoutError):     # one died while parked: new hosts
+            _PARKED.update(key=_shape(sc), pg=pg, hosts=hosts)
+    _drop_parked()                 # another shape, or a parked host lost: their resources freed first
     if _TRIAL is not None:
         pg, first = _TRIAL
     else:
