@@ -217,6 +217,8 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
             return pg, hosts, placement
         except (ray.exceptions.RayError, TimeoutError):     # one died while parked: new hosts
             _PARKED.update(key=_shape(sc), pg=pg, hosts=hosts)
+            if say is not None:
+                say(f"raysim: a parked host actor was lost; starting {res.hosts} host actors ...")
     _drop_parked()                 # another shape, or a parked host lost: their resources freed first
     if _TRIAL is not None:
         pg, first = _TRIAL
