@@ -108,7 +108,10 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     # rather than against the hosts for the GIL (tracker_process)
     from raysim import tracker_process
     if engine != "ray" and tracker_process.wanted():
-        tracker_ready = tracker_process.TrackerProcess(sc, resume, verbose, tags, resume_command).ready
+        helper = tracker_process.TrackerProcess(sc, resume, verbose, tags, resume_command)
+        # a resumed run is checked (still resumable, the same scenario) before any round; a new
+        # one starts its rounds while the helper creates it (``check`` after each round)
+        tracker_ready = helper.ready if resume else helper.started
     else:
         tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
     try:
@@ -136,7 +139,9 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             raise boot_error
         server = pending if pending is not None else local
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
-        path = checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
+        def run_path() -> Path:          # the run's checkpoint folder, named by its MLflow id
+            return checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
+        check_tracking = getattr(tracker, "check", lambda: None)
         bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
         history = list(server.history) if start else []
@@ -149,13 +154,14 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                 r = int(record["round"])
                 history.append(record)
                 tracker.log_round(record)       # a round redone after a loss is not logged again
+                check_tracking()                # the helper's error, if it has one, now
                 every = sc.checkpoint.every
                 if (every and r % every == 0) or r == sc.rounds or stop.requested:
                     # the rounds a checkpoint covers are in the store before it is committed:
                     # a driver killed just after it loses no round's metrics
                     tracker.flush()
-                    _save(server, path, sc)
-                    tracker.note_checkpoint(path)
+                    _save(server, run_path(), sc)
+                    tracker.note_checkpoint(run_path())
             except HostLost as err:
                 if stop.requested:          # a SIGTERM to the whole job took the hosts too
                     raise KeyboardInterrupt from err
@@ -166,7 +172,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                         raise HostLost(f"{why} (host loss {losses}, beyond resources.max_host_losses "
                                        f"= {sc.resources.max_host_losses})") from None
                     try:
-                        back = server.recover(str(path) if checkpoint.exists(path) else None)
+                        back = server.recover(str(run_path()) if checkpoint.exists(run_path()) else None)
                         break
                     except HostLost as again:
                         err = again
@@ -208,7 +214,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             close()
         finally:
             tracker.finish(outcome)
-            if outcome != "ok":
+            if outcome != "ok" and getattr(tracker, "failed", None) is None:     # a run to resume
                 tell_resume(tracker.run_id, outcome, sc, resume_command)
 
 

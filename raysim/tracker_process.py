@@ -129,8 +129,17 @@ class TrackerProcess:
         global _PRESTARTED
         (self._conn, self._proc), _PRESTARTED = _PRESTARTED or _start_helper(), None
         self._conn.send((RunSpec.of(sc), resume, verbose, tags, os.getpid(), resume_command))
-        self.run_id: str | None = None
-        self.uri: str | None = None
+        self._run: tuple[str, str] | None = None
+        self.failed: BaseException | None = None       # the helper's error creating the run
+
+    @property
+    def run_id(self) -> str:
+        """The MLflow run's id (waits for the helper to create it)."""
+        return self.ready()._run[0]
+
+    @property
+    def uri(self) -> str:
+        return self.ready()._run[1]
 
     def _reply(self) -> Any:
         try:
@@ -148,21 +157,39 @@ class TrackerProcess:
     def ready(self) -> "TrackerProcess":
         """The run created (or reopened): its id and the store's URI known; the helper's error
         (a store that cannot be opened, a run that cannot be resumed) raised here."""
-        if self.run_id is None:
+        if self.failed is not None:
+            raise self.failed
+        if self._run is None:
             try:
-                self.run_id, self.uri = self._reply()
-            except BaseException:
+                self._run = self._reply()
+            except BaseException as e:
+                self.failed = e
                 self._wait()
                 raise
         return self
 
+    def started(self) -> "TrackerProcess":
+        """Without waiting: the rounds may start while the helper creates the run (the calls
+        queue up in the pipe); ``check`` and the first use of ``run_id`` surface its error."""
+        return self
+
+    def check(self) -> None:
+        """If the helper has answered about the run, take its answer (raising its error)."""
+        if self._run is None and self._conn.poll():
+            self.ready()
+
     def _call(self, op: str, *args) -> Any:
         try:
             self._conn.send((op, args))
-        except OSError:                  # BrokenPipeError: the helper is gone
+        except OSError:                  # BrokenPipeError: the helper is gone (its reason first)
+            if self._run is None:
+                self.ready()
             raise RuntimeError(f"the MLflow tracking process ended unexpectedly (exit code "
                                f"{self._proc.poll()})") from None
-        return self._reply() if op in _REPLIES else None
+        if op in _REPLIES:
+            self.ready()                 # the run's answer comes first in the pipe
+            return self._reply()
+        return None
 
     def log_round(self, record: dict) -> None:
         self._call("log_round", record)
@@ -177,6 +204,10 @@ class TrackerProcess:
         self._call("log_summary", summary)
 
     def finish(self, outcome: str) -> None:
+        """End the run with the outcome's status (nothing to end if it was never created: its
+        error has been raised already)."""
+        if self.failed is not None:
+            return
         try:
             self._call("finish", outcome)
         finally:

@@ -267,6 +267,23 @@ def test_a_serial_run_without_mlflow_imported_tracks_through_a_helper_process_an
     assert b.data.tags["raysim.driver"].endswith(f":{os.getpid()}")
 
 
+def test_a_run_the_tracking_helper_cannot_create_fails_with_the_stores_error_and_no_resume_command(tmp_path):
+    """The helper creates a new run while the rounds start; a store that refuses it (here: the
+    experiment deleted) stops the run at the next round with the store's error in one line, exit
+    1, and no resume command (there is no run to resume)."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client.delete_experiment(client.create_experiment("raysim"))
+    path = tracked(tmp_path, DIGITS.replace("rounds: 20", "rounds: 400").replace("eval: {every: 10}",
+                                                                                "eval: {every: 400}"))
+    proc = raysim("run", path, "--engine", "serial", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "raysim: run failed: MlflowException: The experiment 1 must be in the 'active' state. Current state "
+        "is deleted. (rerun with -v for the traceback)")
+    assert "--resume" not in proc.stderr and "400 rounds" not in proc.stdout
+    assert not list((tmp_path / "ck").glob("*/manifest.json"))        # no checkpoint of any run
+
+
 def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
     """MLflow creates a new SQLite store's tables on first use; three runs starting at the same
     instant on one new file (parallel variants) must each get their run, none "table ... exists"."""
