@@ -160,11 +160,13 @@ def test_crash_marks_failed_keeps_checkpoint_and_resume_is_identical(tmp_path):
 
 def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
     path = tracked(tmp_path, TINY)
-    proc = raysim("run", path, "--resume", "0123abc", check=False)
+    # refused before any engine starts (test_cluster: a refused command leaves no Ray behind)
+    proc = raysim("run", path, "--engine", "serial", "--resume", "0123abc", check=False, here=True)
     assert proc.returncode == 2 and "--resume 0123abc: no such MLflow run" in proc.stderr
     s = summary_of(tmp_path, path, "--engine", "serial")
     MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").update_run(s["mlflow_run_id"], status="FAILED")
-    proc = raysim("run", path, "--resume", s["mlflow_run_id"], "--set", "algorithm.lr=0.5", check=False)
+    proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], "--set", "algorithm.lr=0.5",
+                  check=False, here=True)
     assert proc.returncode == 2 and "differs" in proc.stderr
     import shutil                # a failed run whose checkpoint is gone: refused, not silently redone
     shutil.rmtree(tmp_path / "ck" / s["mlflow_run_id"])
@@ -288,12 +290,17 @@ def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
     """MLflow creates a new SQLite store's tables on first use; three runs starting at the same
     instant on one new file (parallel variants) must each get their run, none "table ... exists"."""
     path = tracked(tmp_path, TINY)
-    start = time.time() + 8        # after every process has imported MLflow
-    code = ("import sys, time; from raysim import config; from raysim.tracking import Tracker; "
-            "sc = config.load(sys.argv[1]); time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
+    # a barrier: each process, once it has imported MLflow and loaded the scenario, says so in a
+    # file and waits for the other two; then all three open the new store at the same instant
+    code = ("import pathlib, sys, time; from raysim import config; from raysim.tracking import Tracker; "
+            "sc = config.load(sys.argv[1]); d = pathlib.Path(sys.argv[2]); (d / sys.argv[3]).touch(); "
+            "end = time.time() + 60\n"
+            "while len(list(d.iterdir())) < 3 and time.time() < end: time.sleep(0.005)\n"
             "print(Tracker(sc).run_id)")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start)], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(ready), str(i)], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err[-300:] for _, err in outs]
     ids = {out.strip() for out, _ in outs}
