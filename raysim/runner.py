@@ -113,6 +113,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         # one starts its rounds while the helper creates it (``check`` after each round)
         tracker_ready = helper.ready if resume else helper.started
     else:
+        tracker_process.discard()       # a helper the command started that this run does not need
         tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
     try:
         if pending is not None:
