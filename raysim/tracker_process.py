@@ -4,12 +4,16 @@ Importing MLflow and its SQL store, opening the store and creating the run cost 
 s of one core (import 1.2 s and 0.9 s, the store 0.7 s, 1.75 s for a new database). The
 serial engine runs every host in the command's process, so a tracking thread there would
 hold the GIL against the hosts' data loading and rounds for those seconds. A process of its
-own does the same work on another core: ``TrackerProcess`` starts it first, the run builds its
-hosts meanwhile, and the run's calls (``log_round``, ``flush``, ``note_checkpoint``,
-``log_summary``, ``finish``) go to the ``raysim.tracking.Tracker`` there over a pipe, in
-order. The run's record is the same either way; where MLflow is imported already (a sweep's
-parent run, a notebook's second run, the tests), runs track in a thread as before
-(``wanted``).
+own does the same work on another core: the ``raysim run`` command starts it first thing
+(``prestart``, before PyTorch loads), the run builds its hosts and starts its rounds meanwhile,
+and the run's calls (``log_round``, ``flush``, ``note_checkpoint``, ``log_summary``,
+``finish``) go to the ``raysim.tracking.Tracker`` there over a pipe, in order. A new run's
+rounds do not wait for the run to exist (``started``): its id is first needed at the first
+checkpoint, and the runner takes the helper's answer after each round (``check``), so a store
+that refuses the run stops it with the store's error. A resumed run waits (``ready``): the
+helper checks it can be resumed. The run's record is the same either way; where MLflow is
+imported already (a sweep's parent run, a notebook's second run, the tests), runs track in a
+thread as before (``wanted``).
 
 The helper ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the run
 decides, and marks its MLflow run KILLED or FAILED through ``finish`` as it would itself. If
