@@ -386,9 +386,12 @@ class Trainer:
         (``chain.Chain.step``), a loss on a layer's input, for an objective that sets
         ``needs_chain``."""
         base = self.trainable
+
+        def masked(train) -> tuple[bool, ...]:
+            return base if train is None else tuple(a and b for a, b in zip(base, train))
         if self.chain is not None and self.chain.supports(task, len(base), {}):
             def by_hand(point, weight=None, offset=None, train=None, outputs=False, hidden=None):
-                mask = base if train is None else tuple(a and b for a, b in zip(base, train))
+                mask = masked(train)
                 data_sum, grads, *out = self.chain.step(
                     task, point, batch.x, batch.y, batch.weight if weight is None else weight, batch.valid,
                     chn.Terms(), mask, offset=offset, outputs=outputs, hidden=hidden)
@@ -397,7 +400,7 @@ class Trainer:
             return by_hand
 
         def by_autograd(point, weight=None, offset=None, train=None, outputs=False):
-            mask = base if train is None else tuple(a and b for a, b in zip(base, train))
+            mask = masked(train)
             with torch.enable_grad():
                 leaves = [p.detach().requires_grad_(m) for p, m in zip(point, mask)]
                 out = self.forward(leaves, batch.x)
