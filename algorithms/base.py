@@ -503,7 +503,9 @@ def _result(scored):
 class UpdateStats:
     """Summable statistics of the clients' updates Δ_k of one tensor: Σ_k Δ_k, Σ_k ‖Δ_k‖² and
     the count, whose total variance is Σ_k ‖Δ_k − Δ̄‖² = Σ_k ‖Δ_k‖² − ‖Σ_k Δ_k‖²/n (SosicFL's
-    eqs. 10–11, over the round's participants)."""
+    eqs. 10–11, over the round's participants). A client's Δ_k and ‖Δ_k‖² are float32 numbers
+    (the norm computed in float64, then rounded), so that the replies' float64 sums of them
+    come out the same for any grouping of the clients over hosts (``raysim.core.replies``)."""
 
     total: torch.Tensor
     squares: float
@@ -511,8 +513,8 @@ class UpdateStats:
 
     @classmethod
     def of(cls, delta: torch.Tensor) -> "UpdateStats":
-        d = delta.detach().to(torch.float64)
-        return cls(d, float((d * d).sum()), 1.0)
+        d = delta.detach().to(torch.float32)
+        return cls(d, float(np.float32((d.to(torch.float64) ** 2).sum().item())), 1.0)
 
     def variance(self) -> float:
         if self.count <= 0:

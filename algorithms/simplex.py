@@ -52,7 +52,7 @@ def sample_ball(generator: torch.Generator, mu: torch.Tensor, eta: float, n: int
                 max_proposals: int = 1 << 22) -> torch.Tensor:
     """n points uniform on {α ∈ Δ^M : ‖α − μ‖₁ ≤ η} (exact rejection from the sub-simplex
     α ≥ max(μ − η/2, 0)): (n, M + 1) float64."""
-    mu = torch.as_tensor(mu, dtype=torch.float64)
+    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()     # drawn on the CPU, as the generator
     d = mu.shape[0]
     lo = (mu - eta / 2).clamp_min(0.0)
     s = float(1.0 - lo.sum())
@@ -73,7 +73,7 @@ def sample_ball(generator: torch.Generator, mu: torch.Tensor, eta: float, n: int
 
 def sample_ball_floco(generator: torch.Generator, mu: torch.Tensor, rho: float, n: int) -> torch.Tensor:
     """The official Floco sampler: μ + r·u/‖u‖₁, u ~ U(−1, 1)^{M+1}, r ~ U(0, ρ): (n, M + 1)."""
-    mu = torch.as_tensor(mu, dtype=torch.float64)
+    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()     # drawn on the CPU, as the generator
     u = 2 * torch.rand(n, mu.shape[0], generator=generator, dtype=torch.float64) - 1
     u = u / u.abs().sum(1, keepdim=True)
     r = rho * torch.rand(n, 1, generator=generator, dtype=torch.float64)

@@ -7,6 +7,7 @@ researcher would write it.
 
     python bench/bare_fedavg.py tiny 1000 10
     python bench/bare_fedavg.py cnn 50 5
+    python bench/bare_fedavg.py cnn 50 5 cuda     # on the GPU (data moved there once)
 """
 import copy
 import sys
@@ -43,7 +44,7 @@ def local_train(model: nn.Module, x, y, kind: str, gen: torch.Generator) -> int:
     s = SPECS[kind]
     opt = torch.optim.SGD(model.parameters(), lr=s["lr"])
     loss_fn = nn.CrossEntropyLoss()
-    order = torch.randperm(len(x), generator=gen)
+    order = torch.randperm(len(x), generator=gen).to(x.device)
     for i in range(0, len(x), s["batch"]):
         idx = order[i:i + s["batch"]]
         opt.zero_grad()
@@ -52,16 +53,17 @@ def local_train(model: nn.Module, x, y, kind: str, gen: torch.Generator) -> int:
     return len(x)
 
 
-def main(kind: str, clients: int, rounds: int) -> float:
+def main(kind: str, clients: int, rounds: int, device: str = "cpu") -> float:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    warm = make_model(kind)      # one-time setup outside the timing, as raysim's hosts do
+    dev = torch.device(device)
+    warm = make_model(kind).to(dev)      # one-time setup outside the timing, as raysim's hosts do
     opt = torch.optim.SGD(warm.parameters(), lr=0.0)
-    warm(torch.zeros(SPECS[kind]["batch"], *SPECS[kind]["shape"])).sum().backward()
+    warm(torch.zeros(SPECS[kind]["batch"], *SPECS[kind]["shape"], device=dev)).sum().backward()
     opt.step()
     t0 = time.perf_counter()
-    data = [client_data(kind, c) for c in range(clients)]
-    glob = make_model(kind)
+    data = [tuple(t.to(dev) for t in client_data(kind, c)) for c in range(clients)]
+    glob = make_model(kind).to(dev)
     gen = torch.Generator().manual_seed(0)
     for _ in range(rounds):
         acc = [torch.zeros_like(p) for p in glob.parameters()]
@@ -75,10 +77,12 @@ def main(kind: str, clients: int, rounds: int) -> float:
         with torch.no_grad():
             for g, a in zip(glob.parameters(), acc):
                 g.copy_(a / total)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    print(f"bare {kind} clients={clients} rounds={rounds} wall={wall:.2f}s")
+    print(f"bare {kind} clients={clients} rounds={rounds} device={device} wall={wall:.2f}s")
     return wall
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

@@ -370,3 +370,20 @@ def test_an_objective_given_as_gradients_keeps_a_jobs_numbers_independent_of_the
             for i, f in zip(pick, fit(pick)):
                 assert all(torch.equal(u, v) for u, v in zip(f.params, everyone[i].params))
                 assert f.loss == everyone[i].loss
+
+
+def test_pack_starts_every_client_on_a_64_byte_boundary_with_its_own_values():
+    from raysim.core.data import ClientData, pack
+    from raysim.core.loop import pool
+    sizes = [3, 5, 7]
+    shards = [ClientData(c, torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + 100 * c,
+                         torch.full((n,), c), torch.zeros(0, 5), torch.zeros(0, dtype=torch.long),
+                         torch.zeros(0, 5), torch.zeros(0, dtype=torch.long)) for c, n in enumerate(sizes)]
+    packed = pack(shards)
+    for d, p in zip(shards, packed):
+        assert p.train_x.data_ptr() % 64 == 0 and torch.equal(p.train_x, d.train_x)
+        assert torch.equal(p.train_y, d.train_y)
+    # rows of 20 bytes: 16 rows make 320 bytes = 5 x 64, so client 1 starts at row 16, client 2 at 32
+    X, Y, starts = pool([p.train_x for p in packed], [p.train_y for p in packed])
+    assert starts == [0, 16, 32]
+    assert torch.equal(X[16:21], shards[1].train_x) and torch.equal(Y[32:39], shards[2].train_y)

@@ -220,6 +220,28 @@ def test_total_variance_by_hand():
     assert s.variance() == pytest.approx(4.0)
 
 
+def test_total_variance_is_the_same_for_any_grouping_of_the_clients_over_hosts():
+    """The server sums hosts' partial sums of the clients' UpdateStats (float64 sums of float32
+    values): 1 host of 9 clients or hosts of 2, 3 and 4 give the same variance to the last bit."""
+    from raysim.core.replies import Accumulator
+
+    def total(stats, groups):
+        server = Accumulator()
+        for group in groups:
+            host = Accumulator()
+            for k in group:
+                host.add(stats[k])
+            server.merge(host)
+        return server.result().variance()
+    # with ‖Δ_k‖² kept as float64 numbers, their sums differed in the last bit for seed 4
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        stats = [UpdateStats.of(torch.randn(50, generator=g) * 10.0 ** float(k % 4 - 2)) for k in range(9)]
+        one = total(stats, [range(9)])
+        assert one > 0 and total(stats, [range(0, 2), range(2, 5), range(5, 9)]) == one
+        assert total(stats, [[k] for k in range(9)]) == one
+
+
 def test_literal_server_weights_scale_the_step_by_the_participants_share():
     algo, _ = _tiny_sosicfl(dim=1, server_weights="all")
     server = algo.init_server(np.random.default_rng(0))

@@ -229,7 +229,7 @@ class Trainer:
             t_max = steps[order[0]]
             draws = torch.stack([_pad_steps(jobs[k].draws, t_max) for k in order]).to(X.device)
         P = [torch.stack(ts) for ts in zip(*(jobs[k].params for k in order))]
-        consts = {key: _stack_const([jobs[k].consts[key] for k in order]) for key in jobs[0].consts}
+        consts = {key: _stack_const([jobs[k].consts[key] for k in order], X.device) for key in jobs[0].consts}
         weights = [jobs[k].weights for k in order] if any(j.weights is not None for j in jobs) else None
         P, mean, opt = self._train(P, X, Y, [offsets[id(jobs[k].x)] for k in order], [ns[k] for k in order],
                                    [jobs[k].orders for k in order], s, obj, consts, weights, draws,
@@ -570,13 +570,13 @@ def _pad_steps(d: torch.Tensor, t: int) -> torch.Tensor:
     return torch.cat([d, d.new_zeros(t - d.shape[0], *d.shape[1:])])
 
 
-def _stack_const(values: list) -> Any:
-    """The jobs' constants stacked (K, ...). A tensor every job holds as the same object (the
-    round's received model as everyone's proximal anchor) is one row seen K times (stride 0),
-    not K copies."""
+def _stack_const(values: list, device: torch.device) -> Any:
+    """The jobs' constants stacked (K, ...) on the jobs' ``device``. A tensor every job holds as
+    the same object (the round's received model as everyone's proximal anchor) is one row seen
+    K times (stride 0), not K copies."""
     if isinstance(values[0], (list, tuple)):
         return [_same_or_stacked(ts) for ts in zip(*values)]
-    return torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values])
+    return torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values]).to(device)
 
 
 def _same_or_stacked(ts) -> torch.Tensor:

@@ -69,8 +69,8 @@ class Rows:
         if not self.cids:
             return torch.zeros(0)
         first = sources[self.sources[0]]
-        flat = torch.stack([sources[j] for j in self.sources]).to(torch.float64).numpy()
-        return torch.from_numpy(self.matrix @ flat).to(first.dtype)
+        flat = torch.stack([sources[j] for j in self.sources]).cpu().to(torch.float64).numpy()
+        return torch.from_numpy(self.matrix @ flat).to(first.dtype).to(first.device)
 
 
     def mix_arrays(self, ids: np.ndarray, matrix: torch.Tensor) -> torch.Tensor:
@@ -79,9 +79,9 @@ class Rows:
         if not self.cids:
             return torch.zeros(0)
         where = {int(j): k for k, j in enumerate(ids.tolist())}
-        pick = torch.tensor([where[j] for j in self.sources], dtype=torch.long)
-        flat = matrix.index_select(0, pick).to(torch.float64).numpy()
-        return torch.from_numpy(self.matrix @ flat).to(matrix.dtype)
+        pick = torch.tensor([where[j] for j in self.sources], dtype=torch.long, device=matrix.device)
+        flat = matrix.index_select(0, pick).cpu().to(torch.float64).numpy()
+        return torch.from_numpy(self.matrix @ flat).to(matrix.dtype).to(matrix.device)
 
 
 def mix_rows(sources: dict[int, torch.Tensor], rows: list[list[tuple[int, float]]]) -> list[torch.Tensor]:
@@ -102,7 +102,7 @@ def squared_distances_rows(flats: torch.Tensor, mean: torch.Tensor, sizes: list[
     """``squared_distances`` of every row of ``flats`` (n, d), as an array (n, groups): each row
     summed on its own (numpy's pairwise sum along the row), so its numbers do not depend on the
     other rows."""
-    d = (flats.to(torch.float64) - mean.to(torch.float64).reshape(1, -1)).numpy()
+    d = (flats.detach().cpu().to(torch.float64) - mean.cpu().to(torch.float64).reshape(1, -1)).numpy()
     d = d * d
     bounds = np.cumsum([0] + list(sizes))
     return np.stack([d[:, a:b].sum(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1)

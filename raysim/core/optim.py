@@ -45,7 +45,7 @@ class Stacked:
                                               for k, s in enumerate(states)]) for i, p in enumerate(params)]
         if name == "adam":
             self.steps = torch.tensor([0.0 if s is None else float(s["step"]) for s in states],
-                                      dtype=torch.float64)
+                                      dtype=torch.float64, device=params[0].device)
 
     @torch.no_grad()
     def step(self, params: list[torch.Tensor], grads: list[torch.Tensor], lo: int, hi: int) -> None:

@@ -14,10 +14,32 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
+
+
+def tree_map(fn: Callable[[Any], Any], obj: Any, leaf_types=(torch.Tensor,)) -> Any:
+    """Apply ``fn`` to every leaf of ``leaf_types`` inside lists, tuples, dicts and dataclasses."""
+    if isinstance(obj, leaf_types):
+        return fn(obj)
+    if isinstance(obj, list):
+        return [tree_map(fn, o, leaf_types) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(tree_map(fn, o, leaf_types) for o in obj)
+    if isinstance(obj, dict):
+        return type(obj)({k: tree_map(fn, v, leaf_types) for k, v in obj.items()})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: tree_map(fn, getattr(obj, f.name), leaf_types)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def on_cpu(obj: Any) -> Any:
+    """``obj`` with its tensors on the CPU (the server's device): a host's replies leave it
+    there, whatever device trained them (no copy for CPU tensors)."""
+    return tree_map(lambda t: t.detach().cpu(), obj)
 
 
 class PerClient(dict):
@@ -50,7 +72,7 @@ def _flatten(obj: Any, leaves: list) -> Any:
     if obj is None:
         return ("none",)
     if isinstance(obj, PerClient):
-        leaves.append(obj)
+        leaves.append(PerClient(on_cpu(dict(obj))))
         return ("per_client",)
     if isinstance(obj, ByKey):
         subs = {}
@@ -123,7 +145,7 @@ class Accumulator:
         """Add each row of ``values`` (n, ...) as a reply of its own: their sum in float64
         (summed in row order) and n replies."""
         # a cumulative sum is the running sum, row after row: as adding the rows one by one
-        total = torch.from_numpy(np.cumsum(values.to(torch.float64).numpy(), axis=0)[-1].copy())
+        total = torch.from_numpy(np.cumsum(values.detach().cpu().to(torch.float64).numpy(), axis=0)[-1].copy())
         self._add_leaves(("tensor",), [(total, None)])
         self.count += int(values.shape[0])
 

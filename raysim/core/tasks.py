@@ -94,7 +94,11 @@ def _ece_gaps(log_conf: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BIN
     the sum of their absolute values."""
     conf = log_conf.to(torch.float64).exp_()
     idx = (conf * bins).ceil_().clamp_(1, bins).long() - 1
-    return torch.bincount(idx, weights=conf.neg_().add_(correct), minlength=bins)
+    gaps = conf.neg_().add_(correct)
+    if idx.device.type == "cpu":
+        return torch.bincount(idx, weights=gaps, minlength=bins)
+    # CUDA's weighted bincount adds with atomics, in no fixed order; the CPU's, in sample order
+    return torch.bincount(idx.cpu(), weights=gaps.cpu(), minlength=bins).to(idx.device)
 
 
 def ece(out: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:

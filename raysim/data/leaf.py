@@ -1,4 +1,4 @@
-"""Datasets in LEAF's JSON format (Caldas et al., "LEAF: A Benchmark for Federated Settings",
+r"""Datasets in LEAF's JSON format (Caldas et al., "LEAF: A Benchmark for Federated Settings",
 2018): one reader for FEMNIST, Shakespeare, Sent140 and LEAF's Synthetic.
 
 LEAF writes ``train/*.json`` and ``test/*.json``; each file is

@@ -13,6 +13,7 @@ Python object per client, the same numbers.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -38,6 +39,16 @@ def pick_device(gpus: float) -> torch.device:
     if gpus > 0 and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+def deterministic_cuda() -> None:
+    """The same numbers from every run on a GPU, whichever hosts share it: cuBLAS with a fixed
+    workspace (read at its first use in the process, so set before the host's first product),
+    and cuDNN's deterministic kernels instead of the fastest ones it would pick at run time
+    (some of which add in an order that changes from run to run)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def release_freed_memory() -> None:
@@ -71,6 +82,8 @@ class Host:
         self.cids = sorted(cids)
         self._mine = set(self.cids)
         self.device = torch.device(device) if device else pick_device(sc.resources.gpus_per_host)
+        if self.device.type == "cuda":
+            deterministic_cuda()
         self.source = source if source is not None else make_source(sc)
         self.algo = make_algorithm(sc, self.source)
         self.algo.warm_up(self.source.input_shape, self.device)
@@ -97,7 +110,8 @@ class Host:
 
     def state(self, cid: int) -> Any:
         if cid not in self.states:
-            self.states[cid] = self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid))
+            self.states[cid] = to_device(self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid)),
+                                         self.device)
         return self.states[cid]
 
     def context(self, round_: int, cid: int, purpose: str, group: int = 0, work: float = 1.0) -> Context:
@@ -238,7 +252,8 @@ class Host:
         self._flat = {}
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
-            self.servers[cid] = self.algo.aggregate(self.servers[cid], reduce([reply]), round_)
+            # the reply reduces on the CPU (float64 sums): the aggregate comes back to the host's device
+            self.servers[cid] = to_device(self.algo.aggregate(self.servers[cid], reduce([reply]), round_), self.device)
             self._flat[cid] = mixing.flatten(self.algo.shared(self.servers[cid]))
             losses[cid] = (float(loss), self.data(cid).num_train)
         bundles = {h: {j: self._flat[j] for j in wanted} for h, wanted in outbox.items() if wanted}
@@ -254,7 +269,7 @@ class Host:
         return Block(cids, x, y, starts, ns, round_, self.sc.rounds, seeds, self.device)
 
     def _train_rows(self, round_: int, cids: list[int], outbox: dict[int, list[int]], t0: float):
-        pos = torch.tensor([self._pos[c] for c in cids], dtype=torch.long)
+        pos = torch.tensor([self._pos[c] for c in cids], dtype=torch.long, device=self._F.device)
         every = len(cids) == len(self.cids)
         F = self._F if every else self._F.index_select(0, pos)
         template = self.algo.shared(self._template)
@@ -274,7 +289,7 @@ class Host:
         for h, wanted in outbox.items():
             if wanted:
                 ids = np.asarray(wanted, dtype=np.int64)
-                bundles[h] = (ids, new.index_select(0, torch.as_tensor([at[j] for j in wanted])))
+                bundles[h] = (ids, new.index_select(0, torch.as_tensor([at[j] for j in wanted], device=new.device)))
         return bundles, losses, time.perf_counter() - t0
 
     def gossip_mix(self, inbox: list[Any], rows) -> Accumulator:

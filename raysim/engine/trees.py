@@ -7,21 +7,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-
-def tree_map(fn: Callable[[Any], Any], obj: Any, leaf_types=(torch.Tensor,)) -> Any:
-    """Apply ``fn`` to every leaf of ``leaf_types`` inside lists, tuples, dicts and dataclasses."""
-    if isinstance(obj, leaf_types):
-        return fn(obj)
-    if isinstance(obj, list):
-        return [tree_map(fn, o, leaf_types) for o in obj]
-    if isinstance(obj, tuple):
-        return tuple(tree_map(fn, o, leaf_types) for o in obj)
-    if isinstance(obj, dict):
-        return type(obj)({k: tree_map(fn, v, leaf_types) for k, v in obj.items()})
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: tree_map(fn, getattr(obj, f.name), leaf_types)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
+from raysim.core.replies import tree_map  # noqa: F401  (one definition, used here and by the engine)
 
 
 def nbytes(obj: Any) -> int:
