@@ -387,3 +387,14 @@ def test_pack_starts_every_client_on_a_64_byte_boundary_with_its_own_values():
     X, Y, starts = pool([p.train_x for p in packed], [p.train_y for p in packed])
     assert starts == [0, 16, 32]
     assert torch.equal(X[16:21], shards[1].train_x) and torch.equal(Y[32:39], shards[2].train_y)
+
+
+def test_auto_stacks_clients_together_on_the_cpu_and_only_a_clients_own_sets_on_a_gpu():
+    """Across clients a stack's width is a host's clients; a GPU picks a batched product's kernel
+    by it (and with it the order of the additions), so ``auto`` keeps a GPU's passes to one
+    client's sets, whose count does not depend on the hosts. ``always`` stacks anyway."""
+    mlp = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert fwd.stack_across("auto", mlp, cpu) and fwd.stack_across("auto", mlp)
+    assert not fwd.stack_across("auto", mlp, gpu) and fwd.stack_within("auto", mlp)
+    assert fwd.stack_across("always", mlp, gpu) and not fwd.stack_across("never", mlp, cpu)

@@ -65,20 +65,27 @@ def stacking_field():
         "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
                 "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
                 "without convolutions, as many sets a pass as measured fastest on this machine (loop.Widths; "
-                "the numbers do not depend on it); always: every set in one pass wherever the architecture "
-                "allows (convolutions within a client only); never: one set after another"})
+                "the numbers do not depend on it); on a GPU, each client's own sets only (across clients, "
+                "the stack's width picks the GPU's kernels, and with them the last bits); always: every set "
+                "in one pass wherever the architecture allows (convolutions within a client only; on a GPU "
+                "the numbers then depend on how clients are spread over hosts); never: one set after another"})
 
 
 def stack_within(mode: str, model: nn.Module) -> bool:
-    """Stack the parameter sets of one client (exact batch sizes): wherever the sets can be
-    stacked across clients, and with ``always`` for convolutions too (grouped convolutions:
-    the numbers depend on the group count, so never by default)."""
+    """Stack the parameter sets of one client (exact batch sizes; on any device): wherever the
+    sets can be stacked across clients on the CPU, and with ``always`` for convolutions too (grouped
+    convolutions: the numbers depend on the group count, so never by default)."""
     return stack_across(mode, model) or (mode == "always" and stackable(model))
 
 
-def stack_across(mode: str, model: nn.Module) -> bool:
+def stack_across(mode: str, model: nn.Module, device: torch.device | None = None) -> bool:
     """Stack the parameter sets of all a host's clients in lockstep (padded batches): models
-    made of matrix products only, unless ``never``."""
+    made of matrix products only, unless ``never``. On a GPU only with ``always``: there a
+    batched product's kernel, and so the order of its additions, is chosen by the number of
+    sets in it, and that number (a host's clients) changes with the hosts; on the CPU each
+    set's product comes out the same in any stack."""
+    if device is not None and device.type != "cpu" and mode == "auto":
+        return False
     return mode != "never" and batchable(model)
 
 

@@ -170,7 +170,8 @@ class Trainer:
         self.model = model
         self.forward = fwd.make_forward(model)
         self.trainable = tuple(p.requires_grad for p in model.parameters())   # not running statistics
-        self.across = fwd.stack_across(mode, model)
+        device = next(iter(model.parameters()), torch.empty(0)).device
+        self.across = fwd.stack_across(mode, model, device)
         self.within = fwd.stack_within(mode, model)
         # gradients by hand where the model is a chain of linear layers (``gradients: autograd``: never)
         self.chain = chn.make(model) if gradients == "auto" else None
