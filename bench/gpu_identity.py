@@ -1,0 +1,134 @@
+"""Every method gives the same numbers on 1 host and on 3, on a GPU (or, without one, on the CPU).
+
+    python bench/gpu_identity.py                  # every method of scenarios/pfl_benchmark.yaml
+    python bench/gpu_identity.py --variant 'fedem-shards,lr=0.01'
+
+Each classification method of the personalized-FL benchmark (scenarios/pfl_benchmark.yaml, its
+pathological split at lr 0.01) runs on scikit-learn's bundled digits (no download), 10 clients,
+2 rounds of 1 local epoch, and D-SGD and D-FedEM run on a small synthetic graph whose clients
+hold unequal numbers of samples; all on the serial engine with ``resources.gpus_per_host: 1``
+(the GPU when CUDA is there) and with PyTorch's deterministic algorithms enforced
+(``torch.use_deterministic_algorithms(True)``: an operation without a deterministic kernel
+fails its run and is named). Each is run on 1 host and on 3, and every metric of every round is
+compared (timings, bytes and message counts left out). It prints the runs that failed and the
+runs whose numbers differ, with the first metrics that do.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+NOT_LEARNED = ("second", "time", "wall", "bytes_", "messages_")
+DECENTRALIZED = {
+    "d-sgd": {"algorithm": {"name": "fedavg", "lr": 0.1, "batch_size": 32, "local_epochs": 1}},
+    "d-fedem": {"algorithm": {"name": "fedem", "components": 3, "lr": 0.1, "momentum": 0.9, "batch_size": 32,
+                              "local_epochs": 1}},
+}
+
+
+def child(argv: list[str]) -> int:
+    """``raysim`` with PyTorch's deterministic algorithms enforced."""
+    import torch
+    torch.use_deterministic_algorithms(True)
+    from raysim.cli import main
+    return main(argv)
+
+
+def raysim(args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], cwd=cwd,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def learned(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not any(t in k for t in NOT_LEARNED)}
+
+
+def store_runs(uri: str) -> dict[str, tuple[str, dict]]:
+    """{run name: (status, {metric: [(step, value), ...]})} of a store's runs (a sweep's parent left out)."""
+    from mlflow import MlflowClient
+    client = MlflowClient(uri)
+    out = {}
+    for exp in client.search_experiments():
+        for run in client.search_runs([exp.experiment_id], max_results=10_000):
+            keys = [k for k in run.data.metrics if not any(t in k for t in NOT_LEARNED)]
+            if not keys:                       # a sweep's parent run
+                continue
+            out[run.info.run_name] = (run.info.status, {
+                k: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, k),
+                                                     key=lambda m: m.step)] for k in keys})
+    return out
+
+
+def differing(a: dict, b: dict) -> list[str]:
+    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        sys.exit(child(sys.argv[2:]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", default="*-shards,lr=0.01", help="pfl_benchmark.yaml variants (a pattern)")
+    ap.add_argument("--no-decentralized", action="store_true")
+    args = ap.parse_args()
+    import torch
+    print(f"device: {'CUDA, ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU (no GPU)'}")
+    common = ["--engine", "serial", "-q", "--set", "resources.gpus_per_host=1"]
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = {}
+        for hosts in (1, 3):
+            stores[hosts] = f"sqlite:///{tmp}/methods{hosts}.db"
+            p = raysim(["run", str(ROOT / "scenarios/pfl_benchmark.yaml"), "--variant", args.variant, "--seeds", "0",
+                        "--set", "data.dataset=digits", "--set", "data.clients=10", "--set", "rounds=2",
+                        "--set", "eval.every=1", "--set", "algorithm.local_epochs=1", "--set", f"resources.hosts={hosts}",
+                        "--set", f"tracking.uri={stores[hosts]}", *common], tmp)
+            for line in (p.stdout + p.stderr).splitlines():
+                if "run failed" in line:
+                    bad += 1
+                    print(f"{hosts} host(s): {line.split('(rerun')[0].strip()}")
+        one, three = store_runs(stores[1]), store_runs(stores[3])
+        for name in sorted(one):
+            (sa, ma), (sb, mb) = one[name], three.get(name, ("missing", {}))
+            diff = differing(ma, mb)
+            if sa != "FINISHED" or sb != "FINISHED" or diff:
+                bad += 1
+                print(f"{name}: {sa} / {sb}" + (f"; differ: {', '.join(diff[:4])}" if diff else ""))
+        print(f"methods: {len(one)} runs on 1 host and on 3, {sum(1 for n in one if n in three)} compared")
+        if not args.no_decentralized:
+            for name, over in DECENTRALIZED.items():
+                sc = {"name": name, "seed": 0, "rounds": 3,
+                      "data": {"dataset": "synthetic", "clients": 30, "splits": {"train": 0.8, "test": 0.2}},
+                      "model": {"name": "linear"}, **over,
+                      "topology": {"kind": "erdos_renyi", "p": 0.3, "mixing": "metropolis"}, "eval": {"every": 3}}
+                path = Path(tmp) / f"{name}.yaml"
+                path.write_text(yaml.safe_dump(sc))
+                runs = {}
+                for hosts in (1, 3):
+                    summary = Path(tmp) / f"{name}-{hosts}.json"
+                    p = raysim(["run", str(path), "--summary", str(summary), "--set", f"resources.hosts={hosts}",
+                                "--set", f"tracking.uri=sqlite:///{tmp}/{name}.db", *common], tmp)
+                    runs[hosts] = json.loads(summary.read_text()) if p.returncode == 0 else None
+                    if p.returncode:
+                        print(f"{name}, {hosts} host(s): failed: {(p.stdout + p.stderr).strip().splitlines()[-1]}")
+                if runs[1] and runs[3]:
+                    diff = sorted({k for a, b in zip(runs[1]["history"], runs[3]["history"])
+                                   for k in differing(learned(a), learned(b))})
+                    print(f"{name}: " + (f"differ: {', '.join(diff[:4])}" if diff else "the same on 1 host and 3"))
+                    bad += bool(diff)
+                else:
+                    bad += 1
+    print("all the same" if bad == 0 else f"{bad} not the same")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
