@@ -100,7 +100,7 @@ def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, setting
     steps = settings.epochs * -(-n // settings.batch_size)
     draws = (draws or objective.draws)(g, steps) if steps else None
     cap = None if ctx.work >= 1.0 else max(1, int(ctx.work * steps))     # a straggler's share, at least a step
-    return Job(params, data.train_x, data.train_y, orders.to(data.train_x.device), settings, objective,
+    return Job(params, data.train_x, data.train_y, orders, settings, objective,
                weights, consts or {}, opt_state, keep_state, draws, ctx.cid, cap)
 
 
@@ -291,23 +291,25 @@ class Trainer:
         rows = [epochs * -(-n // bs) for n in ns]     # each job's batches in the schedule
         steps = rows if caps is None else caps
         t_max = steps[0]
-        IDX, WT, VAL = _schedule(orders, weights, starts, ns, epochs, bs, device)
+        IDX, WT, VAL, val_cpu = _schedule(orders, weights, starts, ns, epochs, bs, device)
         neg = [-n for n in steps]                     # ascending: jobs with a step t are a prefix
         active = [bisect.bisect_left(neg, -t) for t in range(t_max)]
         # every job's batches one after another (no padding to the longest job): job i of the
         # sorted order has its step t at row first[i] + t
-        first = torch.tensor([0] + rows[:-1], device=device).cumsum(0)
+        first_cpu = torch.tensor([0] + rows[:-1]).cumsum(0)
+        first = _to(first_cpu, device)
         if caps is None or caps == rows:
-            seen = torch.tensor([float(epochs * n) for n in ns], dtype=torch.float64, device=device)
+            seen = torch.tensor([float(epochs * n) for n in ns], dtype=torch.float64)
         else:                                         # the samples of the steps each job takes
-            seen = torch.stack([VAL[f:f + c].sum() for f, c in zip(first.tolist(), steps)]).to(torch.float64)
+            seen = torch.stack([val_cpu[f:f + c].sum() for f, c in zip(first_cpu.tolist(), steps)]).to(torch.float64)
+        seen = _to(seen, device)
         loss_sums = torch.zeros(k_all, dtype=torch.float64, device=device)
         train_mask = self._mask(len(P)) if obj.trainable is None else tuple(
             a and b for a, b in zip(obj.trainable, self._mask(len(P))))
         trained = [p for p, t in zip(P, train_mask) if t]
         opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained, opt_states)
         cap = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
-        widths = VAL[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
+        widths = val_cpu[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
         by_points = not by_hand and obj.by_points() and (not obj.needs_chain or (
@@ -528,37 +530,52 @@ def _whole(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
     return X, [t.storage_offset() // row for t in ts]
 
 
-def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, offsets: list[int], ns: list[int], epochs: int,
-              bs: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor built on the CPU, on ``device``: on a GPU through pinned memory without waiting
+    (a copy from ordinary memory would wait for the GPU's queue to empty first)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, offsets: list[int], ns: list[int],
+              epochs: int, bs: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every job's batches as rows of ``bs`` entries, job after job: (row indices into the
-    pooled data, loss weights = sample weight / rows in the batch, validity); epoch e of job k
-    fills ceil(n_k / bs) rows, its last one padded (index 0, weight 0). One pass of tensor ops
-    for all jobs."""
-    ns_t = torch.tensor(ns, device=device)
+    pooled data, loss weights = sample weight / rows in the batch, validity, the validity on the
+    CPU); epoch e of job k fills ceil(n_k / bs) rows, its last one padded (index 0, weight 0).
+    One pass of tensor ops for all jobs, on the CPU from the sizes and the orders (which stay
+    there), copied to ``device`` at the end: on a GPU nothing is read back and nothing waits.
+    Sample weights (on ``device``) are gathered there."""
+    cpu = torch.device("cpu")
+    ns_t = torch.tensor(ns)
     nb = -(-ns_t // bs)                                   # batches per epoch
     width = nb * bs                                       # padded samples per epoch
     base = torch.cumsum(torch.cat([ns_t.new_zeros(1), epochs * width]), 0)[:-1]
     counts = epochs * ns_t
-    job = torch.repeat_interleave(torch.arange(len(ns), device=device), counts)
-    within = torch.arange(int(counts.sum()), device=device) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts)
+    job = torch.repeat_interleave(torch.arange(len(ns)), counts)
+    within = torch.arange(epochs * sum(ns)) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
     n_of = ns_t[job]
     pos = base[job] + (within // n_of) * width[job] + within % n_of
     if isinstance(orders, list):             # else already flat, job after job
         orders = torch.cat([o.reshape(-1) for o in orders])
-    orders = orders.to(device)
-    total = int((epochs * width).sum())
-    idx = torch.zeros(total, dtype=torch.long, device=device)
-    idx[pos] = orders + torch.tensor(offsets, device=device)[job]
-    valid = torch.zeros(total, device=device)
+    orders = orders.to(cpu)
+    total = sum(epochs * -(-n // bs) * bs for n in ns)
+    idx = torch.zeros(total, dtype=torch.long)
+    idx[pos] = orders + torch.tensor(offsets)[job]
+    valid = torch.zeros(total)
     valid[pos] = 1.0
-    weight = valid.clone()
-    if weights is not None:
+    valid = valid.view(-1, bs)
+    per_row = valid.sum(dim=1, keepdim=True).clamp_min(1)
+    if weights is None:
+        weight = _to(valid / per_row, device)
+    else:
         ws = torch.cat([w if w is not None else torch.ones(n, device=device) for w, n in zip(weights, ns)])
-        weight[pos] = ws[orders + (torch.cumsum(ns_t, 0) - ns_t)[job]].to(weight.dtype)
-    valid, weight = valid.view(-1, bs), weight.view(-1, bs)
-    weight = weight / valid.sum(dim=1, keepdim=True).clamp_min(1)
-    return idx.view(-1, bs), weight, valid
+        pick = orders + (torch.cumsum(ns_t, 0) - ns_t)[job]
+        pos_d, pick_d = _to(pos, device), _to(pick, device)
+        weight = torch.zeros(total, device=device)
+        weight[pos_d] = ws[pick_d].to(weight.dtype)
+        weight = weight.view(-1, bs) / _to(per_row, device)
+    return _to(idx, device).view(-1, bs), weight, _to(valid, device), valid
 
 
 def _capped(steps: int, cap: int | None) -> int:

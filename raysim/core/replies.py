@@ -152,7 +152,7 @@ class Accumulator:
     def merge(self, other: "Accumulator") -> None:
         if other.leaves is None:
             return
-        self._add_leaves(other.spec, [v if isinstance(v, (PerClient, _Keyed)) else (v, None)
+        self._add_leaves(other.spec, [v if isinstance(v, (PerClient, _Keyed)) else (v.cpu(), None)
                                       for v in other.leaves])
         self.count += other.count
 
@@ -169,7 +169,9 @@ class Accumulator:
                     _merge_keyed(self.leaves[-1], leaf)
                     continue
                 t, scale = leaf
-                buf = t.to(device="cpu", dtype=torch.float64, copy=True)
+                # summed where the reply is (a GPU host's sums stay on its GPU until they leave
+                # it: no wait for the GPU per client), in float64 either way
+                buf = t.to(dtype=torch.float64, copy=True)
                 self.leaves.append(buf if scale is None else buf.mul_(scale))
             return
         if len(leaves) != len(self.leaves):
@@ -184,12 +186,12 @@ class Accumulator:
                 _merge_keyed(mine, leaf)
                 continue
             t, scale = leaf
-            if t.dtype != torch.float64 or t.device.type != "cpu":
+            if t.dtype != torch.float64 or t.device != mine.device:
                 # convert into a reused buffer: a fresh 64-bit copy per client costs page faults,
                 # and a mixed-dtype add_ is 2x slower than converting first
                 buf = self._scratch[i]
                 if buf is None or buf.shape != t.shape:
-                    buf = self._scratch[i] = torch.empty(t.shape, dtype=torch.float64)
+                    buf = self._scratch[i] = torch.empty(t.shape, dtype=torch.float64, device=mine.device)
                 t = buf.copy_(t)
             if scale is None:
                 mine.add_(t)
@@ -197,15 +199,16 @@ class Accumulator:
                 mine.add_(t, alpha=scale)
 
     def result(self) -> Any:
-        """The summed reply (float64 tensors), or None if nothing was added."""
+        """The summed reply (float64 tensors on the CPU), or None if nothing was added."""
         if self.leaves is None:
             return None
-        return _unflatten(self.spec, iter(self.leaves))
+        return _unflatten(self.spec, iter([v if isinstance(v, (PerClient, _Keyed)) else v.cpu()
+                                           for v in self.leaves]))
 
     # Ray moves numpy arrays out of band; torch tensors would be pickled byte by byte (~10x slower)
     def __getstate__(self) -> dict:
         leaves = None if self.leaves is None else [
-            v if isinstance(v, (PerClient, _Keyed)) else v.numpy() for v in self.leaves]
+            v if isinstance(v, (PerClient, _Keyed)) else v.cpu().numpy() for v in self.leaves]
         return {"spec": self.spec, "leaves": leaves, "count": self.count}
 
     def __setstate__(self, st: dict) -> None:
