@@ -533,8 +533,8 @@ def _whole(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A tensor built on the CPU, on ``device``: on a GPU through pinned memory without waiting
     (a copy from ordinary memory would wait for the GPU's queue to empty first)."""
-    if device.type == "cpu":
-        return t
+    if device.type == "cpu" or t.device.type != "cpu":
+        return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
 
@@ -594,7 +594,7 @@ def _stack_const(values: list, device: torch.device) -> Any:
     K times (stride 0), not K copies."""
     if isinstance(values[0], (list, tuple)):
         return [_same_or_stacked(ts) for ts in zip(*values)]
-    return torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values]).to(device)
+    return _to(torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values]), device)
 
 
 def _same_or_stacked(ts) -> torch.Tensor:
