@@ -321,7 +321,7 @@ class Mocha(Algorithm):
         w, sigma_tt, rho = self.unpack(received.part)
         x, y = self.features(data.train_x), self.targets(data.train_y)
         n = len(y)
-        alpha = np.zeros(n) if state is None else state.alpha.to(torch.float64).numpy().copy()
+        alpha = np.zeros(n) if state is None else state.alpha.to("cpu", torch.float64).numpy().copy()
         loss = self.mean_loss(x @ w, y)
         db = sdca(x, y, alpha, w, sigma_tt, rho, self.hp.lam, self.order(n, ctx), self.loss) if n else np.zeros(self.dim)
         return MochaState(torch.from_numpy(alpha)), PerClient({ctx.cid: torch.from_numpy(db)}), loss

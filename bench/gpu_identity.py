@@ -4,8 +4,9 @@
     python bench/gpu_identity.py --variant 'fedem-shards,lr=0.01'
 
 Each classification method of the personalized-FL benchmark (scenarios/pfl_benchmark.yaml, its
-pathological split at lr 0.01) runs on scikit-learn's bundled digits (no download), 10 clients,
-2 rounds of 1 local epoch, and D-SGD and D-FedEM run on a small synthetic graph whose clients
+pathological split at lr 0.01) runs on scikit-learn's bundled digits (no download), 10 clients
+of which 2 never train and are scored after personalizing (``eval.unseen_fraction``), 2 rounds
+of 1 local epoch, and D-SGD and D-FedEM run on a small synthetic graph whose clients
 hold unequal numbers of samples; all on the serial engine with ``resources.gpus_per_host: 1``
 (the GPU when CUDA is there) and with PyTorch's deterministic algorithms enforced
 (``torch.use_deterministic_algorithms(True)``: an operation without a deterministic kernel
@@ -89,7 +90,8 @@ def main() -> None:
             stores[hosts] = f"sqlite:///{tmp}/methods{hosts}.db"
             p = raysim(["run", str(ROOT / "scenarios/pfl_benchmark.yaml"), "--variant", args.variant, "--seeds", "0",
                         "--set", "data.dataset=digits", "--set", "data.clients=10", "--set", "rounds=2",
-                        "--set", "eval.every=1", "--set", "algorithm.local_epochs=1", "--set", f"resources.hosts={hosts}",
+                        "--set", "eval.every=1", "--set", "algorithm.local_epochs=1", "--set", "eval.unseen_fraction=0.2",
+                        "--set", f"resources.hosts={hosts}",
                         "--set", f"tracking.uri={stores[hosts]}", *common], tmp)
             for line in (p.stdout + p.stderr).splitlines():
                 if "run failed" in line:
