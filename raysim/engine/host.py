@@ -307,7 +307,7 @@ class Host:
             if self._rows.cids == self.cids:
                 self._F = mixed
             elif self._rows.cids:
-                self._F[torch.tensor([self._pos[c] for c in self._rows.cids])] = mixed
+                self._F[torch.tensor([self._pos[c] for c in self._rows.cids], device=self._F.device)] = mixed
         else:
             sources = dict(self._flat)
             for bundle in inbox:
