@@ -1,12 +1,13 @@
 """The floor: plain PyTorch FedAvg, one process, one thread, no framework.
 
-The identical computation to bench/tiny.yaml and bench/cnn.yaml: the same data shapes
+The identical computation to bench/tiny.yaml, bench/cnn.yaml and bench/mlp.yaml: the same data shapes
 (standard-normal features, uniform labels), model, batch size, lr, local epochs and full
 participation, with a fresh copy of the global model and a fresh SGD optimizer per client, as a
 researcher would write it.
 
     python bench/bare_fedavg.py tiny 1000 10
     python bench/bare_fedavg.py cnn 50 5
+    python bench/bare_fedavg.py mlp 100 5
     python bench/bare_fedavg.py cnn 50 5 cuda     # on the GPU (data moved there once)
 """
 import copy
@@ -20,12 +21,16 @@ from torch import nn
 SPECS = {
     "tiny": dict(shape=(150,), classes=2, samples=64, batch=32, lr=0.05),
     "cnn": dict(shape=(1, 28, 28), classes=62, samples=64, batch=32, lr=0.05),
+    "mlp": dict(shape=(784,), classes=10, samples=64, batch=10, lr=0.05),
 }
 
 
 def make_model(kind: str) -> nn.Module:
     if kind == "tiny":
         return nn.Linear(150, 2)
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
+                             nn.Linear(200, 10))
     return nn.Sequential(
         nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),

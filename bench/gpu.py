@@ -4,10 +4,12 @@ the speed of CUDA against the machine's CPU cores.
     python bench/gpu.py                              # bench/cnn.yaml's workload, 200 clients
     python bench/gpu.py --clients 50 --rounds 5 --hosts 1,2,4
     python bench/gpu.py --gpu-only --set algorithm.stacking=always   # any override, to every raysim run
+    python bench/gpu.py --workload mlp --gpu-only                     # bench/mlp.yaml's MLP 784-200-200-10
 
 The workload is bench/cnn.yaml's (the FEMNIST CNN on 1x28x28 inputs, 62 classes, batch 32, 64
 training samples a client, FedAvg, all clients every round, evaluation after the last round),
-with ``--clients`` clients (100 unless said). Each line is one whole process, from exec to exit:
+or with ``--workload mlp`` bench/mlp.yaml's (the MLP 784-200-200-10 at batch 10, whose clients
+``stacking: always`` trains together), with ``--clients`` clients (100 unless said). Each line is one whole process, from exec to exit:
 
 - the bare loop (``bench/bare_fedavg.py cnn``) on the GPU and on one CPU thread: the floor;
 - ``raysim run`` on the Ray engine with 1, 2, 4, ... hosts sharing the GPU
@@ -47,10 +49,10 @@ def gpu_processes(stop: threading.Event, seen: list[int]) -> None:
         stop.wait(0.2)
 
 
-def bare(clients: int, rounds: int, device: str) -> tuple[float, float]:
+def bare(kind: str, clients: int, rounds: int, device: str) -> tuple[float, float]:
     """(timed rounds, whole process) of the bare loop on ``device``."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, str(HERE / "bare_fedavg.py"), "cnn", str(clients), str(rounds), device],
+    out = subprocess.run([sys.executable, str(HERE / "bare_fedavg.py"), kind, str(clients), str(rounds), device],
                          capture_output=True, text=True, check=True).stdout
     return float(re.search(r"wall=([\d.]+)s", out).group(1)), time.perf_counter() - t0
 
@@ -62,10 +64,10 @@ def metrics(summary: dict) -> dict:
     return {"final": keep(summary["final"]), "history": [keep(h) for h in summary["history"]]}
 
 
-def raysim(clients: int, rounds: int, hosts: int, gpus: float, cpus: int, tmp: str, gpu: bool,
+def raysim(kind: str, clients: int, rounds: int, hosts: int, gpus: float, cpus: int, tmp: str, gpu: bool,
            extra: list[str]) -> dict:
     summary = Path(tmp) / f"summary-{hosts}-{gpus}.json"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / "cnn.yaml"), "-q", "--summary", str(summary),
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / f"{kind}.yaml"), "-q", "--summary", str(summary),
            "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck",
            "--set", f"data.clients={clients}", "--set", f"rounds={rounds}", "--set", f"eval.every={rounds}",
            "--set", f"resources.hosts={hosts}", "--set", f"resources.cpus_per_host={cpus}",
@@ -89,6 +91,7 @@ def raysim(clients: int, rounds: int, hosts: int, gpus: float, cpus: int, tmp: s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=("cnn", "mlp"), default="cnn")
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--hosts", default="1,2,4")
@@ -102,10 +105,10 @@ def main() -> None:
     print(f"{'run':<34} {'process s':>9} {'train s':>8} {'/bare GPU':>9} {'GPU procs':>9} {'accuracy':>8} same")
     ref_train = None
     if gpu:
-        ref_train, whole = bare(args.clients, args.rounds, "cuda")
+        ref_train, whole = bare(args.workload, args.clients, args.rounds, "cuda")
         print(f"{'bare loop, GPU':<34} {whole:9.2f} {ref_train:8.2f} {1.0:9.2f}", flush=True)
     if not (gpu and args.gpu_only):
-        b_train, whole = bare(args.clients, args.rounds, "cpu")
+        b_train, whole = bare(args.workload, args.clients, args.rounds, "cpu")
         print(f"{'bare loop, 1 CPU thread':<34} {whole:9.2f} {b_train:8.2f} "
               f"{(b_train / ref_train if ref_train else float('nan')):9.2f}", flush=True)
     first = None
@@ -114,7 +117,7 @@ def main() -> None:
         if not (gpu and args.gpu_only):
             runs += [(h, 0.0, max(1, cores // h), False) for h in hosts]
         for h, g, c, on_gpu in runs:
-            r = raysim(args.clients, args.rounds, h, g, c, tmp, on_gpu, args.set)
+            r = raysim(args.workload, args.clients, args.rounds, h, g, c, tmp, on_gpu, args.set)
             label = f"raysim {h} host(s), " + (f"{g:g} GPU each" if on_gpu else f"{c} CPU each")
             # CPU lines: a host's torch threads (cpus_per_host) split some sums (convolutions),
             # so the numbers are held to the reference's only at the same thread count
