@@ -398,3 +398,13 @@ def test_auto_stacks_clients_together_on_the_cpu_and_only_a_clients_own_sets_on_
     assert fwd.stack_across("auto", mlp, cpu) and fwd.stack_across("auto", mlp)
     assert not fwd.stack_across("auto", mlp, gpu) and fwd.stack_within("auto", mlp)
     assert fwd.stack_across("always", mlp, gpu) and not fwd.stack_across("never", mlp, cpu)
+
+
+def test_pack_keeps_a_client_without_training_rows_first_in_line():
+    from raysim.core.data import ClientData, pack
+    empty = ClientData(0, torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), torch.zeros(0, 3),
+                       torch.zeros(0, dtype=torch.long), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    full = ClientData(1, torch.ones(5, 3), torch.ones(5, dtype=torch.long), torch.zeros(0, 3),
+                      torch.zeros(0, dtype=torch.long), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    a, b = pack([empty, full])
+    assert a.train_x.shape == (0, 3) and torch.equal(b.train_x, full.train_x) and b.train_x.data_ptr() % 64 == 0

@@ -102,7 +102,7 @@ def pack(shards: list[ClientData]) -> list[ClientData]:
     if len(shards) < 2:
         return shards
     x0, y0 = shards[0].train_x, shards[0].train_y
-    row = x0[0].numel() * x0.element_size() if x0.dim() else x0.element_size()
+    row = math.prod(x0.shape[1:]) * x0.element_size()          # bytes a row (a client may hold none)
     step = ALIGN // math.gcd(max(row, 1), ALIGN)          # rows per aligned stretch
     at, starts = 0, []
     for d in shards:
