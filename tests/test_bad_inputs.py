@@ -2,6 +2,7 @@
 line naming the file and key (or the data file and its line) and what is allowed, before any
 MLflow run exists. Numbers follow the scenario's types: YAML 1.1 reads 1e-3 as a string."""
 import json
+import re
 import sqlite3
 
 import pytest
@@ -73,6 +74,20 @@ def test_a_learning_rate_beyond_float32_is_refused_below_it_the_run_diverges(tmp
                      "--set", f"tracking.uri=sqlite:///{tmp_path}/m.db", "--set", f"checkpoint.dir={tmp_path}/ck"])
     assert code == 1
     assert "Diverged: training diverged in round 1: non-finite loss on clients" in capsys.readouterr().err
+
+
+def test_a_local_update_that_overflows_at_evaluation_stops_the_run_as_diverged(tmp_path, capsys):
+    """FedAvg+ trains at a sane lr and fine-tunes a copy of the global model at evaluation at
+    one that overflows: the scores are NaN, and the run stops with the clients named, the way a
+    diverging training does (not with an error from deep inside a metric)."""
+    path = write_scenario(tmp_path, TINY)
+    code = cli.main(["run", path, "--engine", "serial", "-q", "--set", "rounds=1", "--set", "eval.every=1",
+                     "--set", "algorithm.name=fedavg+", "--set", "eval.finetune.lr=3e38",
+                     "--set", f"tracking.uri=sqlite:///{tmp_path}/m.db", "--set", f"checkpoint.dir={tmp_path}/ck"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert re.search(r"Diverged: evaluation diverged after round 1: non-finite scores on clients? \d", err), err
+    assert "lower the learning rate (algorithm.lr, eval.finetune.lr)" in err
 
 
 @pytest.mark.parametrize("override, key, allowed", [

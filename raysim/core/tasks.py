@@ -93,7 +93,8 @@ def _ece_gaps(log_conf: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BIN
     binned into ``bins`` equal-width bins (lo, hi] of [0, 1] (bin ⌈conf · bins⌉ − 1). n · ECE is
     the sum of their absolute values."""
     conf = log_conf.to(torch.float64).exp_()
-    idx = (conf * bins).ceil_().clamp_(1, bins).long() - 1
+    # a NaN confidence (outputs that overflowed) goes to bin 0 and makes its gap, and the ECE, NaN
+    idx = (conf.nan_to_num(0.0) * bins).ceil_().clamp_(1, bins).long() - 1
     gaps = conf.neg_().add_(correct)
     if idx.device.type == "cpu":
         return torch.bincount(idx, weights=gaps, minlength=bins)

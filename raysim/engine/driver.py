@@ -134,7 +134,8 @@ def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int, k: int | No
 
 
 class Diverged(RuntimeError):
-    """Training produced a NaN or infinite loss: the run stops before checkpointing the round."""
+    """Training produced a NaN or infinite loss, or an evaluation a non-finite score: the run
+    stops before checkpointing the round."""
 
 
 def check_finite(losses: dict[int, tuple[float, int]], round_: int) -> None:
@@ -146,6 +147,20 @@ def check_finite(losses: dict[int, tuple[float, int]], round_: int) -> None:
         raise Diverged(f"training diverged in round {round_}: non-finite loss on client"
                        f"{'s' if len(bad) > 1 else ''} {shown}; lower the learning rate "
                        "(algorithm.lr) or check the data")
+
+
+def check_scores(results: dict, round_: int) -> None:
+    """A client's non-finite score in the evaluation after round ``round_`` raises Diverged
+    naming the clients: its model's outputs overflowed, in training or in what the method
+    does at evaluation (a local update, fine-tuning, personalization)."""
+    bad = [c for c in sorted(results) if results[c][1] > 0 and any(
+        isinstance(v, float) and not math.isfinite(v) for v in results[c][0].values())]
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise Diverged(f"evaluation diverged after round {round_}: non-finite scores on client"
+                       f"{'s' if len(bad) > 1 else ''} {shown} (a model's outputs overflowed, in training "
+                       "or in a local update at evaluation); lower the learning rate (algorithm.lr, "
+                       "eval.finetune.lr)")
 
 
 def mean_train_loss(losses: dict[int, tuple[float, int]]) -> float:
@@ -429,6 +444,7 @@ class RoundDriver:
         for part in self.transport.evaluate(self.round, self.eval_message(),
                                             groups_by_host(groups, self.transport.placement), unseen):
             results.update(part)
+        check_scores(results, self.round)
         out = summarize({int(c): results[int(c)] for c in self.eval_ids})
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
