@@ -212,6 +212,10 @@ def chosen_rows(runs, metrics: list[str] | None, select: str) -> tuple[list[Row]
     choices = pick_variants(sel, select)
     found = [dataclasses.replace(r, method=r.algorithm) for r in rows(runs, metrics)
              if (c := choices.get((r.algorithm, r.dataset))) is not None and c.method == r.method]
+    # the methods in the order they first come among the runs compared (a sweep's order), not in
+    # that of their chosen variants' runs (a method whose first grid point lost would sink)
+    first = {a: i for i, a in enumerate(dict.fromkeys(r.algorithm for r in sel))}
+    found.sort(key=lambda r: first.get(r.algorithm, len(first)))
     return found, choices
 
 

@@ -80,3 +80,21 @@ def test_one_partition_keeps_the_dataset_name_and_the_api_gives_the_seconds(benc
                  if k.data.params["data.partition.kind"] == "dirichlet"]
     assert cli.main(["compare", *dirichlet, "--tracking-uri", f"sqlite:///{tmp}/m.db", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "compare.md").read_text().splitlines()[0] == "| method | digits (avg / bottom decile) |"
+
+
+def test_methods_keep_the_order_of_the_runs_whichever_grid_point_is_chosen(bench, tmp_path):
+    """Runs given as FedAvg's losing grid point, then Local's winner, then FedAvg's winner: FedAvg
+    still heads the table, where its first run stood."""
+    tmp, client, parent = bench
+    kids = [k for k in report.expand(client, [parent]) if k.data.params["data.partition.kind"] == "dirichlet"]
+    by = {}
+    for k in kids:
+        by.setdefault(k.data.tags["algorithm"], []).append(k)
+    fedavg = sorted(by["fedavg"], key=lambda k: k.data.metrics["val_accuracy"])
+    local = max(by["local"], key=lambda k: k.data.metrics["val_accuracy"])
+    order = [fedavg[0].info.run_id, local.info.run_id, fedavg[-1].info.run_id]
+    assert fedavg[0].data.metrics["val_accuracy"] < fedavg[-1].data.metrics["val_accuracy"]
+    assert cli.main(["compare", *order, "--tracking-uri", f"sqlite:///{tmp}/m.db", "--out", str(tmp_path),
+                     "--select", "val_accuracy"]) == 0
+    methods = [line.split(" | ")[0].lstrip("| ") for line in (tmp_path / "compare.md").read_text().splitlines()[2:4]]
+    assert methods == ["fedavg", "local"]
