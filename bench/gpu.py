@@ -1,7 +1,7 @@
 """raysim on one GPU: fractional placement, the same numbers whichever hosts share the GPU, and
 the speed of CUDA against the machine's CPU cores.
 
-    python bench/gpu.py                              # bench/cnn.yaml's workload, 200 clients
+    python bench/gpu.py                              # bench/cnn.yaml's workload, 100 clients
     python bench/gpu.py --clients 50 --rounds 5 --hosts 1,2,4
     python bench/gpu.py --gpu-only --set algorithm.stacking=always   # any override, to every raysim run
     python bench/gpu.py --workload mlp --gpu-only                     # bench/mlp.yaml's MLP 784-200-200-10
@@ -9,18 +9,20 @@ the speed of CUDA against the machine's CPU cores.
 The workload is bench/cnn.yaml's (the FEMNIST CNN on 1x28x28 inputs, 62 classes, batch 32, 64
 training samples a client, FedAvg, all clients every round, evaluation after the last round),
 or with ``--workload mlp`` bench/mlp.yaml's (the MLP 784-200-200-10 at batch 10, whose clients
-``stacking: always`` trains together), with ``--clients`` clients (100 unless said). Each line is one whole process, from exec to exit:
+``stacking: always`` trains together), with ``--clients`` clients (100 unless said). Each line
+is one whole process, from exec to exit:
 
-- the bare loop (``bench/bare_fedavg.py cnn``) on the GPU and on one CPU thread: the floor;
+- the bare loop (``bench/bare_fedavg.py``, the same workload) on the GPU and on one CPU thread:
+  the floor;
 - ``raysim run`` on the Ray engine with 1, 2, 4, ... hosts sharing the GPU
   (``resources.gpus_per_host`` = 1/hosts). While each run goes on, ``nvidia-smi`` counts the
   processes that hold memory on the GPU: with 4 hosts at 0.25 GPU, 4 processes at once;
 - ``raysim run`` on the CPU with the same hosts, the machine's cores split between them.
 
 It prints each run's whole-process and training seconds, the training ratio to the bare GPU
-loop, and whether the run's metrics (every round's and the final ones; timings and transport
-bytes left out) are identical to those of the first GPU run (of the first CPU run, for the CPU
-lines). Without a GPU it runs the CPU lines only.
+loop, and whether the run's metrics (every round's and the final ones; timings, transport bytes
+and message counts left out) are identical to those of the first GPU run (of the first CPU run,
+for the CPU lines). Without a GPU it runs the CPU lines only.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# timings, and the bytes the hosts sent (one message a host: they grow with the hosts)
-NOT_LEARNED = ("second", "time", "wall", "bytes_")
+# what a run reports that is not about learning: timings, and the bytes and messages the hosts
+# sent (one message a host: they grow with the hosts)
+NOT_LEARNED = ("second", "time", "wall", "bytes_", "messages_")
 
 
 def gpu_processes(stop: threading.Event, seen: list[int]) -> None:
@@ -57,11 +60,14 @@ def bare(kind: str, clients: int, rounds: int, device: str) -> tuple[float, floa
     return float(re.search(r"wall=([\d.]+)s", out).group(1)), time.perf_counter() - t0
 
 
+def learned(d: dict) -> dict:
+    """``d``'s metrics about learning (``NOT_LEARNED`` left out)."""
+    return {k: v for k, v in d.items() if not any(t in k for t in NOT_LEARNED)}
+
+
 def metrics(summary: dict) -> dict:
-    """Every number the run reported about learning: timings and transport bytes left out."""
-    def keep(d: dict) -> dict:
-        return {k: v for k, v in d.items() if not any(t in k for t in NOT_LEARNED)}
-    return {"final": keep(summary["final"]), "history": [keep(h) for h in summary["history"]]}
+    """Every number the run reported about learning."""
+    return {"final": learned(summary["final"]), "history": [learned(h) for h in summary["history"]]}
 
 
 def raysim(kind: str, clients: int, rounds: int, hosts: int, gpus: float, cpus: int, tmp: str, gpu: bool,

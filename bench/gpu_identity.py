@@ -28,7 +28,8 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-NOT_LEARNED = ("second", "time", "wall", "bytes_", "messages_")
+sys.path.insert(0, str(HERE))
+from gpu import learned  # noqa: E402
 DECENTRALIZED = {
     "d-sgd": {"algorithm": {"name": "fedavg", "lr": 0.1, "batch_size": 32, "local_epochs": 1}},
     "d-fedem": {"algorithm": {"name": "fedem", "components": 3, "lr": 0.1, "momentum": 0.9, "batch_size": 32,
@@ -49,10 +50,6 @@ def raysim(args: list[str], cwd: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def learned(d: dict) -> dict:
-    return {k: v for k, v in d.items() if not any(t in k for t in NOT_LEARNED)}
-
-
 def store_runs(uri: str) -> dict[str, tuple[str, dict]]:
     """{run name: (status, {metric: [(step, value), ...]})} of a store's runs (a sweep's parent left out)."""
     from mlflow import MlflowClient
@@ -60,7 +57,7 @@ def store_runs(uri: str) -> dict[str, tuple[str, dict]]:
     out = {}
     for exp in client.search_experiments():
         for run in client.search_runs([exp.experiment_id], max_results=10_000):
-            keys = [k for k in run.data.metrics if not any(t in k for t in NOT_LEARNED)]
+            keys = list(learned(run.data.metrics))
             if not keys:                       # a sweep's parent run
                 continue
             out[run.info.run_name] = (run.info.status, {

@@ -546,7 +546,6 @@ def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, o
     One pass of tensor ops for all jobs, on the CPU from the sizes and the orders (which stay
     there), copied to ``device`` at the end: on a GPU nothing is read back and nothing waits.
     Sample weights (on ``device``) are gathered there."""
-    cpu = torch.device("cpu")
     ns_t = torch.tensor(ns)
     nb = -(-ns_t // bs)                                   # batches per epoch
     width = nb * bs                                       # padded samples per epoch
@@ -558,7 +557,7 @@ def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, o
     pos = base[job] + (within // n_of) * width[job] + within % n_of
     if isinstance(orders, list):             # else already flat, job after job
         orders = torch.cat([o.reshape(-1) for o in orders])
-    orders = orders.to(cpu)
+    orders = orders.cpu()
     total = sum(epochs * -(-n // bs) * bs for n in ns)
     idx = torch.zeros(total, dtype=torch.long)
     idx[pos] = orders + torch.tensor(offsets)[job]
