@@ -19,12 +19,12 @@ from raysim import plugins
 from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
-                             DistCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
+                             DistCfg, PrivacyCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
                              TrackingCfg)
 
 
 TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
-            "resources", "tracking", "checkpoint", "topology", "server", "systems")
+            "resources", "tracking", "checkpoint", "topology", "server", "systems", "privacy")
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -469,13 +469,41 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
                 ctx.fail("systems.buffer", f"{systems.buffer} replies a step, but only {concurrency} clients train at "
                          f"once (the sampling section's count or fraction); give at most {concurrency}")
 
+    privacy = None
+    if raw.get("privacy") is not None:
+        privacy = _privacy(ctx, raw["privacy"], method, algorithm, topology, systems)
+
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     model = _absolute_model_paths(model)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
-                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems)
+                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems, privacy)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc
+
+
+def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> PrivacyCfg:
+    """The ``privacy`` section, and the runs it applies to: a server averaging one model from
+    uniformly sampled clients."""
+    import raysim.algorithms as algorithms
+    from raysim import privacy
+    if not isinstance(mapping, dict):
+        ctx.fail("privacy", f"expected a mapping of options, got {type(mapping).__name__}")
+    cfg = load_dataclass(ctx, "privacy", PrivacyCfg, mapping)
+    if topology is not None:
+        ctx.fail("privacy", "client-level DP here bounds what a server learns from its clients' updates; "
+                 "leave the topology out")
+    if systems is not None:
+        ctx.fail("privacy", "the accountant assumes clients sampled uniformly at random each round, which "
+                 "availability, dropouts, deadlines and asynchrony change; leave systems out")
+    if not privacy.supports(method):
+        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if privacy.supports(a))
+        ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
+                 f"which DP-FedAvg's clipping and noise apply to; with privacy use one of {fits}")
+    if getattr(algorithm.params, "track_variance", False):
+        ctx.fail("algorithm.track_variance", "measures the clients' raw updates, which privacy keeps from the "
+                 "server; leave it false")
+    return cfg
 
 
 DISTS = ("speed", "down", "up", "latency")

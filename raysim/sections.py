@@ -164,6 +164,26 @@ class ServerCfg:
 
 
 @dataclass(frozen=True)
+class PrivacyCfg:
+    """Client-level differential privacy of the global model (DP-FedAvg, McMahan et al., ICLR
+    2018; how-to: differential privacy): each client's update clipped to L2 norm ``clip`` on its
+    host, Gaussian noise of std ``noise_multiplier`` x ``clip`` added to their sum by the server,
+    which divides by the clients a round samples; ε logged every round (``dp_epsilon``)."""
+    clip: float = field(default=1.0, metadata={"gt": 0.0, "help": (
+        "C, the largest L2 norm of a client's update (trained model minus the model it received, all of "
+        "its floating-point tensors as one vector); dp_update_norm, logged each round, helps choose it")})
+    noise_multiplier: float = field(default=1.0, metadata={"min": 0.0, "help": (
+        "z: the noise added to the sum of clipped updates has std z·C (0: clipping only, no guarantee)")})
+    delta: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
+        "δ of the (ε, δ) reported; null: N^-1.1 for N training clients")})
+    accounting: str = field(default="sampled", metadata={
+        "choices": ("sampled", "poisson"),
+        "help": "sampled: K of N clients without replacement, one client's data replaced (raysim's sampling; "
+                "sensitivity 2C); poisson: each client in a round with probability K/N, one client added or "
+                "removed (the usual DP-FedAvg statement, to compare with published ε)"})
+
+
+@dataclass(frozen=True)
 class DistCfg:
     """A distribution over the fleet's clients, drawn once per run from (seed, "systems")."""
     dist: str = field(default="constant", metadata={
@@ -287,3 +307,4 @@ class Scenario:
     raw: dict            # the validated mapping after overrides (logged as params/artifact)
     server: ServerCfg = field(default_factory=ServerCfg)
     systems: SystemsCfg | None = None
+    privacy: PrivacyCfg | None = None

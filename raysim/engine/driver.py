@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from raysim import rng
+from raysim import privacy, rng
 from raysim.config import Scenario, make_source
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator
@@ -315,15 +315,23 @@ class RoundDriver:
             losses.update(loss)
             compute += secs
         check_finite(losses, r + 1)
-        round_metrics = {}
+        round_metrics: dict[str, float] = {}
+        dp_metrics: dict[str, float] = {}
         if assignment:                       # a round nobody reported in leaves the server as it was
             reduced = total.result()
+            dp = self.sc.privacy
+            if dp is not None:               # noise on the clipped updates' sum (raysim/privacy.py)
+                with server_math():
+                    reduced, dp_metrics = privacy.privatize(reduced, message.shared, sample_size(self.sc, len(self.train_ids)),
+                                                            dp.clip, dp.noise_multiplier, self.sc.seed, r)
             before = self.server_state
             with server_math():
                 self.server_state = self.algo.aggregate(self.server_state, reduced, r)
                 self._server_step(before)
                 round_metrics = self.algo.round_metrics(reduced)
         self.round = r + 1
+        if self.sc.privacy is not None and self.sc.privacy.noise_multiplier > 0:
+            dp_metrics["dp_epsilon"] = self._epsilon(self.round)
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(assignment)),
@@ -332,8 +340,15 @@ class RoundDriver:
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
             **fleet,
             **round_metrics,
+            **dp_metrics,
         }
         return self._finish(record, t0, compute)
+
+    def _epsilon(self, rounds: int) -> float:
+        """ε spent after ``rounds`` rounds (privacy's accountant, at the scenario's δ)."""
+        dp, n = self.sc.privacy, len(self.train_ids)
+        return privacy.epsilon(rounds, n, sample_size(self.sc, n), dp.noise_multiplier,
+                               dp.delta if dp.delta is not None else privacy.default_delta(n), dp.accounting)
 
     # -- the simulated fleet (``systems``) ------------------------------------------------------
     def _invite(self, r: int) -> tuple[np.ndarray, int, float]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import Received
-from raysim import rng
+from raysim import privacy, rng
 from raysim.config import Scenario, make_source
 from raysim.core import mixing
 from raysim.core.data import Block, ClientData, Context, pack
@@ -168,8 +168,11 @@ class Host:
                                  self.context(round_, c, "train", groups[c], work.get(c, 1.0))) for c in cids]
         acc = {} if each else Accumulator()
         losses = PerClient()
+        dp = self.sc.privacy
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
+            if dp is not None:                   # the update leaves the client clipped (raysim/privacy.py)
+                reply = privacy.clip(reply, shared, dp.clip)
             if each:
                 acc[cid] = Accumulator()
                 acc[cid].add(reply)

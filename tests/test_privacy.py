@@ -1,0 +1,145 @@
+"""Client-level differential privacy (DP-FedAvg, raysim/privacy.py): clipping and noise on
+numbers checked by hand, the accountant against dp_accounting's own composition, the same run on
+any number of hosts, a private run that learns, and the scenarios it refuses."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from raysim import cli, config, privacy
+from raysim.core.replies import Accumulator, Weighted
+from raysim.runner import run as run_scenario
+from tests.conftest import ROOT, TINY, write_scenario
+from tests.test_bad_inputs import run_refused
+
+
+def test_clip_scales_an_update_above_the_bound_to_norm_c_and_leaves_one_below_as_it_is():
+    shared = [torch.tensor([1.0, 2.0]), torch.tensor([0.5]), torch.tensor([3])]       # the last: not a float
+    reply = Weighted([torch.tensor([4.0, 2.0]), torch.tensor([4.5]), torch.tensor([9])], 7.0)
+    # Δ = (3, 0), (4): norm 5; clipped to 1: (0.6, 0), (0.8); the integer tensor sends nothing
+    out = privacy.clip(reply, shared, 1.0)
+    assert out.norm == 5.0 and out.clipped == 1.0 and out.update.weight == 1.0    # every client weighs the same
+    assert torch.allclose(out.update.values[0], torch.tensor([0.6, 0.0]))
+    assert torch.allclose(out.update.values[1], torch.tensor([0.8]))
+    assert torch.equal(out.update.values[2], torch.zeros(1))
+    kept = privacy.clip(reply, shared, 10.0)                                       # within the bound
+    assert kept.clipped == 0.0 and kept.norm == 5.0
+    assert torch.equal(kept.update.values[0], torch.tensor([3.0, 0.0])) and torch.equal(kept.update.values[1], torch.tensor([4.0]))
+
+
+def test_the_server_adds_noise_of_std_z_times_c_to_the_sum_and_divides_by_the_sampled_count():
+    # three clients' clipped updates summed by the reduction, as hosts and server do
+    acc = Accumulator()
+    for delta, norm in ((0.25, 0.5), (0.5, 2.0), (0.5, 3.5)):
+        acc.add(privacy.ClippedUpdate(Weighted([torch.full((20000,), delta)], 1.0), float(norm > 0.5), norm))
+    reduced = acc.result()
+    shared = [torch.ones(20000)]
+    k, bound, z = 4, 0.5, 2.0                    # K = 4 sampled: a fixed denominator, whoever replied
+    quiet, metrics = privacy.privatize(reduced, shared, k, bound, 0.0, seed=0, round_=3)
+    assert torch.equal(quiet.mean()[0], torch.full((20000,), 1 + 1.25 / 4))       # 1 + (0.25 + 0.5 + 0.5) / 4
+    assert metrics == {"dp_clipped": 2 / 3, "dp_update_norm": 2.0}
+    noisy, _ = privacy.privatize(reduced, shared, k, bound, z, seed=0, round_=3)
+    noise = (noisy.values[0] - 1) * k - 1.25                                       # back to the noise on the sum
+    assert abs(float(noise.mean())) < 0.03 and abs(float(noise.std()) - z * bound) < 0.02    # std z·C = 1
+    again, _ = privacy.privatize(reduced, shared, k, bound, z, seed=0, round_=3)
+    other, _ = privacy.privatize(reduced, shared, k, bound, z, seed=0, round_=4)
+    assert torch.equal(again.values[0], noisy.values[0]) and not torch.equal(other.values[0], noisy.values[0])
+
+
+@pytest.mark.parametrize("accounting", ["sampled", "poisson"])
+@pytest.mark.parametrize("rounds,clients,k,z", [(1, 100, 10, 1.0), (50, 50, 25, 1.0), (200, 1000, 10, 0.8), (30, 20, 20, 2.0)])
+def test_epsilon_is_dp_accountings_own_composition_of_the_rounds(accounting, rounds, clients, k, z):
+    acc, event = privacy.accountant_event(clients, k, z, accounting, rounds)
+    acc.compose(event)
+    assert privacy.epsilon(rounds, clients, k, z, 1e-5, accounting) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12)
+
+
+def test_epsilon_grows_with_rounds_falls_with_noise_and_the_poisson_statement_is_the_smaller():
+    eps = [privacy.epsilon(r, 1000, 10, 1.0, 1e-5, "sampled") for r in (1, 10, 100)]
+    assert eps[0] < eps[1] < eps[2]
+    assert privacy.epsilon(100, 1000, 10, 2.0, 1e-5, "sampled") < eps[2]
+    # replacing a client moves the sum by up to 2C, adding one by C: the literature's figure is smaller
+    assert privacy.epsilon(100, 1000, 10, 1.0, 1e-5, "poisson") < eps[2]
+    # Abadi et al.'s MNIST setting (q = 0.01, σ = 4, 10 000 steps, δ = 1e-5): about 1.04 by RDP
+    # (their moments accountant said 1.26, a looser bound)
+    assert privacy.epsilon(10000, 10000, 100, 4.0, 1e-5, "poisson") == pytest.approx(1.035, abs=0.005)
+    assert math.isinf(privacy.epsilon(10, 100, 10, 0.0, 1e-5, "sampled"))
+    assert privacy.default_delta(100) == pytest.approx(100 ** -1.1)
+
+
+def test_supported_methods_are_those_that_reply_with_the_averaged_model():
+    import raysim.algorithms as algorithms
+    fits = {n for n, a in algorithms.REGISTRY.items() if privacy.supports(a)}
+    assert {"fedavg", "fedprox", "ditto", "apfl"} <= fits
+    assert not fits & {"scaffold", "fedem", "ifca", "fedbn", "local", "feddyn", "pfedme"}
+
+
+DIGITS = ROOT / "scenarios" / "quickstart.yaml"
+
+
+def private_run(tmp_path, name, *overrides):
+    sc = config.load(DIGITS, ["rounds=30", "eval.every=10", f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                              f"checkpoint.dir={tmp_path}/ck", "checkpoint.every=0", *overrides])
+    return run_scenario(sc, engine="serial", progress=False)
+
+
+def test_dp_fedavg_learns_digits_logs_epsilon_each_round_and_noise_costs_accuracy(tmp_path):
+    clip_only = private_run(tmp_path, "c", "privacy.clip=0.5", "privacy.noise_multiplier=0")
+    private = private_run(tmp_path, "p", "privacy.clip=0.5", "privacy.noise_multiplier=3")
+    drowned = private_run(tmp_path, "d", "privacy.clip=0.5", "privacy.noise_multiplier=20")
+    acc = {n: s["final"]["accuracy"] for n, s in (("clip", clip_only), ("dp", private), ("drowned", drowned))}
+    # 10 classes: chance is 0.1 (here, seed 0: 0.86 clipped only, 0.72 at ε 16, 0.20 at z = 20)
+    assert acc["clip"] > 0.8 and acc["dp"] > 0.6
+    assert acc["dp"] < acc["clip"] - 0.05 and acc["drowned"] < 0.35
+    hist = private["history"]
+    n = 50                                                   # all 50 clients train, 25 a round
+    want = [privacy.epsilon(h["round"], n, 25, 3.0, n ** -1.1, "sampled") for h in hist]
+    assert [h["dp_epsilon"] for h in hist] == pytest.approx(want, rel=1e-12)
+    assert all(0.0 <= h["dp_clipped"] <= 1.0 and h["dp_update_norm"] > 0 for h in hist)
+    assert "dp_epsilon" not in clip_only["history"][-1]      # no noise: no guarantee to report
+
+
+def test_a_private_run_is_the_same_on_one_host_or_three(tmp_path):
+    text = TINY.replace("rounds: 3", "rounds: 4") + (
+        f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\ncheckpoint: {{every: 0, dir: '{tmp_path}/ck'}}\n"
+        "privacy: {clip: 0.05, noise_multiplier: 0.7}\n")
+    path = write_scenario(tmp_path, text)
+    out = {}
+    for hosts in (1, 3):
+        summary = tmp_path / f"h{hosts}.json"
+        assert cli.main(["run", path, "--engine", "serial", "-q", "--set", f"resources.hosts={hosts}",
+                         "--summary", str(summary)]) == 0
+        out[hosts] = json.loads(summary.read_text())
+    assert out[1]["final"] == out[3]["final"]
+    assert [h["train_loss"] for h in out[1]["history"]] == [h["train_loss"] for h in out[3]["history"]]
+    assert out[1]["history"][-1]["dp_clipped"] > 0           # the bound bites: clipping is exercised
+
+
+@pytest.mark.parametrize("extra,key,says", [
+    ("algorithm: {name: scaffold, lr: 0.1}", "algorithm.name", "does not reply with the one model the server averages"),
+    ("topology: {kind: ring}", "privacy", "leave the topology out"),
+    ("systems: {dropout: 0.1}", "privacy", "leave systems out"),
+    ("algorithm: {name: fedavg, lr: 0.1, track_variance: true}", "algorithm.track_variance", "leave it false"),
+])
+def test_privacy_is_refused_where_its_guarantee_would_not_hold(tmp_path, capsys, extra, key, says):
+    text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}\n", "")
+    if "topology" in extra:
+        text = text.replace("sampling: {fraction: 0.5}\n", "")
+    if "algorithm" not in extra:
+        text += "algorithm: {name: fedavg, lr: 0.1}\n"
+    path = write_scenario(tmp_path, text + extra + "\nprivacy: {clip: 1.0}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert f": {key}: " in line and says in line, line
+
+
+def test_privacy_options_are_checked_by_name_and_range(tmp_path, capsys):
+    path = write_scenario(tmp_path, TINY + "privacy: {clip: 0, noise_multiplier: 1.0}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert "privacy.clip" in line, line
+    path = write_scenario(tmp_path, TINY + "privacy: {clip: 1.0, accounting: gdp}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert "privacy.accounting" in line and "sampled" in line and "poisson" in line, line
+    np.testing.assert_equal(config.load(write_scenario(tmp_path, TINY + "privacy: {}\n")).privacy,
+                            config.PrivacyCfg())
