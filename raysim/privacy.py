@@ -3,12 +3,12 @@ Ramage, Talwar & Zhang, "Learning Differentially Private Recurrent Language Mode
 Algorithm 1 with its fixed-denominator estimator and flat clipping).
 
 Each sampled client's update Δ_k = θ_k − θ (every floating-point tensor of the model the server
-sent, as one vector) is clipped on its host to L2 norm at most C, Δ̃_k = Δ_k · min(1, C/‖Δ_k‖).
+sent, as one vector) is clipped on its host to L2 norm at most C, c_k = Δ_k · min(1, C/‖Δ_k‖).
 The server adds Gaussian noise of standard deviation z·C to the sum of the clipped updates and
 divides by K, the clients a round samples (not by how many replied, and not by their sample
 counts: every client weighs the same, so one client's influence is bounded by C):
 
-    θ ← θ + (Σ_k Δ̃_k + N(0, z²C² I)) / K
+    θ ← θ + (Σ_k c_k + N(0, z²C² I)) / K
 
 The noise is drawn by the server from (seed, "privacy", round), so a run is the same on any
 number of hosts and resumes exactly. The privacy spent is computed after every round with
