@@ -143,3 +143,16 @@ def test_privacy_options_are_checked_by_name_and_range(tmp_path, capsys):
     assert "privacy.accounting" in line and "sampled" in line and "poisson" in line, line
     np.testing.assert_equal(config.load(write_scenario(tmp_path, TINY + "privacy: {}\n")).privacy,
                             config.PrivacyCfg())
+
+
+def test_a_private_run_crashed_after_round_two_resumes_to_the_uninterrupted_runs_numbers(tmp_path):
+    from tests.test_runs import raysim, summary_of, tracked
+    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5") + "privacy: {clip: 0.05, noise_multiplier: 1.5}\n")
+    full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False, here=True)
+    assert proc.returncode == 1 and "injected failure after round 2" in proc.stderr
+    failed = proc.stderr.split("--resume ")[-1].split()[0]
+    resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed, name="resumed.json")
+    assert resumed["final"] == full["final"]                 # the noise of rounds 3..5 drawn again, the same
+    keys = ("train_loss", "dp_epsilon", "dp_clipped", "dp_update_norm")
+    assert [{k: h[k] for k in keys} for h in resumed["history"]] == [{k: h[k] for k in keys} for h in full["history"]]
