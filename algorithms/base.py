@@ -360,6 +360,13 @@ class Algorithm:
         would leave behind."""
         return cls.has_server_params() and cls.not_asynchronous is None
 
+    @classmethod
+    def averages_one_model(cls) -> bool:
+        """Whether each client's reply is its trained copy of the one model the server sent and
+        averages (FedAvg's reply, aggregate, selection and message, kept unchanged): what the
+        engine's transforms of an upload (privacy's clipping, compression) need."""
+        return False
+
     def global_indices(self, group="all") -> tuple[int, ...]:
         """Indices of ``group``'s parameters that a server optimizer steps: all but the
         batch-norm running statistics (averaged, as the method does, not stepped)."""

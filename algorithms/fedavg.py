@@ -39,6 +39,11 @@ class FedAvg(Algorithm):
             return "track_variance", "measures the updates a server receives; it needs a star topology"
         return None
 
+    @classmethod
+    def averages_one_model(cls) -> bool:
+        return (cls.reply is FedAvg.reply and cls.aggregate is FedAvg.aggregate
+                and cls.select is Algorithm.select and cls.message is Algorithm.message)
+
     def init_server(self, rng):
         return params_of(self.model_fn())
 

@@ -19,12 +19,12 @@ from raysim import plugins
 from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
-                             DistCfg, PrivacyCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
+                             CommunicationCfg, DistCfg, PrivacyCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
                              TrackingCfg)
 
 
 TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
-            "resources", "tracking", "checkpoint", "topology", "server", "systems", "privacy")
+            "resources", "tracking", "checkpoint", "topology", "server", "systems", "privacy", "communication")
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -472,11 +472,14 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     privacy = None
     if raw.get("privacy") is not None:
         privacy = _privacy(ctx, raw["privacy"], method, algorithm, topology, systems)
+    communication = None
+    if raw.get("communication") is not None:
+        communication = _communication(ctx, raw["communication"], method, algorithm, topology, systems, privacy)
 
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     model = _absolute_model_paths(model)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
-                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems, privacy)
+                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems, privacy, communication)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc
@@ -496,13 +499,38 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> Privacy
     if systems is not None:
         ctx.fail("privacy", "the accountant assumes clients sampled uniformly at random each round, which "
                  "availability, dropouts, deadlines and asynchrony change; leave systems out")
-    if not privacy.supports(method):
-        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if privacy.supports(a))
+    if not method.averages_one_model():
+        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.averages_one_model())
         ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
                  f"which DP-FedAvg's clipping and noise apply to; with privacy use one of {fits}")
     if getattr(algorithm.params, "track_variance", False):
         ctx.fail("algorithm.track_variance", "measures the clients' raw updates, which privacy keeps from the "
                  "server; leave it false")
+    return cfg
+
+
+def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, privacy) -> CommunicationCfg:
+    """The ``communication`` section, and the runs it applies to: a server averaging one model
+    from its clients' uploads."""
+    import raysim.algorithms as algorithms
+    if not isinstance(mapping, dict):
+        ctx.fail("communication", f"expected a mapping of options, got {type(mapping).__name__}")
+    cfg = load_dataclass(ctx, "communication", CommunicationCfg, mapping)
+    if topology is not None:
+        ctx.fail("communication", "compresses what clients upload to a server; leave the topology out")
+    if systems is not None and systems.aggregation != "sync":
+        ctx.fail("communication", f"compressed uploads are averaged in synchronous rounds; use systems.aggregation: "
+                 f"sync (not {systems.aggregation})")
+    if privacy is not None:
+        ctx.fail("communication", "a compressed update may be longer than privacy.clip (randk scales it up, "
+                 "error feedback adds earlier rounds), which would void the guarantee; use one of the two sections")
+    if not method.averages_one_model():
+        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.averages_one_model())
+        ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
+                 f"which compression applies to; with communication use one of {fits}")
+    if getattr(algorithm.params, "track_variance", False):
+        ctx.fail("algorithm.track_variance", "measures the clients' uncompressed updates; leave it false "
+                 "with communication")
     return cfg
 
 

@@ -25,7 +25,7 @@ Google's ``dp_accounting`` (its Rényi-DP accountant) for the run's sampling:
 
 A client's Δ_k is its trained model minus the message, so this applies to methods whose reply is
 one model averaged into the global one (FedAvg and what keeps its reply and aggregate: FedProx,
-Ditto's global model, ...); ``supports`` says which.
+Ditto's global model, ...): ``Algorithm.averages_one_model`` says which.
 """
 from __future__ import annotations
 
@@ -48,15 +48,6 @@ class ClippedUpdate:
     update: Weighted
     clipped: float
     norm: float
-
-
-def supports(method: type) -> bool:
-    """Whether ``method``'s reply is its trained copy of the one model the server averages
-    (FedAvg's reply, aggregate, selection and message, all inherited unchanged)."""
-    from raysim.algorithms.base import Algorithm
-    from raysim.algorithms.fedavg import FedAvg
-    return (issubclass(method, FedAvg) and method.reply is FedAvg.reply and method.aggregate is FedAvg.aggregate
-            and method.select is Algorithm.select and method.message is Algorithm.message)
 
 
 def clip(reply: Any, shared: list[torch.Tensor], bound: float) -> ClippedUpdate:

@@ -184,6 +184,24 @@ class PrivacyCfg:
 
 
 @dataclass(frozen=True)
+class CommunicationCfg:
+    """Compressed uploads (raysim/compression.py; how-to: compressed uploads): each client sends
+    its update through a compressor and the server averages what it reconstructs; the bytes the
+    clients would send are logged every round (``upload_bytes``)."""
+    compress: str = field(default="none", metadata={
+        "choices": ("none", "qsgd", "topk", "randk"),
+        "help": "none: the update as it is (4 bytes a number); qsgd: stochastic quantization to levels "
+                "(Alistarh et al. 2017; FedAvg with it is FedPAQ); topk: the ratio of largest-magnitude "
+                "coordinates; randk: a random ratio of coordinates, scaled to stay unbiased"})
+    levels: int = field(default=16, metadata={"min": 1, "help": "qsgd: s, the quantization levels of |v_i|/‖v‖"})
+    ratio: float = field(default=0.01, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "topk and randk: the share of the update's coordinates sent")})
+    error_feedback: bool = field(default=False, metadata={"help": (
+        "each client adds what its compressor dropped last round before compressing, and keeps the new "
+        "remainder (Stich et al. 2018; Karimireddy et al. 2019); advised for topk")})
+
+
+@dataclass(frozen=True)
 class DistCfg:
     """A distribution over the fleet's clients, drawn once per run from (seed, "systems")."""
     dist: str = field(default="constant", metadata={
@@ -308,3 +326,4 @@ class Scenario:
     server: ServerCfg = field(default_factory=ServerCfg)
     systems: SystemsCfg | None = None
     privacy: PrivacyCfg | None = None
+    communication: CommunicationCfg | None = None

@@ -71,7 +71,7 @@ def test_epsilon_grows_with_rounds_falls_with_noise_and_the_poisson_statement_is
 
 def test_supported_methods_are_those_that_reply_with_the_averaged_model():
     import raysim.algorithms as algorithms
-    fits = {n for n, a in algorithms.REGISTRY.items() if privacy.supports(a)}
+    fits = {n for n, a in algorithms.REGISTRY.items() if a.averages_one_model()}
     assert {"fedavg", "fedprox", "ditto", "apfl"} <= fits
     assert not fits & {"scaffold", "fedem", "ifca", "fedbn", "local", "feddyn", "pfedme"}
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from raysim import privacy, rng
+from raysim import compression, privacy, rng
 from raysim.config import Scenario, make_source
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator
@@ -316,9 +316,12 @@ class RoundDriver:
             compute += secs
         check_finite(losses, r + 1)
         round_metrics: dict[str, float] = {}
-        dp_metrics: dict[str, float] = {}
+        dp_metrics: dict[str, float] = {}            # privacy's and communication's
         if assignment:                       # a round nobody reported in leaves the server as it was
             reduced = total.result()
+            if self.sc.communication is not None:      # the models the server rebuilt from compressed uploads
+                dp_metrics["upload_bytes"] = reduced.nbytes
+                reduced = reduced.model
             dp = self.sc.privacy
             if dp is not None:               # noise on the clipped updates' sum (raysim/privacy.py)
                 with server_math():
@@ -377,8 +380,13 @@ class RoundDriver:
         shared = nbytes(message.shared)
         part = {g: nbytes(p) for g, p in message.groups.items()}
         size = np.array([shared + part.get((groups or {}).get(int(c), 0), 0) for c in cids], dtype=np.float64)
+        up = size
+        comm = self.sc.communication
+        if comm is not None:                 # compressed: the upload's size depends on the model's only
+            d = sum(t.numel() for t in message.shared if t.is_floating_point())
+            up = np.full(len(cids), compression.sent_bytes(d, comm.compress, comm.levels, comm.ratio))
         work = np.array([self.algo.client_work(n) for n in self.n_train(cids.tolist()).tolist()])
-        secs = self.fleet.profiles.seconds(cids, work, size, size)
+        secs = self.fleet.profiles.seconds(cids, work, size, up)
         return (secs, self.fleet.profiles.compute(cids, work)) if compute else secs
 
     def _clock_round(self, r: int, assignment: dict[int, int], message: Any, wanted: int

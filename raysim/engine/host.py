@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import Received
-from raysim import privacy, rng
+from raysim import compression, privacy, rng
 from raysim.config import Scenario, make_source
 from raysim.core import mixing
 from raysim.core.data import Block, ClientData, Context, pack
@@ -89,6 +89,7 @@ class Host:
         self.algo.warm_up(self.source.input_shape, self.device)
         self._data: dict[int, ClientData] = {}
         self.states: dict[int, Any] = {}
+        self.residuals: dict[int, torch.Tensor] = {}     # error feedback's remainders (communication)
         # decentralized: each client's copy of the server state, its message to its neighbours
         # this round, and its row of W in force
         self.servers: dict[int, Any] = {}
@@ -168,11 +169,16 @@ class Host:
                                  self.context(round_, c, "train", groups[c], work.get(c, 1.0))) for c in cids]
         acc = {} if each else Accumulator()
         losses = PerClient()
-        dp = self.sc.privacy
+        dp, comm = self.sc.privacy, self.sc.communication
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
             if dp is not None:                   # the update leaves the client clipped (raysim/privacy.py)
                 reply = privacy.clip(reply, shared, dp.clip)
+            if comm is not None:                 # ... or compressed (raysim/compression.py)
+                reply, remainder = compression.upload(reply, shared, comm, self.residuals.get(cid), self.sc.seed,
+                                                      round_, cid)
+                if remainder is not None:
+                    self.residuals[cid] = remainder
             if each:
                 acc[cid] = Accumulator()
                 acc[cid].add(reply)
@@ -351,17 +357,23 @@ class Host:
                 server = [t.clone() for t in self._server(cid)]
             else:
                 server = self.servers.get(cid)
-            if state is not None or server is not None:
+            residual = self.residuals.get(cid)
+            if state is not None or server is not None or residual is not None:
                 out[cid] = {"state": state_to_tree(state), "server": state_to_tree(server)}
+                if residual is not None:
+                    out[cid]["residual"] = residual
         return out
 
     def set_states(self, trees: dict[int, Any]) -> None:
         cls = self.algo.ClientState
         self.states = {}
+        self.residuals = {}
         for cid, tree in trees.items():
             cid = int(cid)
             if cid not in self._mine:
                 continue
+            if tree.get("residual") is not None:
+                self.residuals[cid] = tree["residual"]
             if tree["state"] is not None:
                 self.states[cid] = to_device(tree_to_state(cls, tree["state"]), self.device)
             if tree["server"] is not None:

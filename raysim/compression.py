@@ -1,0 +1,122 @@
+"""Compressed uploads: each client sends its update Δ_k = θ_k − θ (every floating-point tensor of
+the model the server sent, as one vector of d numbers) through a compressor C, and the server
+averages the models θ + C(Δ_k) as the method does. What a client would put on the wire is
+counted (``upload_bytes``), with float32 values and int32 indices:
+
+- ``qsgd`` (Alistarh, Grubic, Li, Tomioka & Vojnovic, "QSGD: Communication-Efficient SGD via
+  Gradient Quantization and Encoding", NeurIPS 2017): ‖v‖·sign(v_i)·ξ_i/s, ξ_i the integer
+  l = ⌊s|v_i|/‖v‖⌋ rounded up to l + 1 with probability s|v_i|/‖v‖ − l, so E[C(v)] = v; the
+  norm in 32 bits and each coordinate's sign and level in 1 + ⌈log2(s + 1)⌉ bits (fixed-length,
+  an upper bound on the paper's Elias coding). FedPAQ (Reisizadeh et al., AISTATS 2020) is
+  FedAvg with this upload.
+- ``topk``: the k = ⌈ratio·d⌉ coordinates of largest magnitude, as (index, value) pairs (biased:
+  use it with error feedback).
+- ``randk``: k coordinates drawn uniformly, scaled by d/k so that E[C(v)] = v; the indices come
+  from a seed both sides know, so only the values are sent.
+- ``none``: the update as it is (4d bytes): the baseline's traffic.
+
+With ``error_feedback`` (Stich, Cordonnier & Jaggi, NeurIPS 2018; Karimireddy et al., ICML
+2019) a client adds what its compressor dropped last time before compressing, and keeps the new
+remainder: p = Δ_k + e_k, sends C(p), e_k ← p − C(p). The remainder is the client's own state,
+kept on its host and written to checkpoints.
+
+Random draws come from (seed, "compress", round, client): the same run on any number of hosts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from raysim import rng
+from raysim.core.replies import Weighted
+
+
+@dataclass
+class Upload:
+    """A client's reply under compression: the model the server reconstructs from what it sent
+    (weighted as the method weighs it) and the bytes it sent. Summed over clients."""
+    model: Weighted
+    nbytes: float
+
+
+def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The floating-point tensors as one float32 vector."""
+    return torch.cat([t.reshape(-1).float() for t in tensors if t.is_floating_point()])
+
+
+def unflat(vec: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``vec`` back in ``like``'s floating-point shapes (zeros for the other tensors)."""
+    out, at = [], 0
+    for t in like:
+        if t.is_floating_point():
+            out.append(vec[at:at + t.numel()].view(t.shape).to(t.dtype))
+            at += t.numel()
+        else:
+            out.append(torch.zeros_like(t))
+    return out
+
+
+def kept(d: int, ratio: float) -> int:
+    """k, the coordinates topk and randk send of d."""
+    return min(d, max(1, math.ceil(ratio * d)))
+
+
+def sent_bytes(d: int, kind: str, levels: int, ratio: float) -> float:
+    """The bytes a client sends for an update of d numbers (it depends on d only)."""
+    if kind == "qsgd":
+        return 4.0 + math.ceil(d * (1 + math.ceil(math.log2(levels + 1))) / 8)
+    if kind == "topk":
+        return 8.0 * kept(d, ratio)
+    if kind == "randk":
+        return 4.0 * kept(d, ratio)
+    return 4.0 * d
+
+
+def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.Generator) -> torch.Tensor:
+    """C(v) for a float32 vector ``v`` (``gen``: the client's draws this round)."""
+    d = v.numel()
+    if kind == "none" or d == 0:
+        return v
+    if kind == "qsgd":
+        norm = torch.linalg.vector_norm(v.double())
+        if float(norm) == 0.0:
+            return torch.zeros_like(v)
+        scaled = v.double().abs() * levels / norm
+        low = scaled.floor()
+        up = torch.rand(d, generator=gen, dtype=torch.float64) < (scaled - low)
+        return (torch.sign(v.double()) * (low + up) * norm / levels).float()
+    k = kept(d, ratio)
+    out = torch.zeros_like(v)
+    if kind == "topk":
+        idx = v.abs().topk(k, sorted=False).indices
+        out[idx] = v[idx]
+    elif kind == "randk":
+        idx = torch.randperm(d, generator=gen)[:k]
+        out[idx] = v[idx] * (d / k)
+    else:
+        raise ValueError(f"unknown compressor {kind!r}")
+    return out
+
+
+def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Tensor | None, seed: int,
+           round_: int, cid: int) -> tuple[Upload, torch.Tensor | None]:
+    """A client's ``Weighted`` reply of its trained model as the server receives it compressed
+    (``cfg``: the scenario's communication section), and the client's new remainder (error
+    feedback; None without it)."""
+    if not isinstance(reply, Weighted) or len(reply.values) != len(shared):
+        raise TypeError(f"compression needs a reply of the model the server sent, got {type(reply).__name__}")
+    d = sum(s.numel() for s in shared if s.is_floating_point())
+    nbytes = sent_bytes(d, cfg.compress, cfg.levels, cfg.ratio)
+    if cfg.compress == "none" and not cfg.error_feedback:
+        return Upload(reply, nbytes), None                  # the model itself: the run's numbers unchanged
+    delta = flat([p.cpu() for p in reply.values]) - flat([s.cpu() for s in shared])
+    if cfg.error_feedback and residual is not None:
+        delta = delta + residual
+    sent = compress(delta, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid))
+    remainder = delta - sent if cfg.error_feedback else None
+    device = shared[0].device
+    model = [s + d.to(device) if s.is_floating_point() else s
+             for s, d in zip(shared, unflat(sent, shared))]
+    return Upload(Weighted(model, reply.weight), nbytes), remainder
