@@ -471,7 +471,8 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
 
     privacy = None
     if raw.get("privacy") is not None:
-        privacy = _privacy(ctx, raw["privacy"], method, algorithm, topology, systems)
+        k = sampling.count if sampling.count is not None else max(1, int(round(sampling.fraction * train_clients)))
+        privacy = _privacy(ctx, raw["privacy"], method, algorithm, topology, systems, k)
     communication = None
     if raw.get("communication") is not None:
         communication = _communication(ctx, raw["communication"], method, algorithm, topology, systems, privacy)
@@ -485,7 +486,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     return sc
 
 
-def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> PrivacyCfg:
+def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) -> PrivacyCfg:
     """The ``privacy`` section, and the runs it applies to: a server averaging one model from
     uniformly sampled clients."""
     import raysim.algorithms as algorithms
@@ -506,6 +507,11 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> Privacy
     if getattr(algorithm.params, "track_variance", False):
         ctx.fail("algorithm.track_variance", "measures the clients' raw updates, which privacy keeps from the "
                  "server; leave it false")
+    try:
+        privacy.update_multiplier(cfg, k)
+    except ValueError as e:
+        key, _, why = str(e).partition(": ")
+        ctx.fail(key, f"{why} (K = {k} clients a round{', σ_b = K/20' if cfg.count_noise is None else ''})")
     return cfg
 
 

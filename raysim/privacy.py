@@ -82,6 +82,34 @@ def privatize(reduced: ClippedUpdate, shared: list[torch.Tensor], k: int, bound:
     return Weighted(values, 1.0), metrics
 
 
+def count_std(cfg, k: int) -> float:
+    """σ_b, the std of adaptive clipping's count noise: the scenario's, or K/20 (Andrew et al.)."""
+    return cfg.count_noise if cfg.count_noise is not None else k / 20
+
+
+def update_multiplier(cfg, k: int) -> float:
+    """The noise multiplier of the updates' sum: z, or with adaptive clipping z_Δ, the share of z's
+    budget the count leaves, (z^-2 − (2σ_b)^-2)^-1/2 (Andrew et al., Theorem 1: the two Gaussian
+    sums together are one mechanism of multiplier z, so ε is the fixed clipping's)."""
+    z = cfg.noise_multiplier
+    if cfg.target_quantile is None or z == 0:
+        return z
+    rest = z ** -2 - (2 * count_std(cfg, k)) ** -2
+    if rest <= 0:
+        raise ValueError(f"privacy.count_noise: σ_b = {count_std(cfg, k):g} leaves no noise for the updates; "
+                         f"it must exceed noise_multiplier / 2 = {z / 2:g}")
+    return rest ** -0.5
+
+
+def next_clip(clip: float, unclipped: float, k: int, cfg, seed: int, round_: int) -> tuple[float, float]:
+    """Adaptive clipping's step (Andrew et al., Algorithm 1 with geometric updates): the noisy
+    share b̃ = (unclipped + N(0, σ_b²)) / K of updates within C, and C·exp(−η_C (b̃ − γ));
+    (the next C, b̃)."""
+    noise = rng.generator(seed, "privacy", "count", round_).standard_normal() * count_std(cfg, k)
+    share = (unclipped + float(noise)) / k
+    return clip * math.exp(-cfg.clip_lr * (share - cfg.target_quantile)), share
+
+
 def epsilon(rounds: int, clients: int, k: int, multiplier: float, delta: float, accounting: str) -> float:
     """ε after ``rounds`` rounds of K = ``k`` of ``clients`` with noise multiplier z, at δ
     (the Rényi-DP accountant of ``dp_accounting``); inf without noise. The rounds are identical

@@ -176,6 +176,15 @@ class PrivacyCfg:
         "z: the noise added to the sum of clipped updates has std z·C (0: clipping only, no guarantee)")})
     delta: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
         "δ of the (ε, δ) reported; null: N^-1.1 for N training clients")})
+    target_quantile: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
+        "γ: adapt C each round towards the γ-quantile of the update norms (Andrew et al., NeurIPS 2021; "
+        "they use 0.5), from a noisy count of the unclipped updates; null: C stays at clip")})
+    clip_lr: float = field(default=0.2, metadata={"gt": 0.0, "help": (
+        "η_C, adaptive clipping's step: C ← C·exp(−η_C (b̃ − γ)), b̃ the noisy share of unclipped updates")})
+    count_noise: float | None = field(default=None, metadata={"gt": 0.0, "help": (
+        "σ_b, the std of the noise on the count of unclipped updates (adaptive clipping); null: K/20, the "
+        "paper's; it takes a share of noise_multiplier's budget: the updates' noise is z_Δ·C with "
+        "z_Δ = (z^-2 − (2σ_b)^-2)^-1/2")})
     accounting: str = field(default="sampled", metadata={
         "choices": ("sampled", "poisson"),
         "help": "sampled: K of N clients without replacement, one client's data replaced (raysim's sampling; "

@@ -147,12 +147,48 @@ def test_privacy_options_are_checked_by_name_and_range(tmp_path, capsys):
 
 def test_a_private_run_crashed_after_round_two_resumes_to_the_uninterrupted_runs_numbers(tmp_path):
     from tests.test_runs import raysim, summary_of, tracked
-    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5") + "privacy: {clip: 0.05, noise_multiplier: 1.5}\n")
+    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5")
+                   + "privacy: {clip: 0.05, noise_multiplier: 1.5, target_quantile: 0.5, count_noise: 2}\n")
     full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
     proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False, here=True)
     assert proc.returncode == 1 and "injected failure after round 2" in proc.stderr
     failed = proc.stderr.split("--resume ")[-1].split()[0]
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed, name="resumed.json")
     assert resumed["final"] == full["final"]                 # the noise of rounds 3..5 drawn again, the same
-    keys = ("train_loss", "dp_epsilon", "dp_clipped", "dp_update_norm")
+    keys = ("train_loss", "dp_epsilon", "dp_clipped", "dp_update_norm", "dp_clip")   # C adapted, restored
     assert [{k: h[k] for k in keys} for h in resumed["history"]] == [{k: h[k] for k in keys} for h in full["history"]]
+
+
+def test_adaptive_clipping_moves_c_geometrically_towards_the_target_share_of_unclipped_updates():
+    from raysim.sections import PrivacyCfg
+    cfg = PrivacyCfg(clip=1.0, target_quantile=0.5, clip_lr=0.2, count_noise=1e-12)
+    # 3 of K = 4 within C: b = 0.75 > γ, C shrinks by exp(-0.2 · 0.25)
+    c, share = privacy.next_clip(1.0, 3.0, 4, cfg, seed=0, round_=0)
+    assert share == pytest.approx(0.75) and c == pytest.approx(math.exp(-0.05))
+    c, share = privacy.next_clip(2.0, 0.0, 4, cfg, seed=0, round_=0)           # all clipped: C grows
+    assert c == pytest.approx(2.0 * math.exp(0.1))
+    # the count's noise takes a share of z's budget: z_Δ = (z^-2 - (2σ_b)^-2)^-1/2
+    both = PrivacyCfg(noise_multiplier=1.0, target_quantile=0.5, count_noise=2.0)
+    assert privacy.update_multiplier(both, 40) == pytest.approx((1 - 1 / 16) ** -0.5)
+    assert privacy.update_multiplier(PrivacyCfg(noise_multiplier=1.0), 40) == 1.0       # fixed C: all of z
+    assert privacy.count_std(PrivacyCfg(target_quantile=0.5), 40) == 2.0               # K/20
+    with pytest.raises(ValueError, match="must exceed noise_multiplier / 2 = 1.5"):
+        privacy.update_multiplier(PrivacyCfg(noise_multiplier=3.0, target_quantile=0.5, count_noise=1.0), 40)
+
+
+def test_adaptive_clipping_finds_the_update_norms_from_a_c_far_below_them_and_learns_at_the_same_epsilon(tmp_path):
+    extra = ["privacy.clip=0.05", "privacy.noise_multiplier=1.0", "sampling.fraction=1.0", "rounds=40"]
+    fixed = private_run(tmp_path, "f", *extra)
+    adaptive = private_run(tmp_path, "a", *extra, "privacy.target_quantile=0.5")
+    last = adaptive["history"][-1]
+    # seed 0: C grows from 0.05 to 0.44, the mean norm being 0.42; accuracy 0.55 fixed, 0.84 adaptive
+    assert 0.5 * last["dp_update_norm"] < last["dp_clip"] < 2 * last["dp_update_norm"]
+    assert adaptive["final"]["accuracy"] > fixed["final"]["accuracy"] + 0.15
+    assert last["dp_epsilon"] == fixed["history"][-1]["dp_epsilon"]     # the count's noise is inside z's budget
+    assert all(h["dp_clip"] == 0.05 for h in fixed["history"])
+
+
+def test_a_count_noise_that_leaves_the_updates_no_noise_is_refused(tmp_path, capsys):
+    path = write_scenario(tmp_path, TINY + "privacy: {noise_multiplier: 2.0, target_quantile: 0.5}\n")
+    line = run_refused(capsys, tmp_path, path)               # K = 6: σ_b = 0.3 by default, below z/2 = 1
+    assert "privacy.count_noise" in line and "must exceed noise_multiplier / 2 = 1" in line and "K = 6" in line, line

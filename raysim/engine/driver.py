@@ -33,7 +33,7 @@ class Transport(Protocol):
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
-              work: dict[int, float] | None = None) -> list[tuple]: ...
+              work: dict[int, float] | None = None, clip: float | None = None) -> list[tuple]: ...
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]) -> list[dict]: ...
     def save_clients(self, folder: str, rdir: str, token: str, head: dict) -> list[dict]: ...
     def load_clients(self, folder: str, doc: dict, token: str) -> None: ...
@@ -258,6 +258,7 @@ class RoundDriver:
         self.server_opt = None
         if sc.server.optimizer != "none":
             self.server_opt = server_opt.init_state(sc.server, self.algo.server_params(self.server_state))
+        self.dp_clip = None if sc.privacy is None else sc.privacy.clip     # privacy's C, adapted or not
         self.train_ids, self.unseen_ids = split_unseen(sc)
         self.eval_ids = eval_sample(sc, self.train_ids)
         self.round = 0              # rounds completed
@@ -306,7 +307,9 @@ class RoundDriver:
             assignment, work, outcome = self._clock_round(r, assignment, message, wanted)
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
-        parts = self.transport.train(r, message, by_host, work=work or None) if assignment else []
+        dp = self.sc.privacy
+        parts = self.transport.train(r, message, by_host, work=work or None,
+                                     clip=None if dp is None else self.dp_clip) if assignment else []
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
@@ -322,11 +325,16 @@ class RoundDriver:
             if self.sc.communication is not None:      # the models the server rebuilt from compressed uploads
                 dp_metrics["upload_bytes"] = reduced.nbytes
                 reduced = reduced.model
-            dp = self.sc.privacy
             if dp is not None:               # noise on the clipped updates' sum (raysim/privacy.py)
+                k = sample_size(self.sc, len(self.train_ids))
+                clipped = reduced
                 with server_math():
-                    reduced, dp_metrics = privacy.privatize(reduced, message.shared, sample_size(self.sc, len(self.train_ids)),
-                                                            dp.clip, dp.noise_multiplier, self.sc.seed, r)
+                    reduced, dp_metrics = privacy.privatize(clipped, message.shared, k, self.dp_clip,
+                                                            privacy.update_multiplier(dp, k), self.sc.seed, r)
+                dp_metrics["dp_clip"] = self.dp_clip
+                if dp.target_quantile is not None:          # adaptive clipping: C for the next round
+                    self.dp_clip, dp_metrics["dp_unclipped_share"] = privacy.next_clip(
+                        self.dp_clip, clipped.update.weight - clipped.clipped, k, dp, self.sc.seed, r)
             before = self.server_state
             with server_math():
                 self.server_state = self.algo.aggregate(self.server_state, reduced, r)
@@ -559,6 +567,7 @@ class RoundDriver:
                 "hosts": hosts,
                 "server": state_to_tree(self.server_state),
                 **({"server_opt": state_to_tree(self.server_opt)} if self.server_opt is not None else {}),
+                **({"privacy": {"clip": self.dp_clip}} if self.dp_clip is not None else {}),
                 **({"fleet": {"clock": self.clock, "participation": torch.from_numpy(self.participation.copy())}}
                    if self.fleet is not None else {}),
                 "history": self.history,
@@ -577,6 +586,11 @@ class RoundDriver:
                 raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no server optimizer state "
                                                  f"(written with server.optimizer: none?)")
             self.server_opt = {k: list(v) for k, v in ck["server_opt"].items()}
+        if self.dp_clip is not None:
+            if "privacy" not in ck:
+                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no clipping bound (written "
+                                                 f"without the privacy section?)")
+            self.dp_clip = float(ck["privacy"]["clip"])
         if self.fleet is not None:
             if "fleet" not in ck:
                 raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no virtual clock (written "

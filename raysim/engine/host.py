@@ -156,11 +156,13 @@ class Host:
         return acc
 
     def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False,
-              work: dict[int, float] | None = None) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
+              work: dict[int, float] | None = None, clip: float | None = None
+              ) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
         """Train the clients of ``groups`` ({cid: group}) on the shared part and their group's
         part; return (sum of replies, loss per client, seconds); ``each``: each client's reply
         on its own ({cid: its Accumulator}), for a server that weighs them one by one
-        (asynchronous aggregation); ``work``: the share of its steps a straggler has time for."""
+        (asynchronous aggregation); ``work``: the share of its steps a straggler has time for;
+        ``clip``: privacy's clipping bound this round (adaptive clipping; default the scenario's)."""
         t0 = time.perf_counter()
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
@@ -173,7 +175,7 @@ class Host:
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
             if dp is not None:                   # the update leaves the client clipped (raysim/privacy.py)
-                reply = privacy.clip(reply, shared, dp.clip)
+                reply = privacy.clip(reply, shared, dp.clip if clip is None else clip)
             if comm is not None:                 # ... or compressed (raysim/compression.py)
                 reply, remainder = compression.upload(reply, shared, comm, self.residuals.get(cid), self.sc.seed,
                                                       round_, cid)

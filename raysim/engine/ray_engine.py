@@ -135,9 +135,9 @@ class RayHost(Host):
         return super().stats(round_, from_numpy(message), cids)
 
     def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False,
-              work: dict[int, float] | None = None):
+              work: dict[int, float] | None = None, clip: float | None = None):
         self._fault("train", round_)
-        return super().train(round_, from_numpy(shared), _fetch(parts), groups, each, work)
+        return super().train(round_, from_numpy(shared), _fetch(parts), groups, each, work, clip)
 
     def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
                  unseen: list[int] = ()):
@@ -290,9 +290,10 @@ class RayTransport:
         return self._gather([h.stats.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
-              work: dict[int, float] | None = None):
+              work: dict[int, float] | None = None, clip: float | None = None):
         shared, parts = self._put(message, by_host)
-        return self._gather([h.train.remote(round_, shared, p, g, each, {c: work[c] for c in g if c in work} if work else None)
+        return self._gather([h.train.remote(round_, shared, p, g, each, {c: work[c] for c in g if c in work} if work else None,
+                                            clip)
                              for h, p, g in zip(self.hosts, parts, by_host)])
 
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):

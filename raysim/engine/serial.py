@@ -45,8 +45,9 @@ class LocalTransport:
         return [h.stats(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
 
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
-              work: dict[int, float] | None = None):
-        return [h.train(round_, message.shared, parts_for(message, g), g, each, work) for h, g in zip(self.hosts, by_host)]
+              work: dict[int, float] | None = None, clip: float | None = None):
+        return [h.train(round_, message.shared, parts_for(message, g), g, each, work, clip)
+                for h, g in zip(self.hosts, by_host)]
 
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
         shared = None if message is None else message.shared
