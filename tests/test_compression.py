@@ -86,6 +86,7 @@ def test_compressed_fedavg_learns_digits_and_error_feedback_repairs_topk(tmp_pat
     assert acc["qsgd"] > acc["none"] - 0.03 and acc["ef"] > 0.8
     assert acc["ef"] > acc["topk"] + 0.02                                 # the dropped 95 % comes back later
     assert ef["history"][-1]["upload_bytes"] == 25 * 8 * math.ceil(0.05 * d)     # a tenth of none's, about
+    assert ef["history"][-1]["upload_bytes_total"] == 40 * 25 * 8 * math.ceil(0.05 * d)      # over the 40 rounds
 
 
 def test_a_compressed_run_with_error_feedback_is_the_same_on_one_host_or_three_and_across_a_resume(tmp_path):
@@ -104,6 +105,7 @@ def test_a_compressed_run_with_error_feedback_is_the_same_on_one_host_or_three_a
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed, name="resumed.json")
     assert resumed["final"] == out[1]["final"]                   # the remainders came back from the checkpoint
     assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in out[1]["history"]]
+    assert [h["upload_bytes_total"] for h in resumed["history"]] == [h["upload_bytes_total"] for h in out[1]["history"]]
 
 
 def test_a_fleets_clock_counts_the_compressed_upload(tmp_path):

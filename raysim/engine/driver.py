@@ -324,6 +324,7 @@ class RoundDriver:
             reduced = total.result()
             if self.sc.communication is not None:      # the models the server rebuilt from compressed uploads
                 dp_metrics["upload_bytes"] = reduced.nbytes
+                dp_metrics["upload_bytes_total"] = reduced.nbytes + sum(h.get("upload_bytes", 0.0) for h in self.history)
                 reduced = reduced.model
             if dp is not None:               # noise on the clipped updates' sum (raysim/privacy.py)
                 k = sample_size(self.sc, len(self.train_ids))
