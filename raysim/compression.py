@@ -12,13 +12,17 @@ counted (``upload_bytes``), with float32 values and int32 indices:
 - ``topk``: the k = ⌈ratio·d⌉ coordinates of largest magnitude, as (index, value) pairs (biased:
   use it with error feedback).
 - ``randk``: k coordinates drawn uniformly, scaled by d/k so that E[C(v)] = v; the indices come
-  from a seed both sides know, so only the values are sent.
+  from a seed both sides know, so only the values are sent. With error feedback they are sent
+  unscaled: error feedback needs a compressor that shrinks what it keeps back
+  (‖C(v) − v‖² ≤ (1 − k/d)‖v‖², Stich et al.'s rand-k with memory), and the scaled one multiplies
+  it by up to d/k.
 - ``none``: the update as it is (4d bytes): the baseline's traffic.
 
 With ``error_feedback`` (Stich, Cordonnier & Jaggi, NeurIPS 2018; Karimireddy et al., ICML
 2019) a client adds what its compressor dropped last time before compressing, and keeps the new
 remainder: p = Δ_k + e_k, sends C(p), e_k ← p − C(p). The remainder is the client's own state,
-kept on its host and written to checkpoints.
+kept on its host and written to checkpoints. It applies to the sparsifiers (topk, randk
+unscaled); QSGD is unbiased and is refused with it.
 
 Random draws come from (seed, "compress", round, client): the same run on any number of hosts.
 """
@@ -74,8 +78,10 @@ def sent_bytes(d: int, kind: str, levels: int, ratio: float) -> float:
     return 4.0 * d
 
 
-def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.Generator) -> torch.Tensor:
-    """C(v) for a float32 vector ``v`` (``gen``: the client's draws this round)."""
+def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.Generator,
+             unbiased: bool = True) -> torch.Tensor:
+    """C(v) for a float32 vector ``v`` (``gen``: the client's draws this round); ``unbiased``
+    False: randk's values unscaled, the contractive form error feedback needs."""
     d = v.numel()
     if kind == "none" or d == 0:
         return v
@@ -94,7 +100,7 @@ def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.G
         out[idx] = v[idx]
     elif kind == "randk":
         idx = torch.randperm(d, generator=gen)[:k]
-        out[idx] = v[idx] * (d / k)
+        out[idx] = v[idx] * (d / k) if unbiased else v[idx]
     else:
         raise ValueError(f"unknown compressor {kind!r}")
     return out
@@ -114,7 +120,8 @@ def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Ten
     delta = flat([p.cpu() for p in reply.values]) - flat([s.cpu() for s in shared])
     if cfg.error_feedback and residual is not None:
         delta = delta + residual
-    sent = compress(delta, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid))
+    sent = compress(delta, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),
+                    unbiased=not cfg.error_feedback)
     remainder = delta - sent if cfg.error_feedback else None
     device = shared[0].device
     model = [s + d.to(device) if s.is_floating_point() else s

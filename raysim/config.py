@@ -537,6 +537,9 @@ def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, priv
     if getattr(algorithm.params, "track_variance", False):
         ctx.fail("algorithm.track_variance", "measures the clients' uncompressed updates; leave it false "
                  "with communication")
+    if cfg.error_feedback and cfg.compress not in ("topk", "randk"):
+        ctx.fail("communication.error_feedback", f"is for the sparsifiers topk and randk; {cfg.compress} sends "
+                 f"{'the update whole' if cfg.compress == 'none' else 'an unbiased quantization'}: leave it false")
     return cfg
 
 

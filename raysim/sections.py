@@ -207,7 +207,8 @@ class CommunicationCfg:
         "topk and randk: the share of the update's coordinates sent")})
     error_feedback: bool = field(default=False, metadata={"help": (
         "each client adds what its compressor dropped last round before compressing, and keeps the new "
-        "remainder (Stich et al. 2018; Karimireddy et al. 2019); advised for topk")})
+        "remainder (Stich et al. 2018; Karimireddy et al. 2019); topk and randk only (randk then sends its "
+        "values unscaled); advised for topk")})
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ def test_topk_keeps_the_largest_magnitudes_and_randk_a_scaled_random_share_unbia
     assert one[i] == 4 * v[i]
     draws = torch.stack([compression.compress(v, "randk", 0, 0.25, gen(s)) for s in range(4000)])
     assert torch.allclose(draws.mean(0), v, atol=0.15)
+    # for error feedback, unscaled: what it keeps back is never longer than v (contractive)
+    kept = compression.compress(v, "randk", 0, 0.25, gen(), unbiased=False)
+    assert torch.equal(kept, one / 4)
 
 
 def test_bytes_sent_depend_on_the_update_size_and_the_compressor():
@@ -125,9 +128,11 @@ def test_a_fleets_clock_counts_the_compressed_upload(tmp_path):
     ("algorithm: {name: scaffold, lr: 0.1}", "algorithm.name", "does not reply with the one model the server averages"),
     ("privacy: {clip: 1.0}", "communication", "use one of the two sections"),
     ("systems: {aggregation: fedbuff, buffer: 2}", "communication", "use systems.aggregation: sync"),
+    ("communication: {compress: qsgd, error_feedback: true}", "communication.error_feedback", "topk and randk"),
 ])
 def test_compression_is_refused_where_it_does_not_apply(tmp_path, capsys, extra, key, says):
     text = TINY if "algorithm" not in extra else TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}\n", "")
-    path = write_scenario(tmp_path, text + extra + "\ncommunication: {compress: qsgd}\n")
+    section = "" if extra.startswith("communication") else "\ncommunication: {compress: qsgd}"
+    path = write_scenario(tmp_path, text + extra + section + "\n")
     line = run_refused(capsys, tmp_path, path)
     assert f": {key}: " in line and says in line, line
