@@ -13,6 +13,9 @@ paths of their own, in one sweep (one Ray start):
 - FedBN: batch-norm layers (weights and running statistics) kept on hosts, the rest averaged;
 - pFedHN: each client its own group with its own θ_k, ``PerClient`` Δθ replies, the
   hypernetwork's VJP on the server;
+- FedAvg under privacy with adaptive clipping: clipped updates summed on hosts, the round's
+  bound sent with each ``train`` call, the server's noise and its next bound;
+- FedAvg with top-k uploads and error feedback: the remainders kept on hosts;
 
 each also scoring its clients' validation split (``val_*``, the summary's ``val_best_round`` and
 ``test_at_val_best_*``). The Ray runs go one after another, each finished run's host actors
@@ -36,6 +39,8 @@ sweep:
   fedrod: {algorithm.name: fedrod, model: {name: mlp, hidden: [8]}}
   fedbn: {algorithm.name: fedbn, model: {name: mlp, hidden: [8], norm: batch}, resources.cpus_per_host: 0.4}
   pfedhn: {algorithm.name: pfedhn}
+  dp-adaptive: {privacy: {clip: 0.05, noise_multiplier: 1.0, target_quantile: 0.5, count_noise: 2}}
+  topk-ef: {communication: {compress: topk, ratio: 0.3, error_feedback: true}}
 """
 
 
@@ -52,11 +57,12 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
                             *extra).stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
     # hosts started (Ray itself by the sweep, before its runs): the first run's, FedBN's (other
-    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other five took the last run's
+    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other seven took the last run's
     boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actors" in ln]
     assert boots == (["starting 3 host actors ..."]
-                     + ["reusing the previous run's 3 host actors ..."] * 5 + ["starting 3 host actors ..."] * 2)
-    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 8
+                     + ["reusing the previous run's 3 host actors ..."] * 5 + ["starting 3 host actors ..."] * 2
+                     + ["reusing the previous run's 3 host actors ..."] * 2)
+    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 10
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]
         assert on_ray["final"] == serial["final"], variant
@@ -64,3 +70,8 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
         assert serial["final"]["accuracy"] > 0.5, variant       # binary labels: they learned something
         assert serial["final"]["val_accuracy"] != serial["final"]["accuracy"], variant
         assert serial["final"]["val_best_round"] in (1, 2, 3, 4), variant
+    # the adaptive bound, moved by the server's noisy count, reached the Ray hosts round by round
+    bounds = [h["dp_clip"] for h in out["ray"]["dp-adaptive"]["history"]]
+    assert bounds == [h["dp_clip"] for h in out["serial"]["dp-adaptive"]["history"]] and len(set(bounds)) == 4
+    assert [h["upload_bytes"] for h in out["ray"]["topk-ef"]["history"]] == \
+        [h["upload_bytes"] for h in out["serial"]["topk-ef"]["history"]]
