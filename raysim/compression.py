@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from raysim import rng
-from raysim.core.replies import Weighted
+from raysim.core.replies import Weighted, float_numbers, model_update
 
 
 @dataclass
@@ -43,11 +43,6 @@ class Upload:
     (weighted as the method weighs it) and the bytes it sent. Summed over clients."""
     model: Weighted
     nbytes: float
-
-
-def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The floating-point tensors as one float32 vector."""
-    return torch.cat([t.reshape(-1).float() for t in tensors if t.is_floating_point()])
 
 
 def unflat(vec: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -111,13 +106,11 @@ def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Ten
     """A client's ``Weighted`` reply of its trained model as the server receives it compressed
     (``cfg``: the scenario's communication section), and the client's new remainder (error
     feedback; None without it)."""
-    if not isinstance(reply, Weighted) or len(reply.values) != len(shared):
-        raise TypeError(f"compression needs a reply of the model the server sent, got {type(reply).__name__}")
-    d = sum(s.numel() for s in shared if s.is_floating_point())
-    nbytes = sent_bytes(d, cfg.compress, cfg.levels, cfg.ratio)
+    nbytes = sent_bytes(float_numbers(shared), cfg.compress, cfg.levels, cfg.ratio)
     if cfg.compress == "none" and not cfg.error_feedback:
         return Upload(reply, nbytes), None                  # the model itself: the run's numbers unchanged
-    delta = flat([p.cpu() for p in reply.values]) - flat([s.cpu() for s in shared])
+    delta = torch.cat([d.reshape(-1).float().cpu() for d in model_update(reply, shared, "compression")
+                       if d is not None])
     if cfg.error_feedback and residual is not None:
         delta = delta + residual
     sent = compress(delta, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),

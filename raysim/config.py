@@ -486,27 +486,35 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     return sc
 
 
+def _upload_section(ctx: Ctx, key: str, cls, mapping, method, algorithm, what: str):
+    """A section that transforms what each client uploads (``privacy``, ``communication``): its
+    options, and the one kind of method it applies to, whose reply is the one model the server
+    averages (``Algorithm.averages_one_model``)."""
+    import raysim.algorithms as algorithms
+    if not isinstance(mapping, dict):
+        ctx.fail(key, f"expected a mapping of options, got {type(mapping).__name__}")
+    cfg = load_dataclass(ctx, key, cls, mapping)
+    if not method.averages_one_model():
+        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.averages_one_model())
+        ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
+                 f"which {what} apply to; with {key} use one of {fits}")
+    if getattr(algorithm.params, "track_variance", False):
+        ctx.fail("algorithm.track_variance", f"measures the clients' raw updates, which {key} changes before the "
+                 "server sees them; leave it false")
+    return cfg
+
+
 def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) -> PrivacyCfg:
     """The ``privacy`` section, and the runs it applies to: a server averaging one model from
     uniformly sampled clients."""
-    import raysim.algorithms as algorithms
     from raysim import privacy
-    if not isinstance(mapping, dict):
-        ctx.fail("privacy", f"expected a mapping of options, got {type(mapping).__name__}")
-    cfg = load_dataclass(ctx, "privacy", PrivacyCfg, mapping)
+    cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
     if topology is not None:
         ctx.fail("privacy", "client-level DP here bounds what a server learns from its clients' updates; "
                  "leave the topology out")
     if systems is not None:
         ctx.fail("privacy", "the accountant assumes clients sampled uniformly at random each round, which "
                  "availability, dropouts, deadlines and asynchrony change; leave systems out")
-    if not method.averages_one_model():
-        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.averages_one_model())
-        ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
-                 f"which DP-FedAvg's clipping and noise apply to; with privacy use one of {fits}")
-    if getattr(algorithm.params, "track_variance", False):
-        ctx.fail("algorithm.track_variance", "measures the clients' raw updates, which privacy keeps from the "
-                 "server; leave it false")
     try:
         privacy.update_multiplier(cfg, k)
     except ValueError as e:
@@ -517,11 +525,8 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) ->
 
 def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, privacy) -> CommunicationCfg:
     """The ``communication`` section, and the runs it applies to: a server averaging one model
-    from its clients' uploads."""
-    import raysim.algorithms as algorithms
-    if not isinstance(mapping, dict):
-        ctx.fail("communication", f"expected a mapping of options, got {type(mapping).__name__}")
-    cfg = load_dataclass(ctx, "communication", CommunicationCfg, mapping)
+    from its clients' uploads, in synchronous rounds."""
+    cfg = _upload_section(ctx, "communication", CommunicationCfg, mapping, method, algorithm, "compressors")
     if topology is not None:
         ctx.fail("communication", "compresses what clients upload to a server; leave the topology out")
     if systems is not None and systems.aggregation != "sync":
@@ -530,13 +535,6 @@ def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, priv
     if privacy is not None:
         ctx.fail("communication", "a compressed update may be longer than privacy.clip (randk scales it up, "
                  "error feedback adds earlier rounds), which would void the guarantee; use one of the two sections")
-    if not method.averages_one_model():
-        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.averages_one_model())
-        ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
-                 f"which compression applies to; with communication use one of {fits}")
-    if getattr(algorithm.params, "track_variance", False):
-        ctx.fail("algorithm.track_variance", "measures the clients' uncompressed updates; leave it false "
-                 "with communication")
     if cfg.error_feedback and cfg.compress not in ("topk", "randk"):
         ctx.fail("communication.error_feedback", f"is for the sparsifiers topk and randk; {cfg.compress} sends "
                  f"{'the update whole' if cfg.compress == 'none' else 'an unbiased quantization'}: leave it false")

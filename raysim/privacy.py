@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from raysim import rng
-from raysim.core.replies import Weighted
+from raysim.core.replies import Weighted, model_update
 
 
 @dataclass
@@ -54,10 +54,8 @@ class ClippedUpdate:
 def clip(reply: Any, shared: list[torch.Tensor], bound: float) -> ClippedUpdate:
     """A client's reply (``Weighted`` of its trained model) as its update from ``shared`` clipped
     to L2 norm ``bound`` over all floating-point tensors (the others are not sent: zeros)."""
-    if not isinstance(reply, Weighted) or len(reply.values) != len(shared):
-        raise TypeError(f"privacy needs a reply of the model the server sent, got {type(reply).__name__}")
-    deltas = [(p - s) if p.is_floating_point() else torch.zeros_like(s, dtype=torch.float32)
-              for p, s in zip(reply.values, shared)]
+    deltas = [torch.zeros_like(s, dtype=torch.float32) if d is None else d
+              for d, s in zip(model_update(reply, shared, "privacy"), shared)]
     norm = math.sqrt(sum(float(d.double().square().sum()) for d in deltas))
     factor = min(1.0, bound / norm) if norm > 0 else 1.0
     if factor < 1.0:

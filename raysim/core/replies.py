@@ -66,6 +66,20 @@ class Weighted:
         return [(v / self.weight).to(dtype) for v in self.values]
 
 
+def model_update(reply: Any, shared: list[torch.Tensor], what: str) -> list[torch.Tensor | None]:
+    """A client's update θ_k − θ from a reply that is its trained copy (``Weighted``) of the
+    model ``shared`` it received, per tensor; None for a tensor that is not floating point
+    (counters, which no update carries). What privacy's clipping and compression act on."""
+    if not isinstance(reply, Weighted) or len(reply.values) != len(shared):
+        raise TypeError(f"{what} needs a reply of the model the server sent, got {type(reply).__name__}")
+    return [p - s if s.is_floating_point() else None for p, s in zip(reply.values, shared)]
+
+
+def float_numbers(tensors: list[torch.Tensor]) -> int:
+    """How many numbers the floating-point tensors hold: the size d of an update."""
+    return sum(t.numel() for t in tensors if t.is_floating_point())
+
+
 def _flatten(obj: Any, leaves: list) -> Any:
     """Describe ``obj``'s structure; append its leaves in order: PerClient dicts, dicts of
     Accumulators (ByKey) or (tensor, scale) pairs meaning ``scale * tensor``."""

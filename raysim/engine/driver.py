@@ -19,7 +19,7 @@ import torch
 from raysim import compression, privacy, rng
 from raysim.config import Scenario, make_source
 from raysim.core import server_opt
-from raysim.core.replies import Accumulator
+from raysim.core.replies import Accumulator, float_numbers
 from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
@@ -308,8 +308,7 @@ class RoundDriver:
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
         dp = self.sc.privacy
-        parts = self.transport.train(r, message, by_host, work=work or None,
-                                     clip=None if dp is None else self.dp_clip) if assignment else []
+        parts = self.transport.train(r, message, by_host, work=work or None, clip=self.dp_clip) if assignment else []
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
@@ -319,22 +318,23 @@ class RoundDriver:
             compute += secs
         check_finite(losses, r + 1)
         round_metrics: dict[str, float] = {}
-        dp_metrics: dict[str, float] = {}            # privacy's and communication's
+        upload_metrics: dict[str, float] = {}        # privacy's and communication's
         if assignment:                       # a round nobody reported in leaves the server as it was
             reduced = total.result()
             if self.sc.communication is not None:      # the models the server rebuilt from compressed uploads
-                dp_metrics["upload_bytes"] = reduced.nbytes
-                dp_metrics["upload_bytes_total"] = reduced.nbytes + sum(h.get("upload_bytes", 0.0) for h in self.history)
+                upload_metrics["upload_bytes"] = reduced.nbytes
+                upload_metrics["upload_bytes_total"] = reduced.nbytes + sum(h.get("upload_bytes", 0.0)
+                                                                            for h in self.history)
                 reduced = reduced.model
             if dp is not None:               # noise on the clipped updates' sum (raysim/privacy.py)
                 k = sample_size(self.sc, len(self.train_ids))
                 clipped = reduced
                 with server_math():
-                    reduced, dp_metrics = privacy.privatize(clipped, message.shared, k, self.dp_clip,
-                                                            privacy.update_multiplier(dp, k), self.sc.seed, r)
-                dp_metrics["dp_clip"] = self.dp_clip
+                    reduced, clipping = privacy.privatize(clipped, message.shared, k, self.dp_clip,
+                                                          privacy.update_multiplier(dp, k), self.sc.seed, r)
+                upload_metrics.update(clipping, dp_clip=self.dp_clip)
                 if dp.target_quantile is not None:          # adaptive clipping: C for the next round
-                    self.dp_clip, dp_metrics["dp_unclipped_share"] = privacy.next_clip(
+                    self.dp_clip, upload_metrics["dp_unclipped_share"] = privacy.next_clip(
                         self.dp_clip, clipped.update.weight - clipped.clipped, k, dp, self.sc.seed, r)
             before = self.server_state
             with server_math():
@@ -342,8 +342,8 @@ class RoundDriver:
                 self._server_step(before)
                 round_metrics = self.algo.round_metrics(reduced)
         self.round = r + 1
-        if self.sc.privacy is not None and self.sc.privacy.noise_multiplier > 0:
-            dp_metrics["dp_epsilon"] = self._epsilon(self.round)
+        if dp is not None and dp.noise_multiplier > 0:
+            upload_metrics["dp_epsilon"] = self._epsilon(self.round)
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(assignment)),
@@ -352,7 +352,7 @@ class RoundDriver:
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
             **fleet,
             **round_metrics,
-            **dp_metrics,
+            **upload_metrics,
         }
         return self._finish(record, t0, compute)
 
@@ -392,8 +392,8 @@ class RoundDriver:
         up = size
         comm = self.sc.communication
         if comm is not None:                 # compressed: the upload's size depends on the model's only
-            d = sum(t.numel() for t in message.shared if t.is_floating_point())
-            up = np.full(len(cids), compression.sent_bytes(d, comm.compress, comm.levels, comm.ratio))
+            up = np.full(len(cids), compression.sent_bytes(float_numbers(message.shared), comm.compress,
+                                                           comm.levels, comm.ratio))
         work = np.array([self.algo.client_work(n) for n in self.n_train(cids.tolist()).tolist()])
         secs = self.fleet.profiles.seconds(cids, work, size, up)
         return (secs, self.fleet.profiles.compute(cids, work)) if compute else secs
