@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -45,9 +44,10 @@ def child(argv: list[str]) -> int:
     return main(argv)
 
 
-def raysim(args: list[str], cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], cwd=cwd,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def start(args: list[str], cwd: str) -> subprocess.Popen:
+    """``raysim ARGS`` (the installed raysim) in a child process, started."""
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def store_runs(uri: str) -> dict[str, tuple[str, dict]]:
@@ -82,15 +82,17 @@ def main() -> None:
     common = ["--engine", "serial", "-q", "--set", "resources.gpus_per_host=1"]
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        stores = {}
-        for hosts in (1, 3):
+        stores, procs = {}, {}
+        for hosts in (1, 3):                   # the two sweeps side by side
             stores[hosts] = f"sqlite:///{tmp}/methods{hosts}.db"
-            p = raysim(["run", str(ROOT / "scenarios/pfl_benchmark.yaml"), "--variant", args.variant, "--seeds", "0",
-                        "--set", "data.dataset=digits", "--set", "data.clients=10", "--set", "rounds=2",
-                        "--set", "eval.every=1", "--set", "algorithm.local_epochs=1", "--set", "eval.unseen_fraction=0.2",
-                        "--set", f"resources.hosts={hosts}",
-                        "--set", f"tracking.uri={stores[hosts]}", *common], tmp)
-            for line in (p.stdout + p.stderr).splitlines():
+            procs[hosts] = start(["run", str(ROOT / "scenarios/pfl_benchmark.yaml"), "--variant", args.variant,
+                                  "--seeds", "0", "--set", "data.dataset=digits", "--set", "data.clients=10",
+                                  "--set", "rounds=2", "--set", "eval.every=1", "--set", "algorithm.local_epochs=1",
+                                  "--set", "eval.unseen_fraction=0.2", "--set", f"resources.hosts={hosts}",
+                                  "--set", f"tracking.uri={stores[hosts]}", *common], tmp)
+        for hosts, p in procs.items():
+            out, _ = p.communicate()
+            for line in out.splitlines():
                 if "run failed" in line:
                     bad += 1
                     print(f"{hosts} host(s): {line.split('(rerun')[0].strip()}")
@@ -110,14 +112,16 @@ def main() -> None:
                       "topology": {"kind": "erdos_renyi", "p": 0.3, "mixing": "metropolis"}, "eval": {"every": 3}}
                 path = Path(tmp) / f"{name}.yaml"
                 path.write_text(yaml.safe_dump(sc))
-                runs = {}
+                runs, procs = {}, {}
                 for hosts in (1, 3):
-                    summary = Path(tmp) / f"{name}-{hosts}.json"
-                    p = raysim(["run", str(path), "--summary", str(summary), "--set", f"resources.hosts={hosts}",
-                                "--set", f"tracking.uri=sqlite:///{tmp}/{name}.db", *common], tmp)
-                    runs[hosts] = json.loads(summary.read_text()) if p.returncode == 0 else None
+                    procs[hosts] = start(["run", str(path), "--summary", str(Path(tmp) / f"{name}-{hosts}.json"),
+                                          "--set", f"resources.hosts={hosts}",
+                                          "--set", f"tracking.uri=sqlite:///{tmp}/{name}{hosts}.db", *common], tmp)
+                for hosts, p in procs.items():
+                    out, _ = p.communicate()
+                    runs[hosts] = json.loads((Path(tmp) / f"{name}-{hosts}.json").read_text()) if p.returncode == 0 else None
                     if p.returncode:
-                        print(f"{name}, {hosts} host(s): failed: {(p.stdout + p.stderr).strip().splitlines()[-1]}")
+                        print(f"{name}, {hosts} host(s): failed: {out.strip().splitlines()[-1]}")
                 if runs[1] and runs[3]:
                     diff = sorted({k for a, b in zip(runs[1]["history"], runs[3]["history"])
                                    for k in differing(learned(a), learned(b))})

@@ -389,15 +389,82 @@ def test_pack_starts_every_client_on_a_64_byte_boundary_with_its_own_values():
     assert torch.equal(X[16:21], shards[1].train_x) and torch.equal(Y[32:39], shards[2].train_y)
 
 
-def test_auto_stacks_clients_together_on_the_cpu_and_only_a_clients_own_sets_on_a_gpu():
+def test_auto_stacks_clients_together_and_on_a_gpu_in_passes_of_a_fixed_width():
     """Across clients a stack's width is a host's clients; a GPU picks a batched product's kernel
-    by it (and with it the order of the additions), so ``auto`` keeps a GPU's passes to one
-    client's sets, whose count does not depend on the hosts. ``always`` stacks anyway."""
-    mlp = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    by it (and with it the order of the additions), so ``auto`` on a GPU trains passes of a
+    fixed width (``GPU_PASS``), whatever the host holds; on the CPU the width is measured.
+    ``always`` stacks a host's clients in one pass; convolutions never stack across clients."""
+    mlp_ = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    cnn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert fwd.stack_across("auto", mlp, cpu) and fwd.stack_across("auto", mlp)
-    assert not fwd.stack_across("auto", mlp, gpu) and fwd.stack_within("auto", mlp)
-    assert fwd.stack_across("always", mlp, gpu) and not fwd.stack_across("never", mlp, cpu)
+    assert fwd.stack_across("auto", mlp_, cpu) and fwd.stack_across("auto", mlp_, gpu)
+    assert fwd.fixed_width("auto", mlp_, gpu) == fwd.GPU_PASS and fwd.fixed_width("auto", mlp_, cpu) == 0
+    assert fwd.fixed_width("always", mlp_, gpu) == 0 and fwd.fixed_width("never", mlp_, gpu) == 0
+    assert not fwd.stack_across("auto", cnn, gpu) and fwd.fixed_width("auto", cnn, gpu) == 0
+    assert fwd.stack_across("always", mlp_, gpu) and not fwd.stack_across("never", mlp_, cpu)
+
+
+class WithDraws(Supervised):
+    """The data loss plus a per-step drawn scalar times the first weight's sum: a job's draws
+    must stay its own when passes are padded."""
+
+    def draws(self, generator, steps):
+        return torch.rand(steps, generator=generator)
+
+    def loss(self, forward, params, batch, consts, draws):
+        loss, seen = super().loss(forward, params, batch, consts, draws)
+        return loss + draws * params[0].sum(dim=tuple(range(1, params[0].dim()))), seen
+
+
+@pytest.mark.parametrize("case", ["chain-momentum", "autograd-adam-kept", "points-prox", "draws", "rows"])
+def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_bitwise(case):
+    """The GPU's fixed-width passes, run on the CPU (where a job's numbers do not depend on its
+    pass): 7 jobs of unequal sizes (one empty, one a straggler) in passes of 3, the last padded
+    with copies of the last job, jobs whose steps are done computing on and put back. Every
+    job's parameters, loss, steps and kept optimizer state equal the measured-width path's."""
+    import dataclasses
+    from raysim.core.loop import make_rows
+    model = mlp(MLPParams((6,)), (4,), 3)
+    datas = clients([5, 17, 40, 30, 0, 12, 23], seed=4)
+    start = fwd.params_of(model)
+    s = Settings(lr=0.1, epochs=2, batch_size=8, momentum=0.9, weight_decay=5e-4)
+    obj, consts, state = CE, {}, None
+    gradients = "auto"
+    if case == "autograd-adam-kept":
+        s, gradients = Settings(lr=0.01, epochs=2, batch_size=8, optimizer="adam"), "autograd"
+        state = Trainer(model).fit([make_job(start, datas[2], ctx_of(datas[2]), s, CE, keep_state=True)])[0].opt_state
+    elif case == "points-prox":
+        obj, consts = AtOnePoint(TASKS["classification"]), {"anchor": [p + 0.1 for p in start], "mu": 0.3}
+    elif case == "draws":
+        obj, gradients = WithDraws(TASKS["classification"]), "autograd"
+    measured, fixed = Trainer(model, gradients=gradients), Trainer(model, gradients=gradients)
+    fixed.fixed = 3
+    if case == "rows":
+        x = torch.cat([d.train_x for d in datas])
+        y = torch.cat([d.train_y for d in datas])
+        ns = [d.num_train for d in datas]
+        starts = torch.tensor([0] + ns[:-1]).cumsum(0).tolist()
+        stacked = [torch.stack([p + 0.01 * k for k in range(7)]) for p in start]
+        rows = make_rows(stacked, x, y, starts, ns, list(range(7)), s, CE, {"anchor": stacked, "mu": 0.2})
+        (pa, la), (pb, lb) = measured.fit_rows(rows), fixed.fit_rows(rows)
+        assert all(torch.equal(a, b) for a, b in zip(pa, pb)) and la == lb and pa[0].shape[0] == 7
+        assert not torch.equal(pa[0][6], stacked[0][6])
+        return
+
+    def jobs():
+        out = [make_job(start, d, ctx_of(d), s, obj, consts=consts, opt_state=state, keep_state=True) for d in datas]
+        straggler = dataclasses.replace(ctx_of(datas[3]), work=0.3)
+        out[3] = make_job(start, datas[3], straggler, s, obj, consts=consts, opt_state=state, keep_state=True)
+        return out
+    a, b = measured.fit(jobs()), fixed.fit(jobs())
+    assert [f.steps for f in b] == [f.steps for f in a] and a[3].steps < 8
+    for u, v in zip(a, b):
+        assert all(torch.equal(p, q) for p, q in zip(u.params, v.params)) and u.loss == v.loss
+        assert (u.opt_state is None) == (v.opt_state is None)
+        for key in (u.opt_state or {}):
+            x, z = u.opt_state[key], v.opt_state[key]
+            assert all(torch.equal(p, q) for p, q in zip(x, z)) if isinstance(x, list) else torch.equal(x, z)
+    assert not torch.equal(a[2].params[0], start[0]) and torch.equal(b[4].params[0], start[0])
 
 
 def test_pack_keeps_a_client_without_training_rows_first_in_line():

@@ -65,8 +65,8 @@ def stacking_field():
         "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
                 "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
                 "without convolutions, as many sets a pass as measured fastest on this machine (loop.Widths; "
-                "the numbers do not depend on it); on a GPU, each client's own sets only (across clients, "
-                "the stack's width picks the GPU's kernels, and with them the last bits); always: every set "
+                "the numbers do not depend on it); on a GPU, passes of a fixed 32 sets, padded, since there the "
+                "stack's width picks the kernels, and with them the last bits; always: every set "
                 "in one pass wherever the architecture allows (convolutions within a client only; on a GPU "
                 "the numbers then depend on how clients are spread over hosts); never: one set after another"})
 
@@ -78,15 +78,28 @@ def stack_within(mode: str, model: nn.Module) -> bool:
     return stack_across(mode, model) or (mode == "always" and stackable(model))
 
 
+GPU_PASS = 32
+"""Jobs per stacked pass on a GPU with ``stacking: auto`` (``fixed_width``)."""
+
+
 def stack_across(mode: str, model: nn.Module, device: torch.device | None = None) -> bool:
     """Stack the parameter sets of all a host's clients in lockstep (padded batches): models
-    made of matrix products only, unless ``never``. On a GPU only with ``always``: there a
-    batched product's kernel, and so the order of its additions, is chosen by the number of
-    sets in it, and that number (a host's clients) changes with the hosts; on the CPU each
-    set's product comes out the same in any stack."""
-    if device is not None and device.type != "cpu" and mode == "auto":
-        return False
+    made of matrix products only, unless ``never``. On the CPU each set's product comes out the
+    same in any stack; on a GPU see ``fixed_width``."""
     return mode != "never" and batchable(model)
+
+
+def fixed_width(mode: str, model: nn.Module, device: torch.device | None = None) -> int:
+    """The fixed number of jobs in every pass and step (0: widths measured, ``loop.Widths``).
+    On a GPU a batched product's kernel, and so the order of its additions, is chosen by the
+    shapes, the number of sets included; with ``auto`` every pass there holds ``GPU_PASS``
+    jobs (the last padded with copies, jobs whose steps are done computing on), so a job's
+    numbers do not depend on which, or how many, other clients its host holds. ``always``:
+    a host's clients in one pass, its numbers then depending on how clients are spread over
+    hosts."""
+    if device is not None and device.type != "cpu" and mode == "auto" and stack_across(mode, model):
+        return GPU_PASS
+    return 0
 
 
 def stack(sets: list[list[torch.Tensor]]) -> list[torch.Tensor]:

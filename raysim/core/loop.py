@@ -173,6 +173,8 @@ class Trainer:
         device = next(iter(model.parameters()), torch.empty(0)).device
         self.across = fwd.stack_across(mode, model, device)
         self.within = fwd.stack_within(mode, model)
+        # passes of exactly this many jobs, padded (0: measured widths, ``Widths``)
+        self.fixed = fwd.fixed_width(mode, model, device)
         # gradients by hand where the model is a chain of linear layers (``gradients: autograd``: never)
         self.chain = chn.make(model) if gradients == "auto" else None
         self.widths = Widths(mode)
@@ -287,6 +289,12 @@ class Trainer:
         data at rows ``starts`` of ``X``/``Y``; returns (P, mean loss per job, the optimizer)."""
         bs, epochs = s.batch_size, s.epochs
         device = X.device
+        k_real = len(ns)
+        cap = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
+        fixed = min(cap, self.fixed) if self.across and self.fixed else 0
+        if fixed and k_real % fixed:                  # fill the last pass with copies of the last job
+            P, starts, ns, orders, weights, opt_states, caps, consts, draws = _pad_jobs(
+                -k_real % fixed, P, starts, ns, orders, weights, opt_states, caps, consts, draws, epochs)
         k_all = len(ns)
         rows = [epochs * -(-n // bs) for n in ns]     # each job's batches in the schedule
         steps = rows if caps is None else caps
@@ -308,7 +316,6 @@ class Trainer:
             a and b for a, b in zip(obj.trainable, self._mask(len(P))))
         trained = [p for p, t in zip(P, train_mask) if t]
         opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained, opt_states)
-        cap = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
         widths = val_cpu[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
@@ -318,11 +325,14 @@ class Trainer:
         self._mode(True)
         # pass by pass: a pass trains jobs c0..c1-1 through all their steps, so its parameters
         # stay in cache from step to step; its width is measured (Widths), the numbers are the
-        # same whatever it is (each job's products are its own)
+        # same whatever it is (each job's products are its own). With a fixed width (on a GPU,
+        # where a product's kernel follows its shapes) every step of every pass has that many
+        # jobs: a job whose steps are done goes on computing, its results put back at the end
         c0 = 0
         last_row = IDX.shape[0] - 1
         while c0 < k_all:
-            c1 = min(k_all, c0 + min(cap, self.widths.pick(tune, k_all - c0) if self.across else k_all))
+            width_p = fixed or min(cap, self.widths.pick(tune, k_all - c0) if self.across else k_all)
+            c1 = min(k_all, c0 + width_p)
             t0 = time.perf_counter()
             cs = {key: [v[c0:c1] for v in val] if isinstance(val, list) else val[c0:c1]
                   for key, val in consts.items()}
@@ -333,10 +343,14 @@ class Trainer:
             # the pass's batches at once: row of job i's step t (past a job's last step, any row)
             at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
             rows_p, wt_p, val_p = IDX[at], WT[at], VAL[at]
-            b = c1
+            b = live = c1
+            done = []                              # (first job, snapshot) of jobs done early
             for t in range(t_pass):
-                if active[t] < b:                  # jobs c0..b-1 have a step t
-                    b = max(c0, active[t])
+                if fixed and active[t] < live:     # jobs live..: their results as they stand
+                    done.append((max(c0, active[t]), _snapshot(P, opt, max(c0, active[t]), live)))
+                    live = max(c0, active[t])
+                elif active[t] < b:                # jobs c0..b-1 have a step t
+                    b = live = max(c0, active[t])
                     part = b - c0
                     cs = {key: [v[:part] for v in val] if isinstance(val, list) else val[:part]
                           for key, val in cs.items()}
@@ -363,17 +377,22 @@ class Trainer:
                     loss, data_sum, *assign = obj.loss(self.forward, sub, batch, cs,
                                                        None if draws is None else draws[c0:b, t])
                     grads = list(torch.autograd.grad(loss.sum(), [p for p, m in zip(sub, train_mask) if m]))
-                loss_sums[c0:b] += data_sum.detach().to(torch.float64)
+                loss_sums[c0:live] += data_sum.detach()[:live - c0].to(torch.float64)
                 if grads is not None:
                     opt.step(sub_trained, grads, c0, b)
                 for i, value in (assign[0] if assign else {}).items():
                     if train_mask[i]:
                         raise ValueError(f"the objective sets parameter {i}, which the optimizer trains")
                     P[i][c0:b] = value.detach()
-            if self.across:
+            for lo, snap in done:
+                _restore(P, opt, lo, snap)
+            if self.across and not fixed:
                 self.widths.record(tune, c1 - c0, time.perf_counter() - t0, sum(steps[c0:c1]), k_all)
             c0 = c1
-        return P, (loss_sums / seen.clamp_min(1)).tolist(), opt
+        mean = (loss_sums / seen.clamp_min(1)).tolist()
+        if k_all > k_real:
+            P, mean = [p[:k_real] for p in P], mean[:k_real]
+        return P, mean, opt
 
     def point_grad(self, task, batch: Batch) -> Callable:
         """``grad(point, weight=None, offset=None, train=None, outputs=False)`` for an
@@ -575,6 +594,41 @@ def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, o
         weight[pos_d] = ws[pick_d].to(weight.dtype)
         weight = weight.view(-1, bs) / _to(per_row, device)
     return _to(idx, device).view(-1, bs), weight, _to(valid, device), valid
+
+
+def _pad_jobs(pad: int, P, starts, ns, orders, weights, opt_states, caps, consts, draws, epochs: int):
+    """``_train``'s inputs with ``pad`` copies of the last job appended (results thrown away):
+    the same shapes in every pass of a fixed width."""
+    def more(t: torch.Tensor) -> torch.Tensor:        # (K, ...) -> (K + pad, ...); a shared row stays one
+        if t.dim() and t.stride(0) == 0:
+            return t[:1].expand(t.shape[0] + pad, *t.shape[1:])
+        return torch.cat([t, t[-1:].expand(pad, *t.shape[1:])])
+
+    if isinstance(orders, list):
+        orders = orders + orders[-1:] * pad
+    else:                                             # flat, job after job: the last job's are last
+        orders = torch.cat([orders] + [orders[orders.shape[0] - epochs * ns[-1]:]] * pad)
+    consts = {key: [more(v) for v in val] if isinstance(val, list) else more(val) for key, val in consts.items()}
+    return ([more(p) for p in P], starts + starts[-1:] * pad, ns + ns[-1:] * pad, orders,
+            None if weights is None else weights + weights[-1:] * pad, opt_states + opt_states[-1:] * pad,
+            None if caps is None else caps + caps[-1:] * pad, consts, None if draws is None else more(draws))
+
+
+def _snapshot(P: list[torch.Tensor], opt, lo: int, hi: int) -> tuple:
+    """Jobs lo..hi-1's parameters and optimizer state, copied."""
+    bufs = {key: [b[lo:hi].clone() for b in bs] for key, bs in opt.buffers.items()}
+    return [p[lo:hi].clone() for p in P], bufs, opt.steps[lo:hi].clone() if opt.name == "adam" else None
+
+
+def _restore(P: list[torch.Tensor], opt, lo: int, snap: tuple) -> None:
+    params, bufs, steps = snap
+    for p, v in zip(P, params):
+        p[lo:lo + v.shape[0]] = v
+    for key, bs in bufs.items():
+        for b, v in zip(opt.buffers[key], bs):
+            b[lo:lo + v.shape[0]] = v
+    if steps is not None:
+        opt.steps[lo:lo + steps.shape[0]] = steps
 
 
 def _capped(steps: int, cap: int | None) -> int:
