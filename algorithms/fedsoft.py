@@ -184,6 +184,7 @@ class FedSoft(Algorithm):
 
     def personalize(self, received, data, ctx):
         state = self.init_client(ctx.cid, None)
+        state = FedSoftState([p.to(ctx.device) for p in state.w], state.u)      # the host's device
         if data.num_train == 0:
             return state
         state = FedSoftState(state.w, self.estimate(received.shared, data, ctx.device))
