@@ -50,7 +50,7 @@ def test_valid_scenario_loads_with_defaults(tmp_path):
     ("data.splits.test=0.5", "data.splits", "must sum to 1"),
     ("sampling={count: 100}", "sampling.count", "more than the 12 training clients"),
     ("data.partition.kind=dirichlet", "data.partition", "partition applies only to"),
-    ("algorithm.stacking=sometimes", "algorithm.stacking", "choose one of auto, always, never"),
+    ("algorithm.stacking=sometimes", "algorithm.stacking", "choose one of auto, always, padded, never"),
         ("algorithm.optimizer=lbfgs", "algorithm.optimizer", "choose one of sgd, adam"),
     ("topology={kind: ring, weighting: size}", "topology.weighting", "choose one of uniform, samples"),
     ("topology={kind: ring, mixing: fmmc, fmmc_iters: 0}", "topology.fmmc_iters", "must be an integer from 1 to"),

@@ -389,19 +389,22 @@ def test_pack_starts_every_client_on_a_64_byte_boundary_with_its_own_values():
     assert torch.equal(X[16:21], shards[1].train_x) and torch.equal(Y[32:39], shards[2].train_y)
 
 
-def test_auto_stacks_clients_together_and_on_a_gpu_in_passes_of_a_fixed_width():
+def test_auto_stacks_clients_together_on_the_cpu_and_only_a_clients_own_sets_on_a_gpu():
     """Across clients a stack's width is a host's clients; a GPU picks a batched product's kernel
-    by it (and with it the order of the additions), so ``auto`` on a GPU trains passes of a
-    fixed width (``GPU_PASS``), whatever the host holds; on the CPU the width is measured.
-    ``always`` stacks a host's clients in one pass; convolutions never stack across clients."""
+    by it (and with it the order of the additions), so ``auto`` keeps a GPU's passes to one
+    client's sets, whose count does not depend on the hosts. ``padded`` stacks clients in passes
+    of a fixed width (``GPU_PASS``) on any device; ``always`` stacks a host's clients in one
+    pass; convolutions never stack across clients."""
     mlp_ = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     cnn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert fwd.stack_across("auto", mlp_, cpu) and fwd.stack_across("auto", mlp_, gpu)
-    assert fwd.fixed_width("auto", mlp_, gpu) == fwd.GPU_PASS and fwd.fixed_width("auto", mlp_, cpu) == 0
-    assert fwd.fixed_width("always", mlp_, gpu) == 0 and fwd.fixed_width("never", mlp_, gpu) == 0
-    assert not fwd.stack_across("auto", cnn, gpu) and fwd.fixed_width("auto", cnn, gpu) == 0
+    assert fwd.stack_across("auto", mlp_, cpu) and fwd.stack_across("auto", mlp_)
+    assert not fwd.stack_across("auto", mlp_, gpu) and fwd.stack_within("auto", mlp_)
     assert fwd.stack_across("always", mlp_, gpu) and not fwd.stack_across("never", mlp_, cpu)
+    assert fwd.stack_across("padded", mlp_, gpu) and fwd.fixed_width("padded", mlp_) == fwd.GPU_PASS
+    assert fwd.fixed_width("auto", mlp_) == fwd.fixed_width("always", mlp_) == fwd.fixed_width("never", mlp_) == 0
+    assert not fwd.stack_across("padded", cnn, gpu) and fwd.fixed_width("padded", cnn) == 0
+    assert Trainer(mlp_, "padded").fixed == fwd.GPU_PASS and Trainer(mlp_).fixed == 0
 
 
 class WithDraws(Supervised):
@@ -418,8 +421,8 @@ class WithDraws(Supervised):
 
 @pytest.mark.parametrize("case", ["chain-momentum", "autograd-adam-kept", "points-prox", "draws", "rows"])
 def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_bitwise(case):
-    """The GPU's fixed-width passes, run on the CPU (where a job's numbers do not depend on its
-    pass): 7 jobs of unequal sizes (one empty, one a straggler) in passes of 3, the last padded
+    """``padded``'s fixed-width passes, run on the CPU (where a job's numbers do not depend on
+    its pass): 7 jobs of unequal sizes (one empty, one a straggler) in passes of 3, the last padded
     with copies of the last job, jobs whose steps are done computing on and put back. Every
     job's parameters, loss, steps and kept optimizer state equal the measured-width path's."""
     import dataclasses
@@ -437,8 +440,8 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
         obj, consts = AtOnePoint(TASKS["classification"]), {"anchor": [p + 0.1 for p in start], "mu": 0.3}
     elif case == "draws":
         obj, gradients = WithDraws(TASKS["classification"]), "autograd"
-    measured, fixed = Trainer(model, gradients=gradients), Trainer(model, gradients=gradients)
-    fixed.fixed = 3
+    measured, fixed = Trainer(model, gradients=gradients), Trainer(model, "padded", gradients=gradients)
+    fixed.fixed = 3                               # GPU_PASS would pad these 7 jobs to one pass
     if case == "rows":
         x = torch.cat([d.train_x for d in datas])
         y = torch.cat([d.train_y for d in datas])

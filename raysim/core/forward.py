@@ -55,7 +55,9 @@ def batchable(model: nn.Module) -> bool:
     return stackable(model) and not any(isinstance(layer, nn.Conv2d) for layer in layers(model))
 
 
-STACK_MODES = ("auto", "always", "never")
+STACK_MODES = ("auto", "always", "padded", "never")
+GPU_PASS = 32
+"""Jobs per stacked pass with ``stacking: padded`` (``fixed_width``)."""
 
 
 def stacking_field():
@@ -65,10 +67,13 @@ def stacking_field():
         "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
                 "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
                 "without convolutions, as many sets a pass as measured fastest on this machine (loop.Widths; "
-                "the numbers do not depend on it); on a GPU, passes of a fixed 32 sets, padded, since there the "
-                "stack's width picks the kernels, and with them the last bits; always: every set "
-                "in one pass wherever the architecture allows (convolutions within a client only; on a GPU "
-                "the numbers then depend on how clients are spread over hosts); never: one set after another"})
+                "the numbers do not depend on it); on a GPU, each client's own sets only (across clients, "
+                "the stack's width picks the GPU's kernels, and with them the last bits); padded: clients "
+                "stacked in passes of exactly 32 sets, the last padded, so the shapes, hence a GPU's kernels, "
+                "do not depend on the hosts (on a GPU much faster than auto for MLPs; see the GPU guide for "
+                "what was checked); always: every set in one pass wherever the architecture allows "
+                "(convolutions within a client only; on a GPU the numbers then depend on how clients are "
+                "spread over hosts); never: one set after another"})
 
 
 def stack_within(mode: str, model: nn.Module) -> bool:
@@ -78,28 +83,23 @@ def stack_within(mode: str, model: nn.Module) -> bool:
     return stack_across(mode, model) or (mode == "always" and stackable(model))
 
 
-GPU_PASS = 32
-"""Jobs per stacked pass on a GPU with ``stacking: auto`` (``fixed_width``)."""
-
-
 def stack_across(mode: str, model: nn.Module, device: torch.device | None = None) -> bool:
     """Stack the parameter sets of all a host's clients in lockstep (padded batches): models
-    made of matrix products only, unless ``never``. On the CPU each set's product comes out the
-    same in any stack; on a GPU see ``fixed_width``."""
+    made of matrix products only, unless ``never``. On a GPU not with ``auto``: there a
+    batched product's kernel, and so the order of its additions, is chosen by the number of
+    sets in it, and that number (a host's clients) changes with the hosts (``padded`` fixes
+    it); on the CPU each set's product comes out the same in any stack."""
+    if device is not None and device.type != "cpu" and mode == "auto":
+        return False
     return mode != "never" and batchable(model)
 
 
-def fixed_width(mode: str, model: nn.Module, device: torch.device | None = None) -> int:
-    """The fixed number of jobs in every pass and step (0: widths measured, ``loop.Widths``).
-    On a GPU a batched product's kernel, and so the order of its additions, is chosen by the
-    shapes, the number of sets included; with ``auto`` every pass there holds ``GPU_PASS``
-    jobs (the last padded with copies, jobs whose steps are done computing on), so a job's
-    numbers do not depend on which, or how many, other clients its host holds. ``always``:
-    a host's clients in one pass, its numbers then depending on how clients are spread over
-    hosts."""
-    if device is not None and device.type != "cpu" and mode == "auto" and stack_across(mode, model):
-        return GPU_PASS
-    return 0
+def fixed_width(mode: str, model: nn.Module) -> int:
+    """With ``padded``: every pass, and every step of it, holds ``GPU_PASS`` jobs (the last
+    pass filled with copies of its last job, jobs whose steps are done computing on, their
+    results put back), so the shapes every kernel sees do not depend on which, or how many,
+    other clients a host holds. 0 otherwise (widths measured, ``loop.Widths``)."""
+    return GPU_PASS if mode == "padded" and stack_across(mode, model) else 0
 
 
 def stack(sets: list[list[torch.Tensor]]) -> list[torch.Tensor]:

@@ -174,7 +174,7 @@ class Trainer:
         self.across = fwd.stack_across(mode, model, device)
         self.within = fwd.stack_within(mode, model)
         # passes of exactly this many jobs, padded (0: measured widths, ``Widths``)
-        self.fixed = fwd.fixed_width(mode, model, device)
+        self.fixed = fwd.fixed_width(mode, model)
         # gradients by hand where the model is a chain of linear layers (``gradients: autograd``: never)
         self.chain = chn.make(model) if gradients == "auto" else None
         self.widths = Widths(mode)
@@ -325,8 +325,8 @@ class Trainer:
         self._mode(True)
         # pass by pass: a pass trains jobs c0..c1-1 through all their steps, so its parameters
         # stay in cache from step to step; its width is measured (Widths), the numbers are the
-        # same whatever it is (each job's products are its own). With a fixed width (on a GPU,
-        # where a product's kernel follows its shapes) every step of every pass has that many
+        # same whatever it is (each job's products are its own). With a fixed width (``padded``:
+        # on a GPU a product's kernel follows its shapes) every step of every pass has that many
         # jobs: a job whose steps are done goes on computing, its results put back at the end
         c0 = 0
         last_row = IDX.shape[0] - 1
