@@ -2,6 +2,7 @@
 
     python bench/gpu_identity.py                  # every method of scenarios/pfl_benchmark.yaml
     python bench/gpu_identity.py --variant 'fedem-shards,lr=0.01'
+    python bench/gpu_identity.py --set algorithm.stacking=padded
 
 Each classification method of the personalized-FL benchmark (scenarios/pfl_benchmark.yaml, its
 pathological split at lr 0.01) runs on scikit-learn's bundled digits (no download), 10 clients
@@ -76,10 +77,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", default="*-shards,lr=0.01", help="pfl_benchmark.yaml variants (a pattern)")
     ap.add_argument("--no-decentralized", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to every run (e.g. algorithm.stacking=padded)")
     args = ap.parse_args()
     import torch
     print(f"device: {'CUDA, ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU (no GPU)'}")
-    common = ["--engine", "serial", "-q", "--set", "resources.gpus_per_host=1"]
+    common = ["--engine", "serial", "-q", "--set", "resources.gpus_per_host=1",
+              *(a for kv in args.set for a in ("--set", kv))]
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         stores, procs = {}, {}
