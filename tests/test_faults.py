@@ -53,7 +53,7 @@ def test_host_killed_mid_evaluation_before_any_checkpoint_restarts_from_round_on
     same_run(ray_run, serial)
 
 
-@pytest.mark.parametrize("text", [DFEDEM, DSGD], ids=["dfedem", "dsgd-rows"])
+@pytest.mark.parametrize("text", [pytest.param(DFEDEM, marks=pytest.mark.slow), DSGD], ids=["dfedem", "dsgd-rows"])
 def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run(tmp_path, text):
     """Gossip over 3 Ray hosts, one killed mid-exchange: every per-round metric (timings and
     message counts aside) equals the serial engine's, so this is also the test that gossip across

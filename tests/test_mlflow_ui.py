@@ -21,7 +21,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-default-apps", "--virtual-time-budget=20000"]
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium: apt-get install chromium")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium: apt-get install chromium")]
 
 
 def free_port() -> int:

@@ -4,7 +4,7 @@ import pytest
 
 from tests.test_runs import summary_of, tracked
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_a_node_leaving_mid_run_moves_its_host_and_the_result_is_unchanged(tmp_path):

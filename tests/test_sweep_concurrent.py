@@ -36,6 +36,7 @@ sweep:
 """
 
 
+@pytest.mark.slow
 def test_sweep_runs_side_by_side_with_the_metrics_of_runs_alone_and_reports_a_failed_one(tmp_path):
     path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
     proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", path, "-q"], cwd=tmp_path,
