@@ -96,6 +96,7 @@ class APFLLogits(Objective):
 
 
 class APFL(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "apfl"
     summary = "APFL (Deng et al. 2020): global and local models mixed with an adaptive α per client"
     paper = "Deng, Kamani & Mahdavi, arXiv 2020"

@@ -51,6 +51,7 @@ them bit for bit); a subclass that overrides any of the per-client steps loses i
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -196,6 +197,7 @@ class Algorithm:
         self.objective = Supervised(task)
         self._trainer: Trainer | None = None
         self.finetune = None       # eval.finetune's options (raysim.config.FinetuneCfg), set by setup
+        self.dp_sgd_settings: tuple[float, float] | None = None   # privacy.level sample's (C, z), set by setup
         self._tune_objective = Supervised(task)     # the local update's: the task loss alone
 
     # -- helpers ---------------------------------------------------------------------------
@@ -209,8 +211,10 @@ class Algorithm:
             objective=None, **kw) -> Job:
         """A job training ``params`` on the client's train split with this round's settings
         (see ``raysim.core.loop.make_job`` for weights, consts, opt_state, orders)."""
-        return make_job(params, data, ctx, self.hp.settings(ctx.round, ctx.rounds, epochs),
-                        objective or self.objective, **kw)
+        settings = self.hp.settings(ctx.round, ctx.rounds, epochs)
+        if self.dp_sgd_settings is not None:          # every step DP-SGD's (privacy.level: sample)
+            settings = dataclasses.replace(settings, dp_clip=self.dp_sgd_settings[0], dp_noise=self.dp_sgd_settings[1])
+        return make_job(params, data, ctx, settings, objective or self.objective, **kw)
 
     @property
     def groups(self) -> Groups:
@@ -359,6 +363,15 @@ class Algorithm:
         """Runs with FedBuff or FedAsync: a global model, and no other server state those steps
         would leave behind."""
         return cls.has_server_params() and cls.not_asynchronous is None
+
+    dp_sgd = False       # its local training is the task's loss (a proximal pull at most): DP-SGD's path
+
+    @classmethod
+    def trains_with_dp_sgd(cls) -> bool:
+        """Whether sample-level DP (``privacy.level: sample``) covers what leaves a client: its
+        reply is the one averaged model (``averages_one_model``) and every job it trains is the
+        task's loss, with at most a proximal pull (``dp_sgd``), which the loop's DP-SGD takes."""
+        return cls.dp_sgd and cls.averages_one_model()
 
     @classmethod
     def averages_one_model(cls) -> bool:

@@ -32,6 +32,7 @@ class FedAvg(Algorithm):
     Hyper = FedAvgHyper
     decentralized = True
     personalized_is_global = True        # subclasses with a personal model set False
+    dp_sgd = True                        # subclasses with an objective of their own set False
 
     @classmethod
     def check(cls, hp, decentralized):

@@ -57,6 +57,7 @@ class FedBABUHyper(LocalTraining):
 
 
 class FedBABU(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "fedbabu"
     summary = "FedBABU (Oh et al. 2022): FedAvg on the body, the head fixed at its random init; fine-tuned to evaluate"
     paper = "Oh, Kim & Yun, ICLR 2022"

@@ -34,6 +34,7 @@ class NovaReply:
 
 
 class FedNova(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "fednova"
     summary = "FedNova (Wang et al. 2020): updates normalized by each client's local steps, rescaled by τ_eff"
     paper = "Wang et al., NeurIPS 2020"

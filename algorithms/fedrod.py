@@ -116,6 +116,7 @@ def log_prior(y: torch.Tensor, classes: int) -> torch.Tensor:
 
 
 class FedRoD(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "fedrod"
     summary = ("FedRoD (Chen & Chao 2022): generic model trained with the balanced softmax and averaged; "
                "a personal head added to its logits")

@@ -201,6 +201,7 @@ class MOONObjective(Objective):
 
 
 class MOON(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "moon"
     summary = "MOON (Li et al. 2021): FedAvg plus a contrastive loss pulling representations to the global model's"
     paper = "Li, He & Song, CVPR 2021"

@@ -146,6 +146,7 @@ class ExactHVP(Objective):
 
 
 class PerFedAvg(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "perfedavg"
     summary = ("Per-FedAvg (Fallah et al. 2020): FedAvg on the MAML objective; clients personalize "
                "by a local step at α before scoring")

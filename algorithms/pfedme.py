@@ -74,6 +74,7 @@ class PFedMeObjective(Objective):
 
 
 class PFedMe(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "pfedme"
     summary = "pFedMe (Dinh et al. 2020): Moreau-envelope personalization, θ solved per batch around w_loc"
     paper = "Dinh, Tran & Nguyen, NeurIPS 2020"

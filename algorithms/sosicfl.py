@@ -171,6 +171,7 @@ class SimplexObjective(Supervised):
 
 
 class SosicFL(FedAvg):
+    dp_sgd = False                       # an objective of its own
     name = "sosicfl"
     summary = "SosicFL (Grinwald et al. 2024): a solution simplex head, clients clustered on it by label LDA"
     paper = "Grinwald, Wiesner & Nakajima, arXiv 2024"

@@ -196,6 +196,7 @@ class SuPerFedObjective(Objective):
 
 class SuPerFedMM(FedAvg):
     """Server side: FedAvg's (the global model, the n_k-weighted mean of the w^f sent)."""
+    dp_sgd = False                       # an objective of its own
 
     name = "superfed-mm"
     summary = "SuPerFed-MM (Hahn et al. 2022): global and local models mixed in weight space, one λ per batch"

@@ -508,7 +508,10 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) ->
     """The ``privacy`` section, and the runs it applies to: a server averaging one model from
     uniformly sampled clients."""
     from raysim import privacy
+    if isinstance(mapping, dict) and mapping.get("level") == "sample":
+        return _sample_privacy(ctx, mapping, method, algorithm, topology)
     cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
+    cfg = dataclasses.replace(cfg, accounting=cfg.accounting or "sampled")
     if topology is not None:
         ctx.fail("privacy", "client-level DP here bounds what a server learns from its clients' updates; "
                  "leave the topology out")
@@ -523,6 +526,31 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) ->
     return cfg
 
 
+def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology) -> PrivacyCfg:
+    """``privacy`` with ``level: sample``: DP-SGD in every local step of a method whose only use
+    of a client's training data that leaves it is that training (``trains_with_dp_sgd``)."""
+    import raysim.algorithms as algorithms
+    cfg = load_dataclass(ctx, "privacy", PrivacyCfg, mapping)
+    if not method.trains_with_dp_sgd():
+        fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.trains_with_dp_sgd())
+        ctx.fail("algorithm.name", f"'{algorithm.name}' uses its clients' data beyond DP-SGD's steps on the task's "
+                 f"loss (its own objective, or what it sends); with privacy.level sample use one of {fits}")
+    if topology is not None:
+        ctx.fail("privacy.level", "sample-level DP here runs on the star (its accountant counts a client's local "
+                 "steps); leave the topology out")
+    for key in ("target_quantile", "count_noise"):
+        if getattr(cfg, key) is not None:
+            ctx.fail(f"privacy.{key}", "is adaptive clipping of client updates (level client); leave it out with "
+                     "level sample")
+    if "clip_lr" in mapping:
+        ctx.fail("privacy.clip_lr", "is adaptive clipping of client updates (level client); leave it out with level "
+                 "sample")
+    if cfg.accounting == "sampled":
+        ctx.fail("privacy.accounting", "level sample counts each batch as Poisson-sampled (poisson, or leave it out); "
+                 "sampled is the clients' sampling of level client")
+    return dataclasses.replace(cfg, accounting="poisson")
+
+
 def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, privacy) -> CommunicationCfg:
     """The ``communication`` section, and the runs it applies to: a server averaging one model
     from its clients' uploads, in synchronous rounds."""
@@ -532,7 +560,7 @@ def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, priv
     if systems is not None and systems.aggregation != "sync":
         ctx.fail("communication", f"compressed uploads are averaged in synchronous rounds; use systems.aggregation: "
                  f"sync (not {systems.aggregation})")
-    if privacy is not None:
+    if privacy is not None and privacy.level == "client":
         ctx.fail("communication", "a compressed update may be longer than privacy.clip (randk scales it up, "
                  "error feedback adds earlier rounds), which would void the guarantee; use one of the two sections")
     if cfg.error_feedback and cfg.compress not in ("topk", "randk"):

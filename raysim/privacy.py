@@ -120,11 +120,45 @@ def epsilon(rounds: int, clients: int, k: int, multiplier: float, delta: float, 
     return float(rdp.compute_epsilon(orders, rounds * one, delta)[0])
 
 
+def sample_epsilon(rounds: int, sizes: np.ndarray, epochs: int, batch: int, multiplier: float, delta: float) -> float:
+    """Sample-level DP (DP-SGD, ``level: sample``): the largest over clients of ε at δ after
+    ``rounds`` rounds, a client of n samples taking epochs·⌈n/B⌉ steps a round, each step the
+    Poisson-subsampled Gaussian mechanism at rate q = min(1, B/n) with multiplier z (Abadi et
+    al.; Mironov, Talwar & Zhang 2019 for its RDP). Every client is counted as training in every
+    round: a bound for clients a round leaves out. inf without noise."""
+    if multiplier <= 0:
+        return math.inf
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    worst = 0.0
+    for n in np.unique(sizes[sizes > 0]).tolist():
+        orders, one = _step_rdp(min(1.0, batch / n), multiplier)
+        steps = rounds * epochs * -(-n // batch)
+        worst = max(worst, float(rdp.compute_epsilon(orders, steps * one, delta)[0]))
+    return worst
+
+
+def step_event(rate: float, multiplier: float):
+    """(a fresh ``dp_accounting`` RDP accountant, one DP-SGD step's DpEvent)."""
+    import dp_accounting as dpa
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    return rdp.RdpAccountant(), dpa.PoissonSampledDpEvent(rate, dpa.GaussianDpEvent(multiplier))
+
+
+@functools.lru_cache(maxsize=4096)
+def _step_rdp(rate: float, multiplier: float) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP of one DP-SGD step at each order)."""
+    return _rdp_of(*step_event(rate, multiplier))
+
+
 @functools.lru_cache(maxsize=16)
 def _round_rdp(clients: int, k: int, multiplier: float, accounting: str) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP of one round at each order), from the accountant composed with one round
     (the test suite holds ``epsilon`` to the accountant composed with all of them)."""
-    acc, event = accountant_event(clients, k, multiplier, accounting, 1)
+    return _rdp_of(*accountant_event(clients, k, multiplier, accounting, 1))
+
+
+def _rdp_of(acc, event) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP at each order) of ``acc`` composed with ``event``."""
     quiet = logging.getLogger("absl")        # orders whose series does not converge are left out, warned
     level = quiet.level                      # once per order; the bound from the others stands
     quiet.setLevel(logging.ERROR)

@@ -165,17 +165,27 @@ class ServerCfg:
 
 @dataclass(frozen=True)
 class PrivacyCfg:
-    """Client-level differential privacy of the global model (DP-FedAvg, McMahan et al., ICLR
-    2018; how-to: differential privacy): each client's update clipped to L2 norm ``clip`` on its
-    host, Gaussian noise of std ``noise_multiplier`` x ``clip`` added to their sum by the server,
-    which divides by the clients a round samples; ε logged every round (``dp_epsilon``)."""
+    """Differential privacy (how-to: differential privacy). ``level: client`` (DP-FedAvg,
+    McMahan et al., ICLR 2018): each client's update clipped to L2 norm ``clip`` on its host,
+    Gaussian noise of std ``noise_multiplier`` x ``clip`` added to their sum by the server, which
+    divides by the clients a round samples. ``level: sample`` (DP-SGD, Abadi et al., CCS 2016):
+    every local step clips each sample's gradient to ``clip`` and adds noise of std
+    ``noise_multiplier`` x ``clip`` to their sum. ε is logged every round (``dp_epsilon``)."""
+    level: str = field(default="client", metadata={
+        "choices": ("client", "sample"),
+        "help": "client: one client's whole data is what is protected (DP-FedAvg: clipped updates, noise at the "
+                "server); sample: one training sample is (DP-SGD in every local step: per-sample clipping, noise "
+                "on the client)"})
     clip: float = field(default=1.0, metadata={"gt": 0.0, "help": (
-        "C, the largest L2 norm of a client's update (trained model minus the model it received, all of "
-        "its floating-point tensors as one vector); dp_update_norm, logged each round, helps choose it")})
+        "C, the largest L2 norm of a client's update (level client: trained model minus the model it received, "
+        "all of its floating-point tensors as one vector; dp_update_norm, logged each round, helps choose it) "
+        "or of one sample's gradient (level sample)")})
     noise_multiplier: float = field(default=1.0, metadata={"min": 0.0, "help": (
-        "z: the noise added to the sum of clipped updates has std z·C (0: clipping only, no guarantee)")})
+        "z: the noise added to the sum of clipped updates (or of a batch's clipped gradients) has std z·C "
+        "(0: clipping only, no guarantee)")})
     delta: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
-        "δ of the (ε, δ) reported; null: N^-1.1 for N training clients")})
+        "δ of the (ε, δ) reported; null: N^-1.1 for N training clients (level sample: n^-1.1 for the largest "
+        "client's n training samples)")})
     target_quantile: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
         "γ: adapt C each round towards the γ-quantile of the update norms (Andrew et al., NeurIPS 2021; "
         "they use 0.5), from a noisy count of the unclipped updates; null: C stays at clip")})
@@ -185,11 +195,13 @@ class PrivacyCfg:
         "σ_b, the std of the noise on the count of unclipped updates (adaptive clipping); null: K/20, the "
         "paper's; it takes a share of noise_multiplier's budget: the updates' noise is z_Δ·C with "
         "z_Δ = (z^-2 − (2σ_b)^-2)^-1/2")})
-    accounting: str = field(default="sampled", metadata={
+    accounting: str | None = field(default=None, metadata={
         "choices": ("sampled", "poisson"),
-        "help": "sampled: K of N clients without replacement, one client's data replaced (raysim's sampling; "
-                "sensitivity 2C); poisson: each client in a round with probability K/N, one client added or "
-                "removed (the usual DP-FedAvg statement, to compare with published ε)"})
+        "help": "level client: sampled (null's choice): K of N clients without replacement, one client's data "
+                "replaced (raysim's sampling; sensitivity 2C); poisson: each client in a round with probability "
+                "K/N, one client added or removed (the usual DP-FedAvg statement, to compare with published ε). "
+                "level sample: poisson only (null's choice): each batch as if each sample joined it with "
+                "probability B/n, the statement Opacus and DP-SGD papers make for shuffled batches"})
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 
 import raysim.algorithms as algorithms
 from raysim import plugins, rng
-from raysim.config import Scenario
+from raysim.config import Scenario, ScenarioError
 from raysim.core.tasks import TASKS
 from raysim import models
 
@@ -31,6 +31,14 @@ def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
     cls = plugins.algorithm(sc.algorithm.name)      # built-in or plugin, here and in every host
     algo = cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
     algo.finetune = sc.eval.finetune          # the local update's options (eval.finetune)
+    dp = sc.privacy
+    if dp is not None and dp.level == "sample":         # DP-SGD in every job (raysim/core/loop.py)
+        from raysim.core.chain import plan
+        if plan(algo.model_fn()) is None:
+            raise ScenarioError(f"{sc.path}: privacy.level: sample computes per-sample gradient norms for chains of "
+                                f"Linear layers and element-wise activations (linear, mlp, twonn, ...); model "
+                                f"'{sc.model.name}' is not one")
+        algo.dp_sgd_settings = (dp.clip, dp.noise_multiplier)
     return algo
 
 

@@ -142,7 +142,7 @@ def test_privacy_options_are_checked_by_name_and_range(tmp_path, capsys):
     line = run_refused(capsys, tmp_path, path)
     assert "privacy.accounting" in line and "sampled" in line and "poisson" in line, line
     np.testing.assert_equal(config.load(write_scenario(tmp_path, TINY + "privacy: {}\n")).privacy,
-                            config.PrivacyCfg())
+                            config.PrivacyCfg(accounting="sampled"))
 
 
 def test_a_private_run_crashed_after_round_two_resumes_to_the_uninterrupted_runs_numbers(tmp_path):

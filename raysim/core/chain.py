@@ -199,6 +199,72 @@ class Chain:
         return (data_sum, got, out) if outputs else (data_sum, got)
 
 
+    def private_step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                     valid: torch.Tensor, clip: float, train_mask: tuple[bool, ...]):
+        """DP-SGD's data gradient for K sets (Abadi et al., CCS 2016): each sample's gradient of
+        its own loss (over every trained parameter) clipped to L2 norm ``clip``, then summed over
+        the batch's valid rows. A sample's squared norm is taken without forming its gradient:
+        ‖δ_r a_rᵀ‖² = ‖δ_r‖²·‖a_r‖² for a layer's weight, ‖δ_r‖² for its bias; and since the
+        errors δ of every layer are linear in the output's, scaling the output error of sample r
+        by s_r = min(1, clip/‖g_r‖) scales its whole gradient. Returns (the data loss summed
+        over valid rows (K,), the clipped sums of the trained parameters in model order, the
+        clipped rows' count (K,))."""
+        k, b = x.shape[0], x.shape[1]
+        a = x.reshape(k, b, -1)
+        inputs, seqs, weights = [], [], []
+        it = iter(params)
+        for has_bias, acts in self.layers:
+            w = next(it)
+            bias = next(it) if has_bias else None
+            weights.append(w)
+            inputs.append(a)
+            z = torch.bmm(a, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
+            seq = [z]
+            for act in acts:
+                seq.append(_forward(act, seq[-1]))
+            seqs.append(seq)
+            a = seq[-1]
+        if isinstance(task, Classification):
+            logp = a.log_softmax(-1)
+            data_sum = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * valid).sum(1)
+            delta = logp.exp_().mul_(valid.unsqueeze(-1))
+            delta.scatter_add_(-1, y.unsqueeze(-1), valid.neg().unsqueeze(-1))
+        else:
+            diff = a - (y.unsqueeze(-1) if y.dim() == a.dim() - 1 else y)
+            data_sum = ((diff * diff).mean(-1) * valid).sum(1)
+            delta = diff.mul_((2.0 / a.shape[-1]) * valid.unsqueeze(-1))
+        lowest = next((i for i, t in enumerate(train_mask) if t), len(train_mask))
+        errors: dict[int, torch.Tensor] = {}             # layer -> its δ (K, B, out), unscaled
+        norm2 = torch.zeros(k, b, dtype=delta.dtype, device=delta.device)
+        for li in range(len(self.layers) - 1, -1, -1):
+            has_bias, acts = self.layers[li]
+            seq = seqs[li]
+            for j in range(len(acts) - 1, -1, -1):
+                delta = _act_back(acts[j], seq[j], seq[j + 1], delta)
+            p = self.first[li]
+            d2 = (delta * delta).sum(-1)
+            if train_mask[p]:
+                norm2 += d2 * (inputs[li] * inputs[li]).sum(-1)
+            if has_bias and train_mask[p + 1]:
+                norm2 += d2
+            errors[li] = delta
+            if not (li > 0 and p > lowest):
+                break
+            delta = torch.bmm(delta, weights[li])
+        norm = norm2.sqrt_()
+        scale = (clip / norm.clamp_min(1e-12)).clamp_(max=1.0)
+        clipped = ((norm > clip) & (valid > 0)).sum(1)
+        grads: dict[int, torch.Tensor] = {}
+        for li, delta in errors.items():
+            has_bias, _ = self.layers[li]
+            p = self.first[li]
+            scaled = delta * scale.unsqueeze(-1)
+            if train_mask[p]:
+                grads[p] = torch.bmm(scaled.transpose(1, 2), inputs[li])
+            if has_bias and train_mask[p + 1]:
+                grads[p + 1] = scaled.sum(1)
+        return data_sum, [grads[i] for i, t in enumerate(train_mask) if t], clipped
+
     @staticmethod
     def _apply(i, slot, params, terms, grads, opt, lo, hi, ga=None, gb=None, g=None) -> None:
         """Parameter i's gradient bmm(ga, gb) (or g): its fused step, or kept in ``grads``."""

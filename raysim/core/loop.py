@@ -57,6 +57,8 @@ class Settings:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    dp_clip: float = 0.0            # DP-SGD (privacy.level: sample): each sample's gradient clipped to
+    dp_noise: float = 0.0           # this L2 norm, Gaussian noise of std dp_noise·dp_clip on their sum
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Job:
     draws: torch.Tensor | None = None   # (steps, ...) the objective's per-step draws
     cid: int = -1
     max_steps: int | None = None        # stop after this many steps (a straggler's partial work)
+    noise_seed: int | None = None       # DP-SGD: the seed of this job's noise (from the client's generator)
 
 
 @dataclass
@@ -100,8 +103,9 @@ def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, setting
     steps = settings.epochs * -(-n // settings.batch_size)
     draws = (draws or objective.draws)(g, steps) if steps else None
     cap = None if ctx.work >= 1.0 else max(1, int(ctx.work * steps))     # a straggler's share, at least a step
+    noise_seed = int(torch.randint(2**62, (1,), generator=g)) if settings.dp_clip > 0 else None
     return Job(params, data.train_x, data.train_y, orders, settings, objective,
-               weights, consts or {}, opt_state, keep_state, draws, ctx.cid, cap)
+               weights, consts or {}, opt_state, keep_state, draws, ctx.cid, cap, noise_seed)
 
 
 @dataclass
@@ -236,7 +240,8 @@ class Trainer:
         weights = [jobs[k].weights for k in order] if any(j.weights is not None for j in jobs) else None
         P, mean, opt = self._train(P, X, Y, [offsets[id(jobs[k].x)] for k in order], [ns[k] for k in order],
                                    [jobs[k].orders for k in order], s, obj, consts, weights, draws,
-                                   [jobs[k].opt_state for k in order], exact, [steps[k] for k in order])
+                                   [jobs[k].opt_state for k in order], exact, [steps[k] for k in order],
+                                   [jobs[k].noise_seed for k in order])
         results: list[Fitted | None] = [None] * len(jobs)
         own = [p.clone().unbind(0) for p in P]        # one copy per parameter, a view per job
         for i, k in enumerate(order):
@@ -252,6 +257,8 @@ class Trainer:
         s, obj = job.settings, job.objective
         if not self.across:
             raise ValueError("fit_rows needs a model stacked across clients (no convolutions)")
+        if s.dp_clip > 0:
+            raise ValueError("fit_rows has no DP-SGD (its jobs draw no noise seeds)")
         k_all = len(job.ns)
         bs, epochs = s.batch_size, s.epochs
         steps = [epochs * -(-n // bs) for n in job.ns]
@@ -283,7 +290,7 @@ class Trainer:
 
     def _train(self, P: list[torch.Tensor], X: torch.Tensor, Y: torch.Tensor, starts: list[int], ns: list[int],
                orders: list[torch.Tensor], s: Settings, obj: Objective, consts: dict, weights, draws,
-               opt_states: list, exact: bool, caps: list[int] | None = None):
+               opt_states: list, exact: bool, caps: list[int] | None = None, noise_seeds: list | None = None):
         """The loop proper: K jobs, longest first (``caps``: the steps each takes, where fewer
         than its epochs' batches), their parameters stacked in ``P`` (trained in place), their
         data at rows ``starts`` of ``X``/``Y``; returns (P, mean loss per job, the optimizer)."""
@@ -293,8 +300,8 @@ class Trainer:
         cap = max(1, self.budget // max(1, 3 * sum(p[0].numel() for p in P) + bs * X[0].numel()))
         fixed = min(cap, self.fixed) if self.across and self.fixed else 0
         if fixed and k_real % fixed:                  # fill the last pass with copies of the last job
-            P, starts, ns, orders, weights, opt_states, caps, consts, draws = _pad_jobs(
-                -k_real % fixed, P, starts, ns, orders, weights, opt_states, caps, consts, draws, epochs)
+            P, starts, ns, orders, weights, opt_states, caps, consts, draws, noise_seeds = _pad_jobs(
+                -k_real % fixed, P, starts, ns, orders, weights, opt_states, caps, consts, draws, noise_seeds, epochs)
         k_all = len(ns)
         rows = [epochs * -(-n // bs) for n in ns]     # each job's batches in the schedule
         steps = rows if caps is None else caps
@@ -317,8 +324,16 @@ class Trainer:
         trained = [p for p, t in zip(P, train_mask) if t]
         opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained, opt_states)
         widths = val_cpu[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
+        private = s.dp_clip > 0
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
+        if private:                    # DP-SGD: per-sample clipping on the chain path, noise per job
+            if not by_hand or weights is not None or draws is not None:
+                raise ValueError("DP-SGD (privacy.level: sample) needs a chain of Linear layers and element-wise "
+                                 "activations trained on the task's loss, without sample weights")
+            gens = [torch.Generator(device=device).manual_seed(seed) for seed in noise_seeds]
+            sizes = [p[0].numel() for p in trained]
+            by_hand = False
         by_points = not by_hand and obj.by_points() and (not obj.needs_chain or (
             self.chain is not None and self.chain.supports(obj.task, len(self.trainable), {})))
         tune = (bs, tuple(tuple(p.shape[1:]) for p in P), train_mask, by_hand, id(obj), tuple(sorted(consts)))
@@ -338,7 +353,8 @@ class Trainer:
                   for key, val in consts.items()}
             sub_P = [p[c0:c1] for p in P]
             sub_trained = [p[c0:c1] for p in trained]
-            terms = opt.prepare(self.chain.terms(cs, train_mask)) if by_hand else None
+            terms = (opt.prepare(self.chain.terms(cs, train_mask)) if by_hand
+                     else self.chain.terms(cs, train_mask) if private else None)
             t_pass = steps[c0]
             # the pass's batches at once: row of job i's step t (past a job's last step, any row)
             at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
@@ -361,7 +377,18 @@ class Trainer:
                 width = widths[t]
                 rows = rows_p[:b - c0, t, :width]
                 assign = ()
-                if by_hand:
+                if private:
+                    data_sum, sums, _ = self.chain.private_step(obj.task, sub_P, X[rows], Y[rows],
+                                                                 val_p[:b - c0, t, :width], s.dp_clip, train_mask)
+                    noise = torch.stack([torch.randn(sum(sizes), generator=gens[i], device=device)
+                                         for i in range(c0, b)]).split(sizes, dim=1)
+                    # (Σ clipped + N(0, σ²C²)) / B, then the objective's terms (a proximal pull)
+                    grads = [(g + n.view(g.shape) * (s.dp_noise * s.dp_clip)).div_(bs) for g, n in zip(sums, noise)]
+                    if terms.c is not None:
+                        torch._foreach_add_(grads, [p * terms.c.view(-1, *([1] * (p.dim() - 1))) for p in sub_trained])
+                    if terms.d is not None:
+                        torch._foreach_add_(grads, terms.d)
+                elif by_hand:
                     data_sum, grads = self.chain.step(obj.task, sub_P, X[rows], Y[rows], wt_p[:b - c0, t, :width],
                                                       val_p[:b - c0, t, :width], terms, train_mask, opt, c0, b)
                 elif by_points:
@@ -596,7 +623,7 @@ def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, o
     return _to(idx, device).view(-1, bs), weight, _to(valid, device), valid
 
 
-def _pad_jobs(pad: int, P, starts, ns, orders, weights, opt_states, caps, consts, draws, epochs: int):
+def _pad_jobs(pad: int, P, starts, ns, orders, weights, opt_states, caps, consts, draws, noise_seeds, epochs: int):
     """``_train``'s inputs with ``pad`` copies of the last job appended (results thrown away):
     the same shapes in every pass of a fixed width."""
     def more(t: torch.Tensor) -> torch.Tensor:        # (K, ...) -> (K + pad, ...); a shared row stays one
@@ -611,7 +638,8 @@ def _pad_jobs(pad: int, P, starts, ns, orders, weights, opt_states, caps, consts
     consts = {key: [more(v) for v in val] if isinstance(val, list) else more(val) for key, val in consts.items()}
     return ([more(p) for p in P], starts + starts[-1:] * pad, ns + ns[-1:] * pad, orders,
             None if weights is None else weights + weights[-1:] * pad, opt_states + opt_states[-1:] * pad,
-            None if caps is None else caps + caps[-1:] * pad, consts, None if draws is None else more(draws))
+            None if caps is None else caps + caps[-1:] * pad, consts, None if draws is None else more(draws),
+            None if noise_seeds is None else noise_seeds + noise_seeds[-1:] * pad)
 
 
 def _snapshot(P: list[torch.Tensor], opt, lo: int, hi: int) -> tuple:

@@ -258,7 +258,8 @@ class RoundDriver:
         self.server_opt = None
         if sc.server.optimizer != "none":
             self.server_opt = server_opt.init_state(sc.server, self.algo.server_params(self.server_state))
-        self.dp_clip = None if sc.privacy is None else sc.privacy.clip     # privacy's C, adapted or not
+        # client-level privacy's C, adapted or not (level sample clips on the hosts, in the loop)
+        self.dp_clip = sc.privacy.clip if sc.privacy is not None and sc.privacy.level == "client" else None
         self.train_ids, self.unseen_ids = split_unseen(sc)
         self.eval_ids = eval_sample(sc, self.train_ids)
         self.round = 0              # rounds completed
@@ -307,7 +308,7 @@ class RoundDriver:
             assignment, work, outcome = self._clock_round(r, assignment, message, wanted)
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
-        dp = self.sc.privacy
+        dp = self.sc.privacy if self.dp_clip is not None else None      # client level's noise and clipping
         parts = self.transport.train(r, message, by_host, work=work or None, clip=self.dp_clip) if assignment else []
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
@@ -342,7 +343,7 @@ class RoundDriver:
                 self._server_step(before)
                 round_metrics = self.algo.round_metrics(reduced)
         self.round = r + 1
-        if dp is not None and dp.noise_multiplier > 0:
+        if self.sc.privacy is not None and self.sc.privacy.noise_multiplier > 0:
             upload_metrics["dp_epsilon"] = self._epsilon(self.round)
         record: dict[str, float] = {
             "round": self.round,
@@ -359,6 +360,11 @@ class RoundDriver:
     def _epsilon(self, rounds: int) -> float:
         """ε spent after ``rounds`` rounds (privacy's accountant, at the scenario's δ)."""
         dp, n = self.sc.privacy, len(self.train_ids)
+        if dp.level == "sample":           # the worst client's record-level ε
+            sizes = self.n_train(self.train_ids).astype(np.int64)
+            return privacy.sample_epsilon(rounds, sizes, self.sc.algorithm.params.local_epochs,
+                                          self.sc.algorithm.params.batch_size, dp.noise_multiplier,
+                                          dp.delta if dp.delta is not None else privacy.default_delta(int(sizes.max())))
         return privacy.epsilon(rounds, n, sample_size(self.sc, n), dp.noise_multiplier,
                                dp.delta if dp.delta is not None else privacy.default_delta(n), dp.accounting)
 

@@ -174,7 +174,7 @@ class Host:
         dp, comm = self.sc.privacy, self.sc.communication
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
-            if dp is not None:                   # the update leaves the client clipped (raysim/privacy.py)
+            if dp is not None and dp.level == "client":      # the update leaves the client clipped (raysim/privacy.py)
                 reply = privacy.clip(reply, shared, dp.clip if clip is None else clip)
             if comm is not None:                 # ... or compressed (raysim/compression.py)
                 reply, remainder = compression.upload(reply, shared, comm, self.residuals.get(cid), self.sc.seed,

@@ -1,0 +1,190 @@
+"""Sample-level differential privacy (``privacy.level: sample``, DP-SGD in every local step):
+per-sample clipping against autograd sample by sample, the noise's scale and independence, the
+accountant against dp_accounting's own composition, a private run that learns and is the same
+on any number of hosts, and the scenarios it refuses."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raysim import cli, config, privacy
+from raysim.core import forward as fwd
+from raysim.core.data import ClientData, Context
+from raysim.core.loop import Settings, Supervised, Trainer, make_job
+from raysim.core.tasks import TASKS
+from raysim.models import LinearParams, MLPParams, linear, mlp
+from raysim.runner import run as run_scenario
+from tests.conftest import ROOT, TINY, write_scenario
+from tests.test_bad_inputs import run_refused
+
+CE = Supervised(TASKS["classification"])
+
+
+@pytest.mark.parametrize("frozen_first", [False, True])
+def test_each_samples_gradient_is_clipped_to_c_as_autograd_sample_by_sample_gives_it(frozen_first):
+    """The chain's per-sample norms (‖δ‖²‖a‖² per weight, ‖δ‖² per bias) against autograd on
+    each sample alone: the clipped sum, and how many samples the bound cut; a padding row
+    (validity 0) adds nothing. With the first layer frozen, its weights count in no norm."""
+    torch.manual_seed(1)
+    model = mlp(MLPParams((6,)), (4,), 3)
+    start = fwd.params_of(model)
+    x, y = torch.randn(2, 8, 4), torch.randint(0, 3, (2, 8))
+    valid = torch.ones(2, 8)
+    valid[1, 7] = 0.0
+    mask = (not frozen_first, not frozen_first, True, True)
+    clip = 0.4
+    data_sum, sums, clipped = Trainer(model).chain.private_step(
+        CE.task, [torch.stack([p, p + 0.1]) for p in start], x, y, valid, clip, mask)
+    for k in range(2):
+        want = [torch.zeros_like(p) for p, m in zip(start, mask) if m]
+        count, loss = 0, 0.0
+        for r in range(8 if k == 0 else 7):
+            ps = [(p + 0.1 * k).requires_grad_(m) for p, m in zip(start, mask)]
+            out = torch.func.functional_call(model, dict(zip([n for n, _ in model.named_parameters()], ps)), x[k, r:r + 1])
+            sample = F.cross_entropy(out, y[k, r:r + 1])
+            g = torch.autograd.grad(sample, [p for p, m in zip(ps, mask) if m])
+            norm = float(torch.sqrt(sum((t * t).sum() for t in g)))
+            count += norm > clip
+            loss += float(sample.detach())
+            for w, t in zip(want, g):
+                w += t * min(1.0, clip / norm)
+        assert all(torch.allclose(s[k], w, atol=1e-6) for s, w in zip(sums, want))
+        assert int(clipped[k]) == count and 0 < count
+        assert float(data_sum[k]) == pytest.approx(loss, rel=1e-5)
+
+
+def client(n, seed=0, dim=4):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, dim, generator=g), torch.randint(0, 3, (n,), generator=g)
+    return ClientData(seed, x, y, x[:0], y[:0], x, y)
+
+
+def ctx(cid):
+    return Context(0, 1, cid, torch.Generator().manual_seed(100 + cid))
+
+
+def test_without_noise_and_with_a_bound_no_sample_reaches_dp_sgd_is_sgd():
+    """z = 0 and C above every sample's norm: the sum of the samples' gradients over B, which on
+    full batches is the mean loss's gradient, the plain loop's step (momentum, weight decay)."""
+    model = mlp(MLPParams((6,)), (4,), 3)
+    start = fwd.params_of(model)
+    plain = Settings(lr=0.1, epochs=2, batch_size=8, momentum=0.9, weight_decay=1e-3)
+    loose = dataclasses.replace(plain, dp_clip=1e6, dp_noise=0.0)
+    trainer = Trainer(model)
+    a = trainer.fit([make_job(start, client(24), ctx(0), plain, CE)])[0]
+    b = trainer.fit([make_job(start, client(24), ctx(0), loose, CE)])[0]
+    assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a.params, b.params)) and a.steps == b.steps == 6
+    assert b.loss == pytest.approx(a.loss, rel=1e-6)
+
+
+def test_the_noise_has_std_z_c_over_b_each_coordinate_and_is_the_jobs_own():
+    """One step (n = B) from the same start, with and without noise: their difference is
+    −lr·z·C·N(0, 1)/B per coordinate. A job's noise comes from its own seed, drawn from its
+    client's generator: the same job gives the same numbers alone or beside others."""
+    model = linear(LinearParams(), (50,), 40)         # 2 040 coordinates
+    start = fwd.params_of(model)
+    lr, z, c, b = 0.5, 2.0, 0.3, 16
+    quiet = Settings(lr=lr, epochs=1, batch_size=b, dp_clip=c, dp_noise=0.0)
+    noisy = dataclasses.replace(quiet, dp_noise=z)
+    trainer = Trainer(model)
+    data = client(b, dim=50)
+    base = trainer.fit([make_job(start, data, ctx(0), quiet, CE)])[0]
+    alone = trainer.fit([make_job(start, data, ctx(0), noisy, CE)])[0]
+    diff = torch.cat([(u - v).reshape(-1) for u, v in zip(alone.params, base.params)]) / -lr
+    assert abs(float(diff.mean())) < 0.01 and float(diff.std()) == pytest.approx(z * c / b, rel=0.05)
+    others = [make_job(start, client(n, seed=s, dim=50), ctx(s), noisy, CE) for s, n in ((1, 40), (2, 7))]
+    together = trainer.fit(others[:1] + [make_job(start, data, ctx(0), noisy, CE)] + others[1:])[1]
+    assert all(torch.equal(u, v) for u, v in zip(together.params, alone.params))
+    other_seed = trainer.fit([make_job(start, data, ctx(9), noisy, CE)])[0]
+    assert not torch.equal(other_seed.params[0], alone.params[0])
+
+
+@pytest.mark.parametrize("sizes,epochs,batch,z,rounds", [([20, 50, 50, 300], 1, 10, 1.0, 30), ([64], 2, 64, 0.8, 5)])
+def test_sample_epsilon_is_the_worst_clients_composition_of_its_poisson_sampled_steps(sizes, epochs, batch, z, rounds):
+    delta = 1e-5
+    worst = 0.0
+    for n in set(sizes):                 # each client composed step by step by the library itself
+        acc, step = privacy.step_event(min(1.0, batch / n), z)
+        import dp_accounting as dpa
+        acc.compose(dpa.SelfComposedDpEvent(step, rounds * epochs * -(-n // batch)))
+        worst = max(worst, acc.get_epsilon(delta))
+    assert privacy.sample_epsilon(rounds, np.array(sizes), epochs, batch, z, delta) == pytest.approx(worst, rel=1e-12)
+    assert privacy.sample_epsilon(rounds, np.array(sizes), epochs, batch, 0.0, delta) == float("inf")
+
+
+DIGITS = ROOT / "scenarios" / "quickstart.yaml"
+
+
+def test_dp_sgd_fedavg_learns_digits_logs_the_worst_clients_epsilon_and_noise_costs_accuracy(tmp_path):
+    def run(*overrides):
+        sc = config.load(DIGITS, ["rounds=30", "eval.every=10", f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                                  f"checkpoint.dir={tmp_path}/ck", "checkpoint.every=0", "privacy.level=sample",
+                                  *overrides])
+        return sc, run_scenario(sc, engine="serial", progress=False)
+    _, clipped = run("privacy.clip=3.0", "privacy.noise_multiplier=0")
+    sc, private = run("privacy.clip=3.0", "privacy.noise_multiplier=3.0")
+    _, drowned = run("privacy.clip=3.0", "privacy.noise_multiplier=30")
+    acc = {n: s["final"]["accuracy"] for n, s in (("clip", clipped), ("dp", private), ("drowned", drowned))}
+    # 10 classes: chance is 0.1 (here, seed 0: 0.82 clipped only, 0.70 at z = 3)
+    assert acc["clip"] > 0.75 and acc["dp"] > 0.6 and acc["dp"] < acc["clip"] - 0.05 and acc["drowned"] < acc["dp"] - 0.2
+    from raysim.config import make_source
+    from raysim.data.base import Splits, split_sizes
+    source = make_source(sc)
+    sizes = np.array([split_sizes(source.num_samples(c), Splits(0.8, 0.0, 0.2))[0] for c in range(50)])
+    want = [privacy.sample_epsilon(h["round"], sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1) for h in private["history"]]
+    assert [h["dp_epsilon"] for h in private["history"]] == pytest.approx(want, rel=1e-12)
+    assert "dp_epsilon" not in clipped["history"][-1] and "dp_clipped" not in private["history"][-1]
+
+
+def test_a_dp_sgd_run_is_the_same_on_one_host_or_three(tmp_path):
+    text = TINY.replace("rounds: 3", "rounds: 3") + (
+        f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\ncheckpoint: {{every: 0, dir: '{tmp_path}/ck'}}\n"
+        "privacy: {level: sample, clip: 0.5, noise_multiplier: 1.1}\n")
+    path = write_scenario(tmp_path, text)
+    out = {}
+    for hosts in (1, 3):
+        summary = tmp_path / f"h{hosts}.json"
+        assert cli.main(["run", path, "--engine", "serial", "-q", "--set", f"resources.hosts={hosts}",
+                         "--summary", str(summary)]) == 0
+        out[hosts] = json.loads(summary.read_text())
+    assert out[1]["final"] == out[3]["final"]
+    assert [h["train_loss"] for h in out[1]["history"]] == [h["train_loss"] for h in out[3]["history"]]
+
+
+@pytest.mark.parametrize("extra,key,says", [
+    ("algorithm: {name: apfl, lr: 0.1}", "algorithm.name", "fedavg, fedprox, fedavg+, ditto"),
+    ("algorithm: {name: scaffold, lr: 0.1}", "algorithm.name", "beyond DP-SGD's steps"),
+    ("topology: {kind: ring}", "privacy.level", "leave the topology out"),
+    ("privacy_extra: {target_quantile: 0.5}", "privacy.target_quantile", "level client"),
+    ("privacy_extra: {accounting: sampled}", "privacy.accounting", "poisson"),
+])
+def test_sample_level_privacy_is_refused_where_its_guarantee_would_not_hold(tmp_path, capsys, extra, key, says):
+    text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}\n", "")
+    if "topology" in extra:
+        text = text.replace("sampling: {fraction: 0.5}\n", "")
+    if not extra.startswith("algorithm"):
+        text += "algorithm: {name: fedavg, lr: 0.1}\n"
+    options = "level: sample, clip: 1.0"
+    if extra.startswith("privacy_extra"):
+        options += ", " + extra.split("{", 1)[1].rstrip("}")
+        extra = ""
+    path = write_scenario(tmp_path, text + extra + f"\nprivacy: {{{options}}}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert f": {key}: " in line and says in line, line
+
+
+def test_a_model_dp_sgd_cannot_take_per_sample_norms_of_is_refused_in_one_line(tmp_path, capsys):
+    from tests.test_runs import raysim, tracked
+    path = tracked(tmp_path, TINY.replace("model: {name: linear}", "model: {name: mlp, hidden: [8], norm: batch}")
+                   + "privacy: {level: sample, clip: 1.0}\n")
+    proc = raysim("run", path, "-q", "--engine", "serial", check=False, here=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "privacy.level: sample computes per-sample gradient norms" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sample_level_privacy_goes_with_compressed_uploads(tmp_path):
+    sc = config.load(write_scenario(tmp_path, TINY + "privacy: {level: sample}\ncommunication: {compress: qsgd}\n"))
+    assert sc.privacy.level == "sample" and sc.privacy.accounting == "poisson" and sc.communication.compress == "qsgd"
