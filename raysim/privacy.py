@@ -26,6 +26,11 @@ Google's ``dp_accounting`` (its Rényi-DP accountant) for the run's sampling:
 A client's Δ_k is its trained model minus the message, so this applies to methods whose reply is
 one model averaged into the global one (FedAvg and what keeps its reply and aggregate: FedProx,
 Ditto's global model, ...): ``Algorithm.averages_one_model`` says which.
+
+Sample-level DP (``level: sample``, DP-SGD, Abadi et al., CCS 2016) happens in the training loop
+(``raysim.core.loop``, ``chain.Chain.private_step``): each sample's gradient clipped to C, noise
+of std z·C on the batch's sum, from a seed each job draws from its client's generator. Here is
+only its accountant, ``sample_epsilon``.
 """
 from __future__ import annotations
 

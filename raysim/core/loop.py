@@ -23,6 +23,11 @@ batch 10; the optimizer step is ``optim.Stacked`` either way. Objectives that ar
 loss at points of parameter space (``Objective.gradients``: APFL, SuPerFed, pFedMe, SosicFL,
 Per-FedAvg) get the same hand-written pass at each point.
 
+With ``Settings.dp_clip`` (``privacy.level: sample``) every step is DP-SGD's: per-sample
+gradients clipped on the chain path (``Chain.private_step``), Gaussian noise from the job's own
+seed added to their sum, divided by the batch size, then the objective's terms and the
+optimizer's step.
+
 ``drive`` runs client steps written as generators: a step yields the jobs it wants trained,
 gets ``Fitted`` back, and returns its result; ``drive`` trains the jobs every client of a host
 yielded in one ``fit`` call, so a method written for one client is batched over all of them.
