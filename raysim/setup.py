@@ -33,11 +33,12 @@ def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
     algo.finetune = sc.eval.finetune          # the local update's options (eval.finetune)
     dp = sc.privacy
     if dp is not None and dp.level == "sample":         # DP-SGD in every job (raysim/core/loop.py)
-        from raysim.core.chain import plan
-        if plan(algo.model_fn()) is None:
-            raise ScenarioError(f"{sc.path}: privacy.level: sample computes per-sample gradient norms for chains of "
-                                f"Linear layers and element-wise activations (linear, mlp, twonn, ...); model "
-                                f"'{sc.model.name}' is not one")
+        model = algo.model_fn()
+        coupled = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.RNNBase, torch.nn.Dropout)
+        if any(True for _ in model.buffers()) or any(isinstance(m, coupled) for m in model.modules()):
+            raise ScenarioError(f"{sc.path}: privacy.level: sample needs each sample's own gradient, which batch "
+                                f"statistics (batch norm), dropout and recurrent layers do not give; model "
+                                f"'{sc.model.name}' has one (use group or layer norm, or another model)")
         algo.dp_sgd_settings = (dp.clip, dp.noise_multiplier)
     return algo
 

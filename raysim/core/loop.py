@@ -332,13 +332,14 @@ class Trainer:
         private = s.dp_clip > 0
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
-        if private:                    # DP-SGD: per-sample clipping on the chain path, noise per job
-            if not by_hand or weights is not None or draws is not None:
-                raise ValueError("DP-SGD (privacy.level: sample) needs a chain of Linear layers and element-wise "
-                                 "activations trained on the task's loss, without sample weights")
+        if private:                    # DP-SGD: per-sample clipping (the chain's norms or torch.func's), noise per job
+            if type(obj) is not Supervised or weights is not None or draws is not None or not set(consts) <= {
+                    "mu", "anchor"}:
+                raise ValueError("DP-SGD (privacy.level: sample) needs the task's loss (a proximal pull at most), "
+                                 "without sample weights")
+            chain_norms, by_hand = by_hand, False
             gens = [torch.Generator(device=device).manual_seed(seed) for seed in noise_seeds]
             sizes = [p[0].numel() for p in trained]
-            by_hand = False
         by_points = not by_hand and obj.by_points() and (not obj.needs_chain or (
             self.chain is not None and self.chain.supports(obj.task, len(self.trainable), {})))
         tune = (bs, tuple(tuple(p.shape[1:]) for p in P), train_mask, by_hand, id(obj), tuple(sorted(consts)))
@@ -358,8 +359,7 @@ class Trainer:
                   for key, val in consts.items()}
             sub_P = [p[c0:c1] for p in P]
             sub_trained = [p[c0:c1] for p in trained]
-            terms = (opt.prepare(self.chain.terms(cs, train_mask)) if by_hand
-                     else self.chain.terms(cs, train_mask) if private else None)
+            terms = opt.prepare(self.chain.terms(cs, train_mask)) if by_hand else None
             t_pass = steps[c0]
             # the pass's batches at once: row of job i's step t (past a job's last step, any row)
             at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
@@ -383,16 +383,18 @@ class Trainer:
                 rows = rows_p[:b - c0, t, :width]
                 assign = ()
                 if private:
-                    data_sum, sums, _ = self.chain.private_step(obj.task, sub_P, X[rows], Y[rows],
-                                                                 val_p[:b - c0, t, :width], s.dp_clip, train_mask)
+                    step = self.chain.private_step if chain_norms else self._private_step
+                    data_sum, sums, _ = step(obj.task, sub_P, X[rows], Y[rows], val_p[:b - c0, t, :width], s.dp_clip,
+                                             train_mask)
                     noise = torch.stack([torch.randn(sum(sizes), generator=gens[i], device=device)
                                          for i in range(c0, b)]).split(sizes, dim=1)
-                    # (Σ clipped + N(0, σ²C²)) / B, then the objective's terms (a proximal pull)
+                    # (Σ clipped + N(0, σ²C²)) / B, then a proximal pull μ(w − anchor)
                     grads = [(g + n.view(g.shape) * (s.dp_noise * s.dp_clip)).div_(bs) for g, n in zip(sums, noise)]
-                    if terms.c is not None:
-                        torch._foreach_add_(grads, [p * terms.c.view(-1, *([1] * (p.dim() - 1))) for p in sub_trained])
-                    if terms.d is not None:
-                        torch._foreach_add_(grads, terms.d)
+                    if "mu" in cs:
+                        mu = cs["mu"].to(grads[0].dtype)
+                        anchors = [a for a, m in zip(cs["anchor"], train_mask) if m]
+                        torch._foreach_add_(grads, [(p - a) * mu.view(-1, *([1] * (p.dim() - 1)))
+                                                    for p, a in zip(sub_trained, anchors)])
                 elif by_hand:
                     data_sum, grads = self.chain.step(obj.task, sub_P, X[rows], Y[rows], wt_p[:b - c0, t, :width],
                                                       val_p[:b - c0, t, :width], terms, train_mask, opt, c0, b)
@@ -425,6 +427,36 @@ class Trainer:
         if k_all > k_real:
             P, mean = [p[:k_real] for p in P], mean[:k_real]
         return P, mean, opt
+
+    def _private_step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                      valid: torch.Tensor, clip: float, train_mask: tuple[bool, ...]):
+        """``Chain.private_step`` for any model without buffers, batch norm, dropout or recurrent
+        layers (what ``privacy.level: sample`` accepts, raysim/setup.py): each
+        sample's gradient from ``torch.func`` (``vmap`` of ``grad`` over the batch, one set at a
+        time), clipped to L2 norm ``clip`` over the trained parameters and summed over valid rows;
+        (data loss summed (K,), the clipped sums of the trained parameters, clipped rows (K,))."""
+        from torch.func import functional_call, grad_and_value, vmap
+        names = [n for n, _ in self.model.named_parameters()]
+        idx = [i for i, m in enumerate(train_mask) if m]
+
+        def loss_of(trained, every, xr, yr):
+            full = list(every)
+            for i, t in zip(idx, trained):
+                full[i] = t
+            out = functional_call(self.model, dict(zip(names, full)), (xr.unsqueeze(0),))
+            return task.per_sample(out, yr.unsqueeze(0)).sum()
+        per_sample = vmap(grad_and_value(loss_of), in_dims=(None, None, 0, 0))
+        data_sum, sums, clipped = [], [[] for _ in idx], []
+        for k in range(x.shape[0]):
+            ps = [p[k].detach() for p in params]
+            g, loss = per_sample([ps[i] for i in idx], ps, x[k], y[k])
+            norm = torch.sqrt(sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in g))
+            scale = (clip / norm.clamp_min(1e-12)).clamp(max=1.0) * valid[k]
+            for j, t in enumerate(g):
+                sums[j].append((t * scale.view(-1, *([1] * (t.dim() - 1)))).sum(0))
+            data_sum.append((loss.detach() * valid[k]).sum())
+            clipped.append(((norm > clip) & (valid[k] > 0)).sum())
+        return torch.stack(data_sum), [torch.stack(s) for s in sums], torch.stack(clipped)
 
     def point_grad(self, task, batch: Batch) -> Callable:
         """``grad(point, weight=None, offset=None, train=None, outputs=False)`` for an
