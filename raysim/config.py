@@ -509,7 +509,7 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) ->
     uniformly sampled clients."""
     from raysim import privacy
     if isinstance(mapping, dict) and mapping.get("level") == "sample":
-        return _sample_privacy(ctx, mapping, method, algorithm, topology)
+        return _sample_privacy(ctx, mapping, method, algorithm, topology, systems)
     cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
     cfg = dataclasses.replace(cfg, accounting=cfg.accounting or "sampled")
     if topology is not None:
@@ -526,7 +526,7 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) ->
     return cfg
 
 
-def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology) -> PrivacyCfg:
+def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> PrivacyCfg:
     """``privacy`` with ``level: sample``: DP-SGD in every local step of a method whose only use
     of a client's training data that leaves it is that training (``trains_with_dp_sgd``)."""
     import raysim.algorithms as algorithms
@@ -538,6 +538,9 @@ def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology) -> PrivacyCf
     if topology is not None:
         ctx.fail("privacy.level", "sample-level DP here runs on the star (its accountant counts a client's local "
                  "steps); leave the topology out")
+    if systems is not None and systems.aggregation != "sync":
+        ctx.fail("privacy.level", f"sample-level DP counts the rounds each client trains in, in synchronous rounds; "
+                 f"use systems.aggregation: sync (not {systems.aggregation})")
     for key in ("target_quantile", "count_noise"):
         if getattr(cfg, key) is not None:
             ctx.fail(f"privacy.{key}", "is adaptive clipping of client updates (level client); leave it out with "

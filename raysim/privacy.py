@@ -125,20 +125,22 @@ def epsilon(rounds: int, clients: int, k: int, multiplier: float, delta: float, 
     return float(rdp.compute_epsilon(orders, rounds * one, delta)[0])
 
 
-def sample_epsilon(rounds: int, sizes: np.ndarray, epochs: int, batch: int, multiplier: float, delta: float) -> float:
-    """Sample-level DP (DP-SGD, ``level: sample``): the largest over clients of ε at δ after
-    ``rounds`` rounds, a client of n samples taking epochs·⌈n/B⌉ steps a round, each step the
-    Poisson-subsampled Gaussian mechanism at rate q = min(1, B/n) with multiplier z (Abadi et
-    al.; Mironov, Talwar & Zhang 2019 for its RDP). Every client is counted as training in every
-    round: a bound for clients a round leaves out. inf without noise."""
+def sample_epsilon(rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: int, multiplier: float,
+                   delta: float) -> float:
+    """Sample-level DP (DP-SGD, ``level: sample``): the largest over clients of ε at δ, client k
+    having trained in ``rounds[k]`` rounds on its ``sizes[k]`` samples, n of them taking
+    epochs·⌈n/B⌉ steps a round, each step the Poisson-subsampled Gaussian mechanism at rate
+    q = min(1, B/n) with multiplier z (Abadi et al.; Mironov, Talwar & Zhang 2019 for its RDP).
+    A straggler's shortened round is counted whole. 0 before any client trained; inf without
+    noise."""
     if multiplier <= 0:
         return math.inf
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
     worst = 0.0
-    for n in np.unique(sizes[sizes > 0]).tolist():
+    used = (np.asarray(rounds) > 0) & (np.asarray(sizes) > 0)
+    for r, n in {(int(r), int(n)) for r, n in zip(np.asarray(rounds)[used], np.asarray(sizes)[used])}:
         orders, one = _step_rdp(min(1.0, batch / n), multiplier)
-        steps = rounds * epochs * -(-n // batch)
-        worst = max(worst, float(rdp.compute_epsilon(orders, steps * one, delta)[0]))
+        worst = max(worst, float(rdp.compute_epsilon(orders, r * epochs * -(-n // batch) * one, delta)[0]))
     return worst
 
 

@@ -138,17 +138,24 @@ def test_the_noise_has_std_z_c_over_b_each_coordinate_and_is_the_jobs_own():
     assert not torch.equal(other_seed.params[0], alone.params[0])
 
 
-@pytest.mark.parametrize("sizes,epochs,batch,z,rounds", [([20, 50, 50, 300], 1, 10, 1.0, 30), ([64], 2, 64, 0.8, 5)])
-def test_sample_epsilon_is_the_worst_clients_composition_of_its_poisson_sampled_steps(sizes, epochs, batch, z, rounds):
+@pytest.mark.parametrize("sizes,rounds,epochs,batch,z", [([20, 50, 50, 300, 40], [30, 3, 30, 12, 0], 1, 10, 1.0),
+                                                         ([64], [5], 2, 64, 0.8)])
+def test_sample_epsilon_is_the_worst_clients_composition_of_its_poisson_sampled_steps(sizes, rounds, epochs, batch, z):
+    """Client k of n_k samples, in r_k rounds: r_k·epochs·⌈n_k/B⌉ steps at q = B/n_k, composed by
+    dp_accounting itself; the largest ε over clients (one that never trained spends nothing)."""
+    import dp_accounting as dpa
     delta = 1e-5
     worst = 0.0
-    for n in set(sizes):                 # each client composed step by step by the library itself
+    for n, r in zip(sizes, rounds):
+        if r == 0:
+            continue
         acc, step = privacy.step_event(min(1.0, batch / n), z)
-        import dp_accounting as dpa
-        acc.compose(dpa.SelfComposedDpEvent(step, rounds * epochs * -(-n // batch)))
+        acc.compose(dpa.SelfComposedDpEvent(step, r * epochs * -(-n // batch)))
         worst = max(worst, acc.get_epsilon(delta))
-    assert privacy.sample_epsilon(rounds, np.array(sizes), epochs, batch, z, delta) == pytest.approx(worst, rel=1e-12)
-    assert privacy.sample_epsilon(rounds, np.array(sizes), epochs, batch, 0.0, delta) == float("inf")
+    got = privacy.sample_epsilon(np.array(rounds), np.array(sizes), epochs, batch, z, delta)
+    assert got == pytest.approx(worst, rel=1e-12) and got > 0
+    assert privacy.sample_epsilon(np.array(rounds), np.array(sizes), epochs, batch, 0.0, delta) == float("inf")
+    assert privacy.sample_epsilon(np.zeros(len(sizes)), np.array(sizes), epochs, batch, z, delta) == 0.0
 
 
 DIGITS = ROOT / "scenarios" / "quickstart.yaml"
@@ -170,8 +177,16 @@ def test_dp_sgd_fedavg_learns_digits_logs_the_worst_clients_epsilon_and_noise_co
     from raysim.data.base import Splits, split_sizes
     source = make_source(sc)
     sizes = np.array([split_sizes(source.num_samples(c), Splits(0.8, 0.0, 0.2))[0] for c in range(50)])
-    want = [privacy.sample_epsilon(h["round"], sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1) for h in private["history"]]
+    # each client's rounds: those the sampler drew it in (25 of 50 a round)
+    from raysim.engine.driver import sample_clients, split_unseen
+    train_ids, _ = split_unseen(sc)
+    counts, want = np.zeros(50, dtype=np.int64), []
+    for h in private["history"]:
+        counts[sample_clients(sc, train_ids, h["round"] - 1)] += 1
+        want.append(privacy.sample_epsilon(counts, sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1))
     assert [h["dp_epsilon"] for h in private["history"]] == pytest.approx(want, rel=1e-12)
+    everyone = privacy.sample_epsilon(np.full(50, 30), sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1)
+    assert want[-1] < everyone                  # a client sampled in half the rounds spends less
     assert "dp_epsilon" not in clipped["history"][-1] and "dp_clipped" not in private["history"][-1]
 
 
@@ -196,6 +211,7 @@ def test_a_dp_sgd_run_is_the_same_on_one_host_or_three(tmp_path):
     ("topology: {kind: ring}", "privacy.level", "leave the topology out"),
     ("privacy_extra: {target_quantile: 0.5}", "privacy.target_quantile", "level client"),
     ("privacy_extra: {accounting: sampled}", "privacy.accounting", "poisson"),
+    ("systems: {aggregation: fedbuff, buffer: 2}", "privacy.level", "systems.aggregation: sync"),
 ])
 def test_sample_level_privacy_is_refused_where_its_guarantee_would_not_hold(tmp_path, capsys, extra, key, says):
     text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}\n", "")
@@ -210,6 +226,23 @@ def test_sample_level_privacy_is_refused_where_its_guarantee_would_not_hold(tmp_
     path = write_scenario(tmp_path, text + extra + f"\nprivacy: {{{options}}}\n")
     line = run_refused(capsys, tmp_path, path)
     assert f": {key}: " in line and says in line, line
+
+
+def test_a_dp_sgd_run_crashed_after_round_two_resumes_to_the_uninterrupted_runs_numbers(tmp_path):
+    """The noise seeds come from the clients' generators and the rounds each client trained in
+    are in the checkpoint: ε and the metrics go on as if never interrupted."""
+    from tests.test_runs import raysim, summary_of, tracked
+    path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 5") + "privacy: {level: sample, clip: 0.5, noise_multiplier: 1.3}\n")
+    full = summary_of(tmp_path, path, "--engine", "serial", name="full.json")
+    proc = raysim("run", path, "-q", "--engine", "serial", env={"RAYSIM_FAIL_AFTER_ROUND": "2"}, check=False, here=True)
+    assert proc.returncode == 1 and "injected failure after round 2" in proc.stderr
+    failed = proc.stderr.split("--resume ")[-1].split()[0]
+    resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed, name="resumed.json")
+    assert resumed["final"] == full["final"]
+    keys = ("train_loss", "dp_epsilon")
+    assert [{k: h[k] for k in keys} for h in resumed["history"]] == [{k: h[k] for k in keys} for h in full["history"]]
+    eps = [h["dp_epsilon"] for h in full["history"]]
+    assert all(a <= b for a, b in zip(eps, eps[1:])) and eps[-1] > eps[0] > 0     # the worst client's
 
 
 def test_a_model_dp_sgd_cannot_take_per_sample_norms_of_is_refused_in_one_line(tmp_path, capsys):

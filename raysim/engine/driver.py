@@ -261,6 +261,9 @@ class RoundDriver:
         # client-level privacy's C, adapted or not (level sample clips on the hosts, in the loop)
         self.dp_clip = sc.privacy.clip if sc.privacy is not None and sc.privacy.level == "client" else None
         self.train_ids, self.unseen_ids = split_unseen(sc)
+        # sample-level privacy: the rounds each training client has trained in (its ε counts those)
+        self.dp_rounds = (np.zeros(len(self.train_ids), dtype=np.int64)
+                          if sc.privacy is not None and sc.privacy.level == "sample" else None)
         self.eval_ids = eval_sample(sc, self.train_ids)
         self.round = 0              # rounds completed
         self.history: list[dict] = []
@@ -318,6 +321,8 @@ class RoundDriver:
             losses.update(loss)
             compute += secs
         check_finite(losses, r + 1)
+        if self.dp_rounds is not None:
+            self.dp_rounds[np.searchsorted(self.train_ids, np.fromiter(losses, dtype=np.int64))] += 1
         round_metrics: dict[str, float] = {}
         upload_metrics: dict[str, float] = {}        # privacy's and communication's
         if assignment:                       # a round nobody reported in leaves the server as it was
@@ -360,9 +365,9 @@ class RoundDriver:
     def _epsilon(self, rounds: int) -> float:
         """ε spent after ``rounds`` rounds (privacy's accountant, at the scenario's δ)."""
         dp, n = self.sc.privacy, len(self.train_ids)
-        if dp.level == "sample":           # the worst client's record-level ε
+        if dp.level == "sample":           # the worst client's record-level ε, over the rounds it trained in
             sizes = self.n_train(self.train_ids).astype(np.int64)
-            return privacy.sample_epsilon(rounds, sizes, self.sc.algorithm.params.local_epochs,
+            return privacy.sample_epsilon(self.dp_rounds, sizes, self.sc.algorithm.params.local_epochs,
                                           self.sc.algorithm.params.batch_size, dp.noise_multiplier,
                                           dp.delta if dp.delta is not None else privacy.default_delta(int(sizes.max())))
         return privacy.epsilon(rounds, n, sample_size(self.sc, n), dp.noise_multiplier,
@@ -575,6 +580,7 @@ class RoundDriver:
                 "server": state_to_tree(self.server_state),
                 **({"server_opt": state_to_tree(self.server_opt)} if self.server_opt is not None else {}),
                 **({"privacy": {"clip": self.dp_clip}} if self.dp_clip is not None else {}),
+                **({"privacy": {"rounds": torch.from_numpy(self.dp_rounds.copy())}} if self.dp_rounds is not None else {}),
                 **({"fleet": {"clock": self.clock, "participation": torch.from_numpy(self.participation.copy())}}
                    if self.fleet is not None else {}),
                 "history": self.history,
@@ -598,6 +604,11 @@ class RoundDriver:
                 raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no clipping bound (written "
                                                  f"without the privacy section?)")
             self.dp_clip = float(ck["privacy"]["clip"])
+        if self.dp_rounds is not None:
+            if "privacy" not in ck or "rounds" not in ck["privacy"]:
+                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no per-client training rounds "
+                                                 f"(written without privacy.level: sample?)")
+            self.dp_rounds = ck["privacy"]["rounds"].numpy().astype(np.int64)
         if self.fleet is not None:
             if "fleet" not in ck:
                 raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no virtual clock (written "
