@@ -545,7 +545,7 @@ def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> 
         if getattr(cfg, key) is not None:
             ctx.fail(f"privacy.{key}", "is adaptive clipping of client updates (level client); leave it out with "
                      "level sample")
-    if "clip_lr" in mapping:
+    if cfg.clip_lr != PrivacyCfg.__dataclass_fields__["clip_lr"].default:
         ctx.fail("privacy.clip_lr", "is adaptive clipping of client updates (level client); leave it out with level "
                  "sample")
     if cfg.accounting == "sampled":
