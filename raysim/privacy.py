@@ -133,15 +133,29 @@ def sample_epsilon(rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: in
     q = min(1, B/n) with multiplier z (Abadi et al.; Mironov, Talwar & Zhang 2019 for its RDP).
     A straggler's shortened round is counted whole. 0 before any client trained; inf without
     noise."""
+    eps = client_epsilons(rounds, sizes, epochs, batch, multiplier, delta)
+    return float(eps.max()) if len(eps) else 0.0
+
+
+def client_epsilons(rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: int, multiplier: float,
+                    delta: float) -> np.ndarray:
+    """``sample_epsilon``'s ε of each client (0 for one that never trained or holds no samples),
+    computed once per distinct (rounds, samples)."""
+    rounds, sizes = np.asarray(rounds, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     if multiplier <= 0:
-        return math.inf
+        return np.full(len(sizes), math.inf)
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
-    worst = 0.0
-    used = (np.asarray(rounds) > 0) & (np.asarray(sizes) > 0)
-    for r, n in {(int(r), int(n)) for r, n in zip(np.asarray(rounds)[used], np.asarray(sizes)[used])}:
-        orders, one = _step_rdp(min(1.0, batch / n), multiplier)
-        worst = max(worst, float(rdp.compute_epsilon(orders, r * epochs * -(-n // batch) * one, delta)[0]))
-    return worst
+    out = np.zeros(len(sizes))
+    used = (rounds > 0) & (sizes > 0)
+    pairs = np.stack([rounds[used], sizes[used]], axis=1)
+    if len(pairs):
+        unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        eps = np.empty(len(unique))
+        for i, (r, n) in enumerate(unique.tolist()):
+            orders, one = _step_rdp(min(1.0, batch / n), multiplier)
+            eps[i] = rdp.compute_epsilon(orders, r * epochs * -(-n // batch) * one, delta)[0]
+        out[used] = eps[inverse.reshape(-1)]
+    return out
 
 
 def step_event(rate: float, multiplier: float):

@@ -154,6 +154,8 @@ def test_sample_epsilon_is_the_worst_clients_composition_of_its_poisson_sampled_
         worst = max(worst, acc.get_epsilon(delta))
     got = privacy.sample_epsilon(np.array(rounds), np.array(sizes), epochs, batch, z, delta)
     assert got == pytest.approx(worst, rel=1e-12) and got > 0
+    each = privacy.client_epsilons(np.array(rounds), np.array(sizes), epochs, batch, z, delta)
+    assert len(each) == len(sizes) and each.max() == got and all((e == 0) == (r == 0) for e, r in zip(each, rounds))
     assert privacy.sample_epsilon(np.array(rounds), np.array(sizes), epochs, batch, 0.0, delta) == float("inf")
     assert privacy.sample_epsilon(np.zeros(len(sizes)), np.array(sizes), epochs, batch, z, delta) == 0.0
 
@@ -185,6 +187,8 @@ def test_dp_sgd_fedavg_learns_digits_logs_the_worst_clients_epsilon_and_noise_co
         counts[sample_clients(sc, train_ids, h["round"] - 1)] += 1
         want.append(privacy.sample_epsilon(counts, sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1))
     assert [h["dp_epsilon"] for h in private["history"]] == pytest.approx(want, rel=1e-12)
+    median = np.median(privacy.client_epsilons(counts, sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1))
+    assert private["history"][-1]["dp_epsilon_median"] == pytest.approx(median, rel=1e-12) and median < want[-1]
     everyone = privacy.sample_epsilon(np.full(50, 30), sizes, 2, 16, 3.0, float(sizes.max()) ** -1.1)
     assert want[-1] < everyone                  # a client sampled in half the rounds spends less
     assert "dp_epsilon" not in clipped["history"][-1] and "dp_clipped" not in private["history"][-1]

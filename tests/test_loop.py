@@ -419,7 +419,7 @@ class WithDraws(Supervised):
         return loss + draws * params[0].sum(dim=tuple(range(1, params[0].dim()))), seen
 
 
-@pytest.mark.parametrize("case", ["chain-momentum", "autograd-adam-kept", "points-prox", "draws", "rows"])
+@pytest.mark.parametrize("case", ["chain-momentum", "autograd-adam-kept", "points-prox", "draws", "rows", "dp-sgd"])
 def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_bitwise(case):
     """``padded``'s fixed-width passes, run on the CPU (where a job's numbers do not depend on
     its pass): 7 jobs of unequal sizes (one empty, one a straggler) in passes of 3, the last padded
@@ -440,6 +440,9 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
         obj, consts = AtOnePoint(TASKS["classification"]), {"anchor": [p + 0.1 for p in start], "mu": 0.3}
     elif case == "draws":
         obj, gradients = WithDraws(TASKS["classification"]), "autograd"
+    elif case == "dp-sgd":                        # each job's noise from its own seed, padded copies too
+        s = dataclasses.replace(s, dp_clip=0.5, dp_noise=1.0)
+        consts = {"anchor": [p - 0.1 for p in start], "mu": 0.2}
     measured, fixed = Trainer(model, gradients=gradients), Trainer(model, "padded", gradients=gradients)
     fixed.fixed = 3                               # GPU_PASS would pad these 7 jobs to one pass
     if case == "rows":

@@ -349,7 +349,7 @@ class RoundDriver:
                 round_metrics = self.algo.round_metrics(reduced)
         self.round = r + 1
         if self.sc.privacy is not None and self.sc.privacy.noise_multiplier > 0:
-            upload_metrics["dp_epsilon"] = self._epsilon(self.round)
+            upload_metrics.update(self._epsilon(self.round))
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(assignment)),
@@ -362,16 +362,19 @@ class RoundDriver:
         }
         return self._finish(record, t0, compute)
 
-    def _epsilon(self, rounds: int) -> float:
-        """ε spent after ``rounds`` rounds (privacy's accountant, at the scenario's δ)."""
+    def _epsilon(self, rounds: int) -> dict[str, float]:
+        """ε spent after ``rounds`` rounds (privacy's accountant, at the scenario's δ): the
+        metrics ``dp_epsilon`` and, at the sample level, ``dp_epsilon_median``."""
         dp, n = self.sc.privacy, len(self.train_ids)
-        if dp.level == "sample":           # the worst client's record-level ε, over the rounds it trained in
+        if dp.level == "sample":           # each client's record-level ε, over the rounds it trained in
             sizes = self.n_train(self.train_ids).astype(np.int64)
-            return privacy.sample_epsilon(self.dp_rounds, sizes, self.sc.algorithm.params.local_epochs,
+            eps = privacy.client_epsilons(self.dp_rounds, sizes, self.sc.algorithm.params.local_epochs,
                                           self.sc.algorithm.params.batch_size, dp.noise_multiplier,
                                           dp.delta if dp.delta is not None else privacy.default_delta(int(sizes.max())))
-        return privacy.epsilon(rounds, n, sample_size(self.sc, n), dp.noise_multiplier,
-                               dp.delta if dp.delta is not None else privacy.default_delta(n), dp.accounting)
+            return {"dp_epsilon": float(eps.max()), "dp_epsilon_median": float(np.median(eps))}
+        return {"dp_epsilon": privacy.epsilon(rounds, n, sample_size(self.sc, n), dp.noise_multiplier,
+                                              dp.delta if dp.delta is not None else privacy.default_delta(n),
+                                              dp.accounting)}
 
     # -- the simulated fleet (``systems``) ------------------------------------------------------
     def _invite(self, r: int) -> tuple[np.ndarray, int, float]:
