@@ -24,6 +24,14 @@ remainder: p = Δ_k + e_k, sends C(p), e_k ← p − C(p). The remainder is the 
 kept on its host and written to checkpoints. It applies to the sparsifiers (topk, randk
 unscaled); QSGD is unbiased and is refused with it.
 
+With a ``topology`` (decentralized runs) the section is CHOCO-gossip (Koloskova, Stich & Jaggi,
+"Decentralized Stochastic Optimization and Gossip Algorithms with Compressed Communication",
+ICML 2019): every client keeps a public copy x̂_i of its model that its neighbours hold too,
+sends only the compressed difference q_i = Q(x_i − x̂_i) after its local step (all holders add
+it: x̂_i ← x̂_i + q_i), and mixes with the copies, x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), γ the
+``gossip_step``. The copies start at the common initial model, are client state kept on the
+hosts and written to checkpoints (``gossip_estimate``; raysim/engine/host.py).
+
 Random draws come from (seed, "compress", round, client): the same run on any number of hosts.
 """
 from __future__ import annotations
@@ -99,6 +107,19 @@ def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.G
     else:
         raise ValueError(f"unknown compressor {kind!r}")
     return out
+
+
+def gossip_estimate(x: torch.Tensor, estimate: torch.Tensor, cfg, seed: int, round_: int, cid: int) -> torch.Tensor:
+    """CHOCO-gossip's public copy after a round: x̂ + Q(x − x̂), Q the scenario's compressor in
+    its contractive form (Koloskova, Stich & Jaggi, ICML 2019: topk; randk unscaled; QSGD
+    divided by τ = 1 + min(d/s², √d/s)), from (seed, "compress", round, client)."""
+    v = (x - estimate).float().cpu()
+    q = compress(v, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),
+                 unbiased=False)
+    if cfg.compress == "qsgd":
+        d = v.numel()
+        q = q / (1 + min(d / cfg.levels ** 2, math.sqrt(d) / cfg.levels))
+    return estimate + q.to(estimate.device, estimate.dtype)
 
 
 def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Tensor | None, seed: int,

@@ -557,9 +557,12 @@ def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> 
 def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, privacy) -> CommunicationCfg:
     """The ``communication`` section, and the runs it applies to: a server averaging one model
     from its clients' uploads, in synchronous rounds."""
-    cfg = _upload_section(ctx, "communication", CommunicationCfg, mapping, method, algorithm, "compressors")
     if topology is not None:
-        ctx.fail("communication", "compresses what clients upload to a server; leave the topology out")
+        return _gossip_communication(ctx, mapping)
+    cfg = _upload_section(ctx, "communication", CommunicationCfg, mapping, method, algorithm, "compressors")
+    if cfg.gossip_step is not None:
+        ctx.fail("communication.gossip_step", "is CHOCO-gossip's consensus step, for decentralized runs (a "
+                 "topology); leave it out here")
     if systems is not None and systems.aggregation != "sync":
         ctx.fail("communication", f"compressed uploads are averaged in synchronous rounds; use systems.aggregation: "
                  f"sync (not {systems.aggregation})")
@@ -569,6 +572,21 @@ def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, priv
     if cfg.error_feedback and cfg.compress not in ("topk", "randk"):
         ctx.fail("communication.error_feedback", f"is for the sparsifiers topk and randk; {cfg.compress} sends "
                  f"{'the update whole' if cfg.compress == 'none' else 'an unbiased quantization'}: leave it false")
+    return cfg
+
+
+def _gossip_communication(ctx: Ctx, mapping) -> CommunicationCfg:
+    """``communication`` with a topology: CHOCO-gossip (raysim/compression.py), the neighbours
+    exchanging compressed differences to public copies of the models."""
+    if not isinstance(mapping, dict):
+        ctx.fail("communication", f"expected a mapping of options, got {type(mapping).__name__}")
+    cfg = load_dataclass(ctx, "communication", CommunicationCfg, mapping)
+    if cfg.gossip_step is None:
+        ctx.fail("communication.gossip_step", "CHOCO-gossip's consensus step γ is needed with a topology: 1 with "
+                 "compress none is plain gossip; the paper tunes it per compressor (e.g. 0.1 to 0.5 for topk 10%)")
+    if cfg.error_feedback:
+        ctx.fail("communication.error_feedback", "is for uploads to a server; CHOCO-gossip's public copies keep what "
+                 "a compressor drops: leave it false")
     return cfg
 
 

@@ -217,6 +217,10 @@ class CommunicationCfg:
     levels: int = field(default=16, metadata={"min": 1, "help": "qsgd: s, the quantization levels of |v_i|/‖v‖"})
     ratio: float = field(default=0.01, metadata={"gt": 0.0, "max": 1.0, "help": (
         "topk and randk: the share of the update's coordinates sent")})
+    gossip_step: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0, "help": (
+        "with a topology (CHOCO-gossip, Koloskova et al. 2019): γ, the consensus step x_i ← x_i + γ Σ_j w_ij "
+        "(x̂_j − x̂_i) on the neighbours' public copies; required there (1 with compress none is plain gossip; "
+        "the paper tunes it per compressor, smaller for stronger compression); not without a topology")})
     error_feedback: bool = field(default=False, metadata={"help": (
         "each client adds what its compressor dropped last round before compressing, and keeps the new "
         "remainder (Stich et al. 2018; Karimireddy et al. 2019); topk and randk only (randk then sends its "

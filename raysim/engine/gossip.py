@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim import rng, topology
+from raysim import compression, rng, topology
 from raysim.config import Scenario
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
@@ -143,6 +143,11 @@ class GossipDriver(RoundDriver):
             "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
         record.update(self.failures)
+        comm = self.sc.communication
+        if comm is not None:             # CHOCO-gossip: each client sends one compressed difference a round
+            d = sum(t.numel() for g in self.algo.shared(self.server_state) for t in g if t.is_floating_point())
+            record["upload_bytes"] = len(everyone) * compression.sent_bytes(d, comm.compress, comm.levels, comm.ratio)
+            record["upload_bytes_total"] = record["upload_bytes"] + sum(h.get("upload_bytes", 0.0) for h in self.history)
         record.update(self.consensus(sums))
         if changed and self.sc.data.clients <= topology.GAP_MAX and not self.failures:
             record["spectral_gap"] = topology.spectral_gap(

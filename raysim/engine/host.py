@@ -95,6 +95,7 @@ class Host:
         self.servers: dict[int, Any] = {}
         self._server_type: type | None = None
         self._flat: dict[int, torch.Tensor] = {}
+        self._half: dict[int, torch.Tensor] = {}     # CHOCO-gossip: the models after the local step
         self._rows = mixing.Rows({})
         self._gossip = False
         # with train_rows: the clients' models as rows of one matrix (self.cids' order)
@@ -235,7 +236,7 @@ class Host:
         server = to_device(server, self.device)
         self._server_type = type(server)
         self._gossip = True
-        if ROWS and self.algo.has_rows() and self.algo.trainer(self.device).across:
+        if ROWS and self.algo.has_rows() and self.algo.trainer(self.device).across and self.sc.communication is None:
             self._template = server
             self._pos = {c: k for k, c in enumerate(self.cids)}
             flat = mixing.flatten(self.algo.shared(server))
@@ -244,6 +245,9 @@ class Host:
             for cid in self.cids:
                 self.servers[cid] = self.algo.with_shared(server, [[t.clone() for t in g]
                                                                    for g in self.algo.shared(server)])
+        if self.sc.communication is not None:   # CHOCO-gossip: the public copies start at the initial model
+            flat = mixing.flatten(self.algo.shared(server))
+            self.residuals = {cid: flat.clone() for cid in self.cids}
         return {cid: self.data(cid).num_train for cid in self.cids}
 
     def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]
@@ -260,12 +264,17 @@ class Host:
         calls = [self.algo.train(self.state(c), self._own_message(round_, c), self.data(c),
                                  self.context(round_, c, "train")) for c in cids]
         losses = PerClient()
-        self._flat = {}
+        self._flat, self._half = {}, {}
+        comm = self.sc.communication
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
             # the reply reduces on the CPU (float64 sums): the aggregate comes back to the host's device
             self.servers[cid] = to_device(self.algo.aggregate(self.servers[cid], reduce([reply]), round_), self.device)
             self._flat[cid] = mixing.flatten(self.algo.shared(self.servers[cid]))
+            if comm is not None:         # CHOCO: the public copy moves by the compressed difference, and is sent
+                self._half[cid] = self._flat[cid]
+                self._flat[cid] = self.residuals[cid] = compression.gossip_estimate(
+                    self._flat[cid], self.residuals[cid], comm, self.sc.seed, round_, cid)
             losses[cid] = (float(loss), self.data(cid).num_train)
         bundles = {h: {j: self._flat[j] for j in wanted} for h, wanted in outbox.items() if wanted}
         return bundles, losses, time.perf_counter() - t0
@@ -324,6 +333,11 @@ class Host:
             for bundle in inbox:
                 sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
             mixed = self._rows.mix(sources)
+            if self.sc.communication is not None:      # CHOCO: x_i + γ (Σ_j w_ij x̂_j − x̂_i)
+                step = self.sc.communication.gossip_step
+                mixed = torch.stack([self._half[c] + step * (m - self.residuals[c]) if c in self._half
+                                     else mixing.flatten(self.algo.shared(self.servers[c]))
+                                     for c, m in zip(self._rows.cids, mixed.unbind(0))]) if self._rows.cids else mixed
             for cid, flat in zip(self._rows.cids, mixed.unbind(0)):
                 template = self.algo.shared(self.servers[cid])
                 self.servers[cid] = self.algo.with_shared(self.servers[cid], mixing.unflatten(template, flat))
