@@ -89,7 +89,9 @@ class Host:
         self.algo.warm_up(self.source.input_shape, self.device)
         self._data: dict[int, ClientData] = {}
         self.states: dict[int, Any] = {}
-        self.residuals: dict[int, torch.Tensor] = {}     # error feedback's remainders (communication)
+        # compression state per client (communication): error feedback's remainder, or with a topology
+        # CHOCO-gossip's public copy x̂ of its model; written to checkpoints as "residual"
+        self.residuals: dict[int, torch.Tensor] = {}
         # decentralized: each client's copy of the server state, its message to its neighbours
         # this round, and its row of W in force
         self.servers: dict[int, Any] = {}
