@@ -450,10 +450,11 @@ class Trainer:
         for k in range(x.shape[0]):
             ps = [p[k].detach() for p in params]
             g, loss = per_sample([ps[i] for i in idx], ps, x[k], y[k])
-            norm = torch.sqrt(sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in g))
+            # one read of each per-sample gradient for its norms, one for the clipped sum (a product)
+            norm = torch.sqrt(sum(torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1) ** 2 for t in g))
             scale = (clip / norm.clamp_min(1e-12)).clamp(max=1.0) * valid[k]
             for j, t in enumerate(g):
-                sums[j].append((t * scale.view(-1, *([1] * (t.dim() - 1)))).sum(0))
+                sums[j].append((scale.to(t.dtype) @ t.reshape(t.shape[0], -1)).view(t.shape[1:]))
             data_sum.append((loss.detach() * valid[k]).sum())
             clipped.append(((norm > clip) & (valid[k] > 0)).sum())
         return torch.stack(data_sum), [torch.stack(s) for s in sums], torch.stack(clipped)
