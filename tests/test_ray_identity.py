@@ -16,6 +16,8 @@ paths of their own, in one sweep (one Ray start):
 - FedAvg under privacy with adaptive clipping: clipped updates summed on hosts, the round's
   bound sent with each ``train`` call, the server's noise and its next bound;
 - FedAvg with top-k uploads and error feedback: the remainders kept on hosts;
+- FedAvg with DP-SGD (``privacy.level: sample``): the settings set in every host's algorithm,
+  each job's noise from its client's generator, the server's count of each client's rounds;
 
 each also scoring its clients' validation split (``val_*``, the summary's ``val_best_round`` and
 ``test_at_val_best_*``). The Ray runs go one after another, each finished run's host actors
@@ -41,6 +43,7 @@ sweep:
   pfedhn: {algorithm.name: pfedhn}
   dp-adaptive: {privacy: {clip: 0.05, noise_multiplier: 1.0, target_quantile: 0.5, count_noise: 2}}
   topk-ef: {communication: {compress: topk, ratio: 0.3, error_feedback: true}}
+  dp-sgd: {privacy: {level: sample, clip: 0.5, noise_multiplier: 1.0}}
 """
 
 
@@ -57,12 +60,12 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
                             *extra).stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
     # hosts started (Ray itself by the sweep, before its runs): the first run's, FedBN's (other
-    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other seven took the last run's
+    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other eight took the last run's
     boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actors" in ln]
     assert boots == (["starting 3 host actors ..."]
                      + ["reusing the previous run's 3 host actors ..."] * 5 + ["starting 3 host actors ..."] * 2
-                     + ["reusing the previous run's 3 host actors ..."] * 2)
-    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 10
+                     + ["reusing the previous run's 3 host actors ..."] * 3)
+    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 11
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]
         assert on_ray["final"] == serial["final"], variant
@@ -75,3 +78,5 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
     assert bounds == [h["dp_clip"] for h in out["serial"]["dp-adaptive"]["history"]] and len(set(bounds)) == 4
     assert [h["upload_bytes"] for h in out["ray"]["topk-ef"]["history"]] == \
         [h["upload_bytes"] for h in out["serial"]["topk-ef"]["history"]]
+    eps = [h["dp_epsilon"] for h in out["ray"]["dp-sgd"]["history"]]
+    assert eps == [h["dp_epsilon"] for h in out["serial"]["dp-sgd"]["history"]] and 0 < eps[0] < eps[-1]
