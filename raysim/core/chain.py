@@ -140,33 +140,9 @@ class Chain:
         c, d = terms.c, terms.d
         fuse = opt is not None and opt.fusable()
         slot = {i: j for j, i in enumerate(i for i, t in enumerate(train_mask) if t)}
-        a = x.reshape(k, b, -1)
-        inputs, seqs, weights = [], [], []
-        it = iter(params)
-        for has_bias, acts in self.layers:
-            w = next(it)
-            bias = next(it) if has_bias else None
-            weights.append(w)
-            inputs.append(a)
-            z = torch.bmm(a, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
-            seq = [z]
-            for act in acts:
-                seq.append(_forward(act, seq[-1]))
-            seqs.append(seq)
-            a = seq[-1]
-        out = a
-        if offset is not None:
-            a = a + offset
-        if isinstance(task, Classification):
-            logp = a.log_softmax(-1)
-            target = logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-            data_sum = -(target * valid).sum(1)
-            delta = logp.exp_().mul_(weight.unsqueeze(-1))
-            delta.scatter_add_(-1, y.unsqueeze(-1), weight.neg().unsqueeze(-1))
-        else:
-            diff = a - (y.unsqueeze(-1) if y.dim() == a.dim() - 1 else y)
-            data_sum = ((diff * diff).mean(-1) * valid).sum(1)
-            delta = diff.mul_((2.0 / a.shape[-1]) * weight.unsqueeze(-1))
+        inputs, seqs, weights = self._forward_pass(params, x.reshape(k, b, -1))
+        out = seqs[-1][-1]
+        data_sum, delta = _output_error(task, out if offset is None else out + offset, y, weight, valid)
         # the earliest parameter that trains: no gradient flows below its layer
         lowest = next((i for i, t in enumerate(train_mask) if t), len(train_mask))
         grads: dict[int, torch.Tensor] = {}
@@ -210,29 +186,8 @@ class Chain:
         over valid rows (K,), the clipped sums of the trained parameters in model order, the
         clipped rows' count (K,))."""
         k, b = x.shape[0], x.shape[1]
-        a = x.reshape(k, b, -1)
-        inputs, seqs, weights = [], [], []
-        it = iter(params)
-        for has_bias, acts in self.layers:
-            w = next(it)
-            bias = next(it) if has_bias else None
-            weights.append(w)
-            inputs.append(a)
-            z = torch.bmm(a, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
-            seq = [z]
-            for act in acts:
-                seq.append(_forward(act, seq[-1]))
-            seqs.append(seq)
-            a = seq[-1]
-        if isinstance(task, Classification):
-            logp = a.log_softmax(-1)
-            data_sum = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * valid).sum(1)
-            delta = logp.exp_().mul_(valid.unsqueeze(-1))
-            delta.scatter_add_(-1, y.unsqueeze(-1), valid.neg().unsqueeze(-1))
-        else:
-            diff = a - (y.unsqueeze(-1) if y.dim() == a.dim() - 1 else y)
-            data_sum = ((diff * diff).mean(-1) * valid).sum(1)
-            delta = diff.mul_((2.0 / a.shape[-1]) * valid.unsqueeze(-1))
+        inputs, seqs, weights = self._forward_pass(params, x.reshape(k, b, -1))
+        data_sum, delta = _output_error(task, seqs[-1][-1], y, valid, valid)     # each sample's own loss
         lowest = next((i for i, t in enumerate(train_mask) if t), len(train_mask))
         errors: dict[int, torch.Tensor] = {}             # layer -> its δ (K, B, out), unscaled
         norm2 = torch.zeros(k, b, dtype=delta.dtype, device=delta.device)
@@ -265,6 +220,24 @@ class Chain:
                 grads[p + 1] = scaled.sum(1)
         return data_sum, [grads[i] for i, t in enumerate(train_mask) if t], clipped
 
+    def _forward_pass(self, params: list[torch.Tensor], a: torch.Tensor) -> tuple[list, list, list]:
+        """The chain's forward pass for K sets on inputs (K, B, in): (each layer's input, each
+        layer's [z, activations...], each layer's weight)."""
+        inputs, seqs, weights = [], [], []
+        it = iter(params)
+        for has_bias, acts in self.layers:
+            w = next(it)
+            bias = next(it) if has_bias else None
+            weights.append(w)
+            inputs.append(a)
+            z = torch.bmm(a, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
+            seq = [z]
+            for act in acts:
+                seq.append(_forward(act, seq[-1]))
+            seqs.append(seq)
+            a = seq[-1]
+        return inputs, seqs, weights
+
     @staticmethod
     def _apply(i, slot, params, terms, grads, opt, lo, hi, ga=None, gb=None, g=None) -> None:
         """Parameter i's gradient bmm(ga, gb) (or g): its fused step, or kept in ``grads``."""
@@ -272,6 +245,21 @@ class Chain:
             opt.fused(slot[i], lo, hi, params[i], terms, ga, gb, g)
         else:
             grads[i] = torch.bmm(ga, gb) if g is None else g
+
+
+def _output_error(task, a: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                  valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the data loss summed over valid rows (K,), the loss's error at the outputs ``a``, each
+    row's weighted by ``weight``): cross-entropy or squared error (mean over outputs)."""
+    if isinstance(task, Classification):
+        logp = a.log_softmax(-1)
+        data_sum = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * valid).sum(1)
+        delta = logp.exp_().mul_(weight.unsqueeze(-1))
+        delta.scatter_add_(-1, y.unsqueeze(-1), weight.neg().unsqueeze(-1))
+        return data_sum, delta
+    diff = a - (y.unsqueeze(-1) if y.dim() == a.dim() - 1 else y)
+    data_sum = ((diff * diff).mean(-1) * valid).sum(1)
+    return data_sum, diff.mul_((2.0 / a.shape[-1]) * weight.unsqueeze(-1))
 
 
 def _forward(act: nn.Module, z: torch.Tensor) -> torch.Tensor:
