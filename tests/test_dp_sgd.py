@@ -3,14 +3,13 @@ per-sample clipping against autograd sample by sample, the noise's scale and ind
 accountant against dp_accounting's own composition, a private run that learns and is the same
 on any number of hosts, and the scenarios it refuses."""
 import dataclasses
-import json
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from raysim import cli, config, privacy
+from raysim import config, privacy
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import Settings, Supervised, Trainer, make_job
@@ -195,18 +194,10 @@ def test_dp_sgd_fedavg_learns_digits_logs_the_worst_clients_epsilon_and_noise_co
 
 
 def test_a_dp_sgd_run_is_the_same_on_one_host_or_three(tmp_path):
-    text = TINY.replace("rounds: 3", "rounds: 3") + (
-        f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\ncheckpoint: {{every: 0, dir: '{tmp_path}/ck'}}\n"
-        "privacy: {level: sample, clip: 0.5, noise_multiplier: 1.1}\n")
-    path = write_scenario(tmp_path, text)
-    out = {}
-    for hosts in (1, 3):
-        summary = tmp_path / f"h{hosts}.json"
-        assert cli.main(["run", path, "--engine", "serial", "-q", "--set", f"resources.hosts={hosts}",
-                         "--summary", str(summary)]) == 0
-        out[hosts] = json.loads(summary.read_text())
-    assert out[1]["final"] == out[3]["final"]
-    assert [h["train_loss"] for h in out[1]["history"]] == [h["train_loss"] for h in out[3]["history"]]
+    from tests.test_privacy import one_host_and_three
+    out = one_host_and_three(tmp_path, "{level: sample, clip: 0.5, noise_multiplier: 1.1}")
+    eps = [h["dp_epsilon"] for h in out[1]["history"]]
+    assert eps == [h["dp_epsilon"] for h in out[3]["history"]] and eps[-1] > 0
 
 
 @pytest.mark.parametrize("extra,key,says", [

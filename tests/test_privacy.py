@@ -101,10 +101,12 @@ def test_dp_fedavg_learns_digits_logs_epsilon_each_round_and_noise_costs_accurac
     assert "dp_epsilon" not in clip_only["history"][-1]      # no noise: no guarantee to report
 
 
-def test_a_private_run_is_the_same_on_one_host_or_three(tmp_path):
+def one_host_and_three(tmp_path, privacy_section: str) -> dict:
+    """TINY (4 rounds) with ``privacy_section`` on the serial engine's 1 host and 3: the summaries,
+    after checking their final metrics and train losses are the same."""
     text = TINY.replace("rounds: 3", "rounds: 4") + (
         f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\ncheckpoint: {{every: 0, dir: '{tmp_path}/ck'}}\n"
-        "privacy: {clip: 0.05, noise_multiplier: 0.7}\n")
+        f"privacy: {privacy_section}\n")
     path = write_scenario(tmp_path, text)
     out = {}
     for hosts in (1, 3):
@@ -114,6 +116,11 @@ def test_a_private_run_is_the_same_on_one_host_or_three(tmp_path):
         out[hosts] = json.loads(summary.read_text())
     assert out[1]["final"] == out[3]["final"]
     assert [h["train_loss"] for h in out[1]["history"]] == [h["train_loss"] for h in out[3]["history"]]
+    return out
+
+
+def test_a_private_run_is_the_same_on_one_host_or_three(tmp_path):
+    out = one_host_and_three(tmp_path, "{clip: 0.05, noise_multiplier: 0.7}")
     assert out[1]["history"][-1]["dp_clipped"] > 0           # the bound bites: clipping is exercised
 
 
