@@ -1,0 +1,95 @@
+"""A benchmark run in parts (bench/pfl_parts.py) and its runs moved between MLflow stores
+(bench/runs_io.py): the table ``raysim compare`` makes from the imported runs is the table of the
+original runs, and a part skips what earlier parts finished."""
+import json
+import sys
+from pathlib import Path
+
+from raysim import cli, report
+from raysim.compare import compare
+
+from conftest import write_scenario
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import pfl_parts  # noqa: E402
+import runs_io  # noqa: E402
+
+SWEEP = """
+name: parts
+seed: 0
+seeds: [0, 1]
+rounds: 2
+data: {{dataset: synthetic, clients: 8, dim: 10, max_samples: 80}}
+model: {{name: linear}}
+algorithm: {{name: fedavg, lr: 0.1, batch_size: 16}}
+eval: {{every: 1}}
+resources: {{hosts: 2}}
+tracking: {{uri: 'sqlite:///{tmp}/a.db', experiment: bench}}
+checkpoint: {{every: 0, dir: '{tmp}/ck'}}
+sweep:
+  fedavg: {{}}
+  local: {{algorithm.name: local}}
+"""
+
+
+def test_imported_runs_give_the_same_table_and_a_second_import_adds_nothing(tmp_path):
+    path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
+    assert cli.main(["run", path, "--engine", "serial", "-q"]) == 0
+    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
+    for history in (False, True):
+        out = tmp_path / f"runs-{history}.jsonl"
+        assert runs_io.export(a, "bench", str(out), history=history) == 4      # 2 variants x 2 seeds, no parent
+        recs = [json.loads(line) for line in open(out)]
+        assert sorted((r["tags"]["variant"], r["tags"]["seed"]) for r in recs) == [
+            ("fedavg", "0"), ("fedavg", "1"), ("local", "0"), ("local", "1")]
+        rounds = {len(r["metrics"]["accuracy"]) for r in recs}
+        assert rounds == ({2} if history else {1})                   # eval every round, 2 rounds
+    assert runs_io.load(str(tmp_path / "runs-True.jsonl"), b, "bench") == (4, 0)
+    assert runs_io.load(str(tmp_path / "runs-False.jsonl"), b, "bench") == (0, 4)   # same source ids
+    _, client = report.client_for(a)
+    _, cb = report.client_for(b)
+    src = {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("bench").experiment_id])}
+    for r in cb.search_runs([cb.get_experiment_by_name("bench").experiment_id]):
+        o = src[r.data.tags[runs_io.SOURCE_TAG]]
+        assert r.data.metrics == o.data.metrics and r.data.params == o.data.params
+        assert (r.info.start_time, r.info.end_time, r.info.status) == (o.info.start_time, o.info.end_time, "FINISHED")
+        hist = [m.value for m in cb.get_metric_history(r.info.run_id, "accuracy")]
+        assert hist == [m.value for m in client.get_metric_history(o.info.run_id, "accuracy")]
+    md_a, _, csv_a = compare([], "bench", a, tmp_path / "ta", over="clients")
+    md_b, _, csv_b = compare([], "bench", b, tmp_path / "tb", over="clients")
+    assert md_a == md_b and "fedavg" in md_a and "(n=2" in md_a
+    assert csv_a.read_text().count("\n") == csv_b.read_text().count("\n")
+
+
+FAKE = """#!{python}
+import sys
+args = sys.argv[1:]
+variant, seed = args[args.index("--variant") + 1], args[args.index("--seeds") + 1]
+open({log!r}, "a").write(variant + " " + seed + "\\n")
+if variant == "broken":
+    sys.exit(1)                      # stopped from outside: not done, runs again next part
+if variant == "wild":
+    print("raysim: run failed: Diverged: training diverged in round 3"); sys.exit(1)
+"""
+
+
+def test_a_part_skips_pairs_done_or_exported_reruns_stopped_ones_and_keeps_its_deadline(tmp_path):
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "raysim"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    jobs = tmp_path / "jobs.tsv"
+    jobs.write_text("a\t0\t10\na\t1\t10\nb\t0\t10\nbroken\t0\t10\nwild\t0\t10\nslow\t0\t1000\n")
+    exported = tmp_path / "part1.jsonl"
+    exported.write_text(json.dumps({"status": "FINISHED", "tags": {"variant": "a", "seed": "1"}, "params": {}}) + "\n")
+    d = tmp_path / "part"
+    d.mkdir()
+    (d / "done-earlier.txt").write_text("b\t0\n")
+    args = ["--jobs", str(jobs), "--dir", str(d), "--workers", "2", "--raysim", str(fake),
+            "--skip", str(exported), "--deadline", "500"]
+    assert pfl_parts.main(args) == 0
+    assert sorted(log.read_text().split("\n")[:-1]) == ["a 0", "broken 0", "wild 0"]   # slow: past the deadline
+    assert sorted(open(d / "done.txt").read().split("\n")[:-1]) == ["a\t0", "wild\t0"]
+    log.unlink()
+    assert pfl_parts.main(args) == 0
+    assert log.read_text() == "broken 0\n"                          # only the stopped pair, again
