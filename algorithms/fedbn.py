@@ -42,8 +42,10 @@ alone (w frozen) on its train split for ``unseen_epochs`` (default ``local_epoch
 fits its running statistics to its features; it is scored with that. (The alternative, a
 normalization averaged over the training clients, is no part of FedBN: the server never sees one.)
 
-Decentralized: a gossip FedBN makes sense (each client mixes w with its neighbours and keeps its
-batch norm) but is not implemented here: the split methods' machinery is star only.
+Decentralized (a ``topology``): each client trains its copy of w with its own normalization
+layers, keeps them and mixes w with its neighbours (``SplitMethod``'s gossip): the batch-norm
+layers, weights and running statistics, never travel, as at the star. The paper has a server;
+the gossip form keeps its one rule, normalization stays local.
 """
 from __future__ import annotations
 

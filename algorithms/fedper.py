@@ -38,9 +38,13 @@ initial model's head on the received body, the body frozen, for ``unseen_epochs`
 ``local_epochs``), and is scored with it (the usual way to personalize a shared representation;
 the paper does not treat new clients).
 
-Decentralized: no (a server that holds only a body; star only, like Ditto).
+Decentralized (a ``topology``): each client is its own server. It trains its copy of the
+body with its own head, as above, keeps the new head and mixes the new body with its
+neighbours' (``shared``: the body alone); the heads never travel. This is the decentralized
+form of a shared representation with personal heads (the model of decentralized partial
+personalization); the FedPer paper itself has a server.
 
-``SplitMethod`` is the machinery FedPer, FedRep and LG-FedAvg share: a group each client
+``SplitMethod`` is the machinery FedPer, FedRep, LG-FedAvg and FedBN share (gossip included): a group each client
 keeps (``keeps``) and a group the server averages (``shares``), selected by name (``self.groups``).
 """
 from __future__ import annotations
@@ -88,7 +92,7 @@ class SplitMethod(Algorithm):
     keeps: ClassVar[str] = "head"      # the group each client keeps
     shares: ClassVar[str] = "body"     # the group the server averages
     split = True
-    decentralized = False
+    decentralized = True               # gossip mixes the shared group; the kept one stays
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
@@ -139,6 +143,14 @@ class SplitMethod(Algorithm):
         if reduced is None or reduced.weight == 0:
             return server
         return self.groups.merge(server, self.shares, reduced.mean(server[0].dtype))
+
+    def shared(self, server):
+        """Gossip mixes the shared group alone (the rest of a client's server copy is the initial
+        model's, never used: the client's own part comes from its state)."""
+        return [self.groups.pick(server, self.shares)]
+
+    def with_shared(self, server, groups):
+        return self.groups.merge(server, self.shares, groups[0])
 
     def server_params(self, server):
         """The shared part (``shares``), stepped by a server optimizer."""

@@ -46,7 +46,8 @@ Metrics: ``accuracy`` etc. score each client's personalized model φ with its ow
 paper's generalization to new clients, a new head learned on the received φ kept fixed: the
 head step alone, ``head_epochs`` epochs, from the initial model's head.
 
-Decentralized: no (star only).
+Decentralized (a ``topology``): each client runs FedRep's two steps on its copy of φ with its
+own head, keeps the head and mixes φ with its neighbours (``SplitMethod``'s gossip).
 """
 from __future__ import annotations
 

@@ -44,8 +44,9 @@ know; the official code was not re-checked here):
 A client that never trained (``eval.unseen_fraction``) learns its p_k by one round's training
 from the received generic model (``personalize_by_training``).
 
-Decentralized: gossip on the generic model would make sense (the personal heads stay local) but
-is not provided (star only).
+Decentralized (a ``topology``): each client trains its copy of the generic model (balanced
+softmax) with its personal head, keeps the head and mixes the generic model with its
+neighbours; the personal heads never travel (the paper has a server).
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ class FedRoD(FedAvg):
     sends = "its generic model (body and generic head), weighted by n_k"
     Hyper = FedRoDHyper
     ClientState = FedRoDState
-    decentralized = False
+    decentralized = True
     personalized_is_global = False       # a personal head beside the generic model
 
     def __init__(self, hyper, model_fn, rounds, task):

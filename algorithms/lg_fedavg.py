@@ -45,7 +45,10 @@ under the trained global one: the body trained on the client's data with θ_g fr
 ``unseen_epochs`` (default ``local_epochs``) epochs, from the body a client without one starts
 from.
 
-Decentralized: no (star only).
+Decentralized (a ``topology``): each client trains its local model under its copy of the
+global layers, keeps the local model and mixes the global layers with its neighbours
+(``SplitMethod``'s gossip). ``warmup_rounds`` (a FedAvg of the whole model) is refused there:
+what gossip mixes is one group for the whole run.
 """
 from __future__ import annotations
 
@@ -84,6 +87,13 @@ class LGFedAvg(SplitMethod):
     ClientState = LGFedAvgState
     keeps = "body"
     shares = "head"
+
+    @classmethod
+    def check(cls, hp, decentralized):
+        if decentralized and hp.warmup_rounds:
+            return ("warmup_rounds", "a FedAvg of the whole model has no gossip form here (gossip mixes the "
+                                     "global layers, the same group every round); use 0 with a topology")
+        return None
 
     def warming(self, round_: int) -> bool:
         return round_ < self.hp.warmup_rounds

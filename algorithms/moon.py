@@ -40,8 +40,10 @@ Choices:
 Metrics: ``accuracy`` and ``global_*`` score the global model; with ``eval.finetune`` the
 unprefixed metrics are the locally tuned global model's.
 
-Decentralized: no. On a graph the "global" model would be a client's mixed neighbourhood
-model; that variant is not in the paper, so a scenario with a ``topology`` is refused.
+Decentralized (a ``topology``): the paper has a server. On a graph each client's "global"
+model is its own copy after the last mixing (its neighbourhood's average): the contrastive term
+pulls its representation towards that copy's and away from its previous local model's, the
+trained model is mixed with its neighbours, and the previous local model stays on the client.
 """
 from __future__ import annotations
 
@@ -210,7 +212,7 @@ class MOON(FedAvg):
     sends = "its model, weighted by n_k"
     Hyper = MOONHyper
     ClientState = MOONState
-    decentralized = False
+    decentralized = True
     split = True
 
     def __init__(self, hyper, model_fn, rounds, task):

@@ -42,8 +42,9 @@ value commonly used); the paper's experiments use step sizes of this order (α =
 β = 0.001) and δ = 0.001 for HF, though the exact table was not re-checked. β = 0.001 is slow
 on small runs: raise ``lr`` there.
 
-Decentralized: a gossip form makes sense (average the meta-models with neighbours as D-SGD
-does) but is not provided (star only).
+Decentralized (a ``topology``): each client takes its meta-steps on its copy of the meta-model
+and mixes it with its neighbours, as D-SGD does with FedAvg's model (the paper has a server).
+The evaluation's local step then starts from the client's own copy.
 """
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ class PerFedAvg(FedAvg):
     personal = "nothing (the personalized model is the global one after a local step at evaluation)"
     sends = "its model, weighted by n_k"
     Hyper = PerFedAvgHyper
-    decentralized = False
+    decentralized = True
     personalized_is_global = True        # the personalized model is the locally updated global one
 
     def __init__(self, hyper, model_fn, rounds, task):
