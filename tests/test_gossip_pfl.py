@@ -2,7 +2,8 @@
 ``SplitMethod``; Per-FedAvg, MOON, FedRoD through FedAvg's): on a complete graph with equal
 clients, mixing is the star's average, so every client's copy of the shared part and its own
 part are the star's with every client training; on a ring, each client's own part stays on it,
-the shared parts are mixed (not averaged), and the numbers are the same on one host or three."""
+the shared parts are mixed (not averaged), and the numbers are the same on one host or three, and
+after a checkpoint restored on another number of hosts."""
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from raysim import config
 from raysim.config import ScenarioError
 from raysim.engine.serial import serial_driver
 from tests.conftest import write_scenario
+from tests.test_gossip import resumed, strip
 
 EQUAL = """
 name: gossip-pfl
@@ -82,8 +84,8 @@ def config_tree(tree, like):
 def test_gossip_on_a_ring_mixes_the_shared_part_keeps_the_clients_own_and_ignores_the_host_count(tmp_path, name):
     sc = scenario(tmp_path, name, "topology: {kind: ring}\n", "rounds=3", "data.min_samples=20")
     one, three = run(sc, 1), run(sc, 3)
-    strip = lambda hist: [{k: v for k, v in h.items() if "seconds" not in k and "messages" not in k} for h in hist]  # noqa: E731
     assert strip(one.history) == strip(three.history)
+    assert strip(resumed(tmp_path, sc, 2).history) == strip(one.history)     # each client's own part checkpointed
     states = one.transport.get_states()
     algo = one.algo
     first, second = (states[c] for c in (0, 3))            # not neighbours on a ring of 6
