@@ -18,6 +18,9 @@ authors' code: v̄(x) = α·v(x) + (1 − α)·w(x)). The server averages w by t
 Evaluation: ``accuracy`` is the personalized v̄ = α·v + (1 − α)·w^g with the current global
 model; ``global_*`` is w^g, ``local_*`` is v alone, ``alpha`` the client's α. The optimizer
 settings apply to w and v (momentum and weight decay too); α takes plain projected steps.
+
+Decentralized (a ``topology``; the paper has a server): each client's copy of w is mixed with
+its neighbours' after the local steps; v and α stay on the client.
 """
 from __future__ import annotations
 
@@ -105,7 +108,7 @@ class APFL(FedAvg):
     sends = "its copy of the global model w, weighted by n_k"
     Hyper = APFLHyper
     ClientState = APFLState
-    decentralized = False
+    decentralized = True
     personalized_is_global = False       # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):

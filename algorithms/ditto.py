@@ -12,6 +12,10 @@ from w. An unseen client trains a personal model from the received w for ``perso
 
 ``personal_epochs`` (default: ``local_epochs``, the official interleaving): the personal model's
 epochs per round; when it differs, v's batches are drawn on their own (FL-bench's schedule).
+
+Decentralized (a ``topology``; the paper has a server): each client trains its copy of w and
+its v as above, mixes w with its neighbours and keeps v, pulled each round towards its own
+mixed copy of w.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ class Ditto(FedAvg):
     sends = "its copy of the global model w, weighted by n_k"
     Hyper = DittoHyper
     ClientState = DittoState
-    decentralized = False
+    decentralized = True
 
     def client_work(self, n_train):
         """The global model's E epochs and the personal model's epochs."""

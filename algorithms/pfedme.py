@@ -22,6 +22,10 @@ round is a mini-batch of a pass over the data (the official code draws ``local_e
 batches); no extra 0.001·θ decay in the inner step; the official evaluation scores w_loc (its
 "personalized" list aliases the model), here θ is scored, as the paper defines. Defaults:
 λ = 15, K = 5, η_p = 0.01 (0.09 for MNIST in the paper), η = 0.005, batch 20, β = 1.
+
+Decentralized (a ``topology``; the paper has a server): each client is its own server, so its
+copy of w takes the β step towards its own w_loc, w ← (1 − β)·w + β·w_loc, and is then mixed
+with its neighbours'; θ stays on the client.
 """
 from __future__ import annotations
 
@@ -83,7 +87,7 @@ class PFedMe(FedAvg):
     sends = "its local model w_loc, weighted by n_k"
     Hyper = PFedMeHyper
     ClientState = PFedMeState
-    decentralized = False
+    decentralized = True
     personalized_is_global = False       # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):
