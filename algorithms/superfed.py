@@ -47,6 +47,10 @@ official code, MM and LM alike):
 
 Unseen clients (``eval.unseen_fraction``) run one local update (both models, as in the current
 phase) from the global model and keep their w^l.
+
+Decentralized (a ``topology``; the paper has a server): each client trains its copy of w^f with
+its w^l as above, mixes w^f with its neighbours and keeps w^l; the λ grid is scored against its
+own mixed copy.
 """
 from __future__ import annotations
 
@@ -206,7 +210,7 @@ class SuPerFedMM(FedAvg):
     sends = "its federated model w^f, weighted by n_k"
     Hyper = SuPerFedHyper
     ClientState = SuPerFedState
-    decentralized = False
+    decentralized = True
     personalized_is_global = False       # a personal model beside the global one
     layerwise = False
 

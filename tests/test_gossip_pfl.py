@@ -1,5 +1,5 @@
 """Gossip forms of the personalized methods (FedPer, FedRep, LG-FedAvg, FedBN through
-``SplitMethod``; Per-FedAvg, MOON, FedRoD, Ditto, APFL, pFedMe through FedAvg's): on a complete graph with equal
+``SplitMethod``; Per-FedAvg, MOON, FedRoD, Ditto, APFL, pFedMe, SuPerFed through FedAvg's): on a complete graph with equal
 clients, mixing is the star's average, so every client's copy of the shared part and its own
 part are the star's with every client training; on a ring, each client's own part stays on it,
 the shared parts are mixed (not averaged), and the numbers are the same on one host or three, and
@@ -28,6 +28,7 @@ METHODS = {          # name: (model option, algorithm options)
     "fedbn": (", norm: batch", ""), "perfedavg": ("", ", lr: 0.05, alpha: 0.05"),
     "moon": ("", ", mu: 1.0"), "fedrod": ("", ""), "ditto": ("", ", lam: 0.5"), "apfl": ("", ""),
     "pfedme": ("", ", personal_lr: 0.05, lam: 5, inner_steps: 2"),
+    "superfed-mm": ("", ", start: 0.0"), "superfed-lm": ("", ", start: 0.0"),
 }
 
 
