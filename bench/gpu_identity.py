@@ -8,8 +8,9 @@ Each classification method of the personalized-FL benchmark (scenarios/pfl_bench
 pathological split at lr 0.01) runs on scikit-learn's bundled digits (no download), 10 clients
 of which 2 never train and are scored after personalizing (``eval.unseen_fraction``), 2 rounds
 of 1 local epoch, and D-SGD and D-FedEM run on a small synthetic graph whose clients
-hold unequal numbers of samples (and the gossip forms of FedPer, FedRep, LG-FedAvg, FedBN,
-FedRoD, MOON and Per-FedAvg on it, with a small MLP); all on the serial engine with ``resources.gpus_per_host: 1``
+hold unequal numbers of samples (and the gossip forms of FedPer, FedRep, LG-FedAvg, FedBN, FedRoD,
+MOON, Per-FedAvg, Ditto, APFL and SuPerFed-MM on it, with a small MLP); all on the serial
+engine with ``resources.gpus_per_host: 1``
 (the GPU when CUDA is there) and with PyTorch's deterministic algorithms enforced
 (``torch.use_deterministic_algorithms(True)``: an operation without a deterministic kernel
 fails its run and is named). Each is run on 1 host and on 3, and every metric of every round is
@@ -38,7 +39,8 @@ DECENTRALIZED = {
 }
 # the gossip forms of the methods that keep a part on each client (or mix a meta-model): a
 # model with a head (and, for FedBN, batch norm)
-for _name in ("fedper", "fedrep", "lg_fedavg", "fedbn", "fedrod", "moon", "perfedavg"):
+for _name in ("fedper", "fedrep", "lg_fedavg", "fedbn", "fedrod", "moon", "perfedavg", "ditto", "apfl",
+              "superfed-mm"):
     DECENTRALIZED[f"d-{_name}"] = {
         "algorithm": {"name": _name, "lr": 0.1, "momentum": 0.5, "batch_size": 32, "local_epochs": 1},
         "model": {"name": "mlp", "hidden": [16], **({"norm": "batch"} if _name == "fedbn" else {})}}
