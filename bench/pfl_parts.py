@@ -16,7 +16,8 @@ not shared: SQLite serializes writers), with checkpoints every 25 rounds. A pair
 a ``done*.txt`` file under ``--dir`` lists it (a pair that finished or diverged; one stopped
 from outside runs again), or when ``--skip`` (``runs_io.py export`` files)
 already holds a finished run of it: a part on a new machine starts where the parts before it
-stopped. ``log.txt`` records each pair's exit status and time. ``raysim compare`` then makes
+stopped. ``log.txt`` records each pair's exit status and time; ``--results FILE`` appends each
+finished run to FILE as it ends. ``raysim compare`` then makes
 the table from one store into which every part's runs were imported
 (``runs_io.py import``).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -59,6 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", nargs="*", default=[], help="runs_io.py export files whose finished pairs to skip")
     ap.add_argument("--raysim", default="raysim", help="the command (default: raysim on PATH)")
     ap.add_argument("--experiment", default="pfl-benchmark")
+    ap.add_argument("--results", default=None,
+                    help="append each finished run to this runs_io.py export file as soon as it ends (e.g. "
+                         "bench/results/pfl_benchmark_runs.jsonl: a part stopped at any point loses no run)")
     a = ap.parse_args(argv)
     t0 = time.time()
     jobs = [line.rstrip("\n").split("\t") for line in open(a.jobs) if line.strip()]
@@ -102,6 +107,11 @@ def main(argv=None) -> int:
                 if r.returncode == 0 or "Diverged" in r.stdout + r.stderr:   # else (stopped): again next part
                     with open(out / "done.txt", "a") as f:
                         f.write(f"{variant}\t{seed}\n")
+                ids = set(re.findall(r"MLflow run ([0-9a-f]{32})", r.stdout))
+                if a.results and r.returncode == 0 and ids:
+                    sys.path.insert(0, str(HERE))
+                    import runs_io
+                    runs_io.export(store, a.experiment, a.results, run_ids=ids, append=True)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(a.workers)]
     for t in threads:

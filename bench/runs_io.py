@@ -23,7 +23,10 @@ import sys
 SOURCE_TAG = "raysim.source_run"
 
 
-def export(uri: str, experiment: str, out: str, history: bool = False) -> int:
+def export(uri: str, experiment: str, out: str, history: bool = False, run_ids: set[str] | None = None,
+           append: bool = False) -> int:
+    """Finished runs of ``experiment`` (those of ``run_ids`` only, if given) into ``out``, one JSON
+    line each, the file replaced (or appended to); returns how many."""
     from mlflow.tracking import MlflowClient
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
@@ -32,9 +35,9 @@ def export(uri: str, experiment: str, out: str, history: bool = False) -> int:
     runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=50000,
                               order_by=["attributes.start_time ASC"])
     n = 0
-    with open(out, "w") as f:
+    with open(out, "a" if append else "w") as f:
         for r in runs:
-            if r.data.tags.get("raysim.parent") == "1":
+            if r.data.tags.get("raysim.parent") == "1" or (run_ids is not None and r.info.run_id not in run_ids):
                 continue
             if history:
                 metrics = {k: [[m.step, m.timestamp, m.value] for m in client.get_metric_history(r.info.run_id, k)]

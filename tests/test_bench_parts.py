@@ -93,3 +93,22 @@ def test_a_part_skips_pairs_done_or_exported_reruns_stopped_ones_and_keeps_its_d
     log.unlink()
     assert pfl_parts.main(args) == 0
     assert log.read_text() == "broken 0\n"                          # only the stopped pair, again
+
+
+def test_a_part_appends_each_finished_run_to_the_results_file(tmp_path):
+    path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
+    jobs = tmp_path / "jobs.tsv"
+    jobs.write_text("fedavg\t0\t5\nlocal\t1\t5\n")
+    results = tmp_path / "runs.jsonl"
+    raysim = str(Path(sys.executable).parent / "raysim")
+    assert pfl_parts.main(["--jobs", str(jobs), "--scenario", path, "--dir", str(tmp_path / "part"),
+                           "--workers", "1", "--raysim", raysim, "--experiment", "bench",
+                           "--results", str(results)]) == 0
+    recs = [json.loads(line) for line in open(results)]
+    assert sorted((r["tags"]["variant"], r["tags"]["seed"], r["status"]) for r in recs) == [
+        ("fedavg", "0", "FINISHED"), ("local", "1", "FINISHED")]
+    assert pfl_parts.finished_pairs([str(results)]) == {("fedavg", "0"), ("local", "1")}
+    # the next part, given the file, has nothing left to run
+    assert pfl_parts.main(["--jobs", str(jobs), "--scenario", path, "--dir", str(tmp_path / "next"),
+                           "--raysim", "/nonexistent", "--skip", str(results)]) == 0
+    assert not (tmp_path / "next" / "log.txt").exists()
