@@ -178,6 +178,7 @@ class Algorithm:
     Hyper: ClassVar[type] = LocalTraining
     ClientState: ClassVar[type | None] = None     # a dataclass of tensors (checkpointed)
     decentralized: ClassVar[bool] = False         # has a gossip form (shared / with_shared)
+    no_gossip: ClassVar[str] = ""                  # why not (a topology's refusal says it)
     split: ClassVar[bool] = False                 # needs a model with a body and a head (groups)
     unseen: ClassVar[bool] = True                 # can score clients that never trained (personalize)
     # the personalized model is the global model (FedAvg, FedProx, SCAFFOLD): with eval.finetune

@@ -69,6 +69,7 @@ def bipartition(updates: torch.Tensor) -> np.ndarray:
 
 
 class CFL(Algorithm):
+    no_gossip = "the server splits the clients into clusters"
     name = "cfl"
     summary = "Clustered FL (Sattler et al. 2020): recursive bipartition by cosine similarity of updates"
     paper = "Sattler, Müller & Samek, IEEE TNNLS 2020"

@@ -89,6 +89,7 @@ class FedDyn(Algorithm):
     Hyper = FedDynHyper
     ClientState = FedDynState
     decentralized = False
+    no_gossip = "h and its server step are the network's, not a client's"
     personalized_is_global = True
 
     # -- server ----------------------------------------------------------------------------

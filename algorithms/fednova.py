@@ -43,6 +43,7 @@ class FedNova(FedAvg):
     sends = "its update divided by its normalized steps a_k, and a_k, weighted by n_k"
     Hyper = FedAvgHyper
     decentralized = False
+    no_gossip = "its normalized average of the round's updates is a server step"
 
     @classmethod
     def check(cls, hp, decentralized):

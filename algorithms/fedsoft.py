@@ -107,6 +107,7 @@ def select_per_cluster(ids: np.ndarray, v: np.ndarray, k: int, rng: np.random.Ge
 
 
 class FedSoft(Algorithm):
+    no_gossip = "the server weighs each client into its cluster centers"
     name = "fedsoft"
     summary = "FedSoft (Ruan & Joe-Wong 2022): soft clusters, per-sample importance, proximal local models"
     paper = "Ruan & Joe-Wong, AAAI 2022"

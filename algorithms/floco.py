@@ -48,6 +48,7 @@ class Floco(SosicFL):
     no clusters. Defaults: the official configs (10 endpoints, ρ 0.1, τ 250 of 500 rounds,
     SGD lr 0.02, momentum 0.5, weight decay 5e-4, batch 50, 5 epochs)."""
 
+    no_gossip = "the server assigns each client its region of the solution simplex"
     name = "floco"
     summary = "Floco (NeurIPS 2024): a simplex head, each client placed on it from its trained classifier (PCA, Riesz energy)"
     paper = "Grinwald, Wiesner & Nakajima, NeurIPS 2024"

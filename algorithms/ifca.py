@@ -58,6 +58,7 @@ class IFCAState:
 
 
 class IFCA(Algorithm):
+    no_gossip = "the server picks each client's cluster model"
     name = "ifca"
     summary = "IFCA (Ghosh et al. 2020): S cluster models; each client trains the one of lowest loss"
     paper = "Ghosh et al., NeurIPS 2020"

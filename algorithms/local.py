@@ -27,6 +27,7 @@ class LocalState:
 
 
 class Local(Algorithm):
+    no_gossip = "a client that never communicates has nothing to gossip"
     name = "local"
     summary = "Local training only (no communication): each client keeps its own model"
     paper = "a baseline, no paper (e.g. Marfoq et al., NeurIPS 2021, Table 2)"

@@ -199,6 +199,7 @@ class Mocha(Algorithm):
     Hyper = MochaHyper
     ClientState = MochaState
     decentralized = False
+    no_gossip = "the task relationship Σ and the dual step are central"
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)

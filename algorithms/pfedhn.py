@@ -169,6 +169,7 @@ class PFedHN(Algorithm):
     Hyper = PFedHNHyper
     ClientState = PFedHNState
     decentralized = False
+    no_gossip = "the hypernetwork and the embeddings live on the server"
 
     def __init__(self, hyper_, model_fn, rounds, task):
         super().__init__(hyper_, model_fn, rounds, task)

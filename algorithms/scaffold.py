@@ -104,6 +104,7 @@ class Scaffold(Algorithm):
     Hyper = ScaffoldHyper
     ClientState = ScaffoldState
     decentralized = False
+    no_gossip = "its server control variate c, the mean of every client's, has no counterpart on a graph"
     personalized_is_global = True
     not_asynchronous = ("its server control variate c is updated from every round's replies; an asynchronous "
                         "server steps only the model")

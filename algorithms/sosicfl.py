@@ -181,6 +181,7 @@ class SosicFL(FedAvg):
     Hyper = SosicFLHyper
     ClientState = None
     decentralized = False
+    no_gossip = "the server clusters the clients"
     personalized_is_global = False       # a personal model beside the global one
     server_params = Algorithm.server_params     # a simplex server state: no server optimizer (yet)
 

@@ -597,7 +597,8 @@ def methods_page() -> str:
                    f"**A client sends:** {text(cls.sends or '(not set)')}.\n")
         source = cls.__module__.replace("raysim.algorithms.", "algorithms/") + ".py"
         facts = [f"class {code(cls.__name__)} in {code(source)}",
-                 "decentralized form (with a topology): " + ("yes" if cls.decentralized else "no"),
+                 "decentralized form (with a topology): " + ("yes" if cls.decentralized else
+                                                             "no" + (f" ({text(cls.no_gossip)})" if cls.no_gossip else "")),
                  "needs a model with a head and a body: " + ("yes" if cls.split else "no"),
                  "scores unseen clients: " + ("yes" if cls.unseen else "no"),
                  "local update (eval.finetune): " + ("yes" if cls.has_global_model() else "no")]

@@ -422,7 +422,8 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         topology = load_dataclass(ctx, "topology", TopologyCfg, raw["topology"])
         gossip = [n for n, a in algorithms.REGISTRY.items() if a.decentralized]
         if not method.decentralized:
-            ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form; with a topology "
+            why = f" ({method.no_gossip})" if method.no_gossip else ""
+            ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form{why}; with a topology "
                      f"choose one of {', '.join(gossip)}")
         if (topology.link_failure or topology.node_failure) and topology.mixing != "metropolis":
             ctx.fail("topology.mixing", f"'{topology.mixing}' is solved once for a fixed graph; with link or node "

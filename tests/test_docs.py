@@ -408,6 +408,9 @@ def test_methods_page_sections_state_the_catalogue_attributes(site):
                             ("A client sends:", "sends")):
             if f"{label} {' '.join(str(getattr(cls, attr)).split())}" not in body:
                 problems.append(f"{name}: its section lacks {label} {getattr(cls, attr)!r}")
+        gossip = "yes" if cls.decentralized else f"no ({cls.no_gossip})"
+        if f"decentralized form (with a topology): {gossip}" not in body:
+            problems.append(f"{name}: its section does not say decentralized form: {gossip}")
     assert not problems, "\n".join(problems)
 
 

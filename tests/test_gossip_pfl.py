@@ -129,3 +129,13 @@ def test_personal_parts_beat_d_sgd_on_a_ring_over_a_pathological_split(tmp_path)
         sc = config.load(write_scenario(tmp_path, PATHOLOGICAL.format(name=name, norm=norm), f"{name}.yaml"))
         acc[name] = run(sc).history[-1]["accuracy"]
     assert all(acc[m] > acc["fedavg"] + 0.02 for m in ("fedper", "fedrod", "fedbn")), acc
+
+
+def test_a_method_without_a_gossip_form_is_refused_with_its_reason(tmp_path):
+    import raysim.algorithms as registry
+    refused = [name for name, cls in registry.REGISTRY.items() if not cls.decentralized]
+    assert refused and all(registry.REGISTRY[n].no_gossip for n in refused)    # every refusal says why
+    text = EQUAL.format(name="scaffold", norm="", extra="") + "topology: {kind: ring}\n"
+    with pytest.raises(ScenarioError, match=r"algorithm.name: 'scaffold' has no decentralized form \(its server "
+                                            r"control variate c, .*\); with a topology choose one of .*fedper"):
+        config.load(write_scenario(tmp_path, text, "scaffold.yaml"))
