@@ -112,3 +112,21 @@ def test_a_part_appends_each_finished_run_to_the_results_file(tmp_path):
     assert pfl_parts.main(["--jobs", str(jobs), "--scenario", path, "--dir", str(tmp_path / "next"),
                            "--raysim", "/nonexistent", "--skip", str(results)]) == 0
     assert not (tmp_path / "next" / "log.txt").exists()
+
+
+def test_the_committed_benchmark_runs_are_the_listed_pairs_once_each_as_their_variants_say():
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    jobs = {tuple(line.split("\t")[:2]) for line in (results / "pfl_benchmark_jobs.tsv").read_text().splitlines()}
+    assert len(jobs) == 177
+    seen = set()
+    for line in open(results / "pfl_benchmark_runs.jsonl"):
+        r = json.loads(line)
+        variant, seed = r["tags"]["variant"], r["tags"]["seed"]
+        assert (variant, seed) in jobs and (variant, seed) not in seen, (variant, seed)
+        seen.add((variant, seed))
+        method, lr = variant.split(",lr=")
+        p = r["params"]
+        assert r["status"] == "FINISHED" and p["seed"] == seed and float(p["algorithm.lr"]) == float(lr)
+        name, split = method.rsplit("-", 1)
+        assert (name, split, p["rounds"]) == (p["algorithm.name"], p["data.partition.kind"], "100")
+        assert "accuracy" in r["metrics"] and "val_accuracy" in r["metrics"]
