@@ -44,8 +44,9 @@ neighbours' (``shared``: the body alone); the heads never travel. This is the de
 form of a shared representation with personal heads (the model of decentralized partial
 personalization); the FedPer paper itself has a server.
 
-``SplitMethod`` is the machinery FedPer, FedRep, LG-FedAvg and FedBN share (gossip included): a group each client
-keeps (``keeps``) and a group the server averages (``shares``), selected by name (``self.groups``).
+``SplitMethod`` is the machinery FedPer, FedRep, LG-FedAvg and FedBN share (gossip included): a
+group each client keeps (``keeps``) and a group the server averages (``shares``), selected by
+name (``self.groups``).
 """
 from __future__ import annotations
 

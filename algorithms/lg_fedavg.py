@@ -93,7 +93,7 @@ class LGFedAvg(SplitMethod):
         if decentralized and hp.warmup_rounds:
             return ("warmup_rounds", "a FedAvg of the whole model has no gossip form here (gossip mixes the "
                                      "global layers, the same group every round); use 0 with a topology")
-        return None
+        return super().check(hp, decentralized)
 
     def warming(self, round_: int) -> bool:
         return round_ < self.hp.warmup_rounds
