@@ -9,54 +9,40 @@ from raysim import cli, report
 from raysim.compare import compare
 
 from conftest import write_scenario
+from test_compare import SWEEP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import pfl_parts  # noqa: E402
 import runs_io  # noqa: E402
 
-SWEEP = """
-name: parts
-seed: 0
-seeds: [0, 1]
-rounds: 2
-data: {{dataset: synthetic, clients: 8, dim: 10, max_samples: 80}}
-model: {{name: linear}}
-algorithm: {{name: fedavg, lr: 0.1, batch_size: 16}}
-eval: {{every: 1}}
-resources: {{hosts: 2}}
-tracking: {{uri: 'sqlite:///{tmp}/a.db', experiment: bench}}
-checkpoint: {{every: 0, dir: '{tmp}/ck'}}
-sweep:
-  fedavg: {{}}
-  local: {{algorithm.name: local}}
-"""
+EXPERIMENT = "raysim"          # test_compare's SWEEP: 2 variants x 2 seeds, tracked in {tmp}/m.db
 
 
 def test_imported_runs_give_the_same_table_and_a_second_import_adds_nothing(tmp_path):
     path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
     assert cli.main(["run", path, "--engine", "serial", "-q"]) == 0
-    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
+    a, b = f"sqlite:///{tmp_path}/m.db", f"sqlite:///{tmp_path}/b.db"
     for history in (False, True):
         out = tmp_path / f"runs-{history}.jsonl"
-        assert runs_io.export(a, "bench", str(out), history=history) == 4      # 2 variants x 2 seeds, no parent
+        assert runs_io.export(a, EXPERIMENT, str(out), history=history) == 4      # 2 variants x 2 seeds, no parent
         recs = [json.loads(line) for line in open(out)]
         assert sorted((r["tags"]["variant"], r["tags"]["seed"]) for r in recs) == [
             ("fedavg", "0"), ("fedavg", "1"), ("local", "0"), ("local", "1")]
         rounds = {len(r["metrics"]["accuracy"]) for r in recs}
         assert rounds == ({2} if history else {1})                   # eval every round, 2 rounds
-    assert runs_io.load(str(tmp_path / "runs-True.jsonl"), b, "bench") == (4, 0)
-    assert runs_io.load(str(tmp_path / "runs-False.jsonl"), b, "bench") == (0, 4)   # same source ids
+    assert runs_io.load(str(tmp_path / "runs-True.jsonl"), b, EXPERIMENT) == (4, 0)
+    assert runs_io.load(str(tmp_path / "runs-False.jsonl"), b, EXPERIMENT) == (0, 4)   # same source ids
     _, client = report.client_for(a)
     _, cb = report.client_for(b)
-    src = {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("bench").experiment_id])}
-    for r in cb.search_runs([cb.get_experiment_by_name("bench").experiment_id]):
+    src = {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])}
+    for r in cb.search_runs([cb.get_experiment_by_name(EXPERIMENT).experiment_id]):
         o = src[r.data.tags[runs_io.SOURCE_TAG]]
         assert r.data.metrics == o.data.metrics and r.data.params == o.data.params
         assert (r.info.start_time, r.info.end_time, r.info.status) == (o.info.start_time, o.info.end_time, "FINISHED")
         hist = [m.value for m in cb.get_metric_history(r.info.run_id, "accuracy")]
         assert hist == [m.value for m in client.get_metric_history(o.info.run_id, "accuracy")]
-    md_a, _, csv_a = compare([], "bench", a, tmp_path / "ta", over="clients")
-    md_b, _, csv_b = compare([], "bench", b, tmp_path / "tb", over="clients")
+    md_a, _, csv_a = compare([], EXPERIMENT, a, tmp_path / "ta", over="clients")
+    md_b, _, csv_b = compare([], EXPERIMENT, b, tmp_path / "tb", over="clients")
     assert md_a == md_b and "fedavg" in md_a and "(n=2" in md_a
     assert csv_a.read_text().count("\n") == csv_b.read_text().count("\n")
 
@@ -102,7 +88,7 @@ def test_a_part_appends_each_finished_run_to_the_results_file(tmp_path):
     results = tmp_path / "runs.jsonl"
     raysim = str(Path(sys.executable).parent / "raysim")
     assert pfl_parts.main(["--jobs", str(jobs), "--scenario", path, "--dir", str(tmp_path / "part"),
-                           "--workers", "1", "--raysim", raysim, "--experiment", "bench",
+                           "--workers", "1", "--raysim", raysim, "--experiment", EXPERIMENT,
                            "--results", str(results)]) == 0
     recs = [json.loads(line) for line in open(results)]
     assert sorted((r["tags"]["variant"], r["tags"]["seed"], r["status"]) for r in recs) == [

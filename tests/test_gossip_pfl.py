@@ -9,9 +9,8 @@ import torch
 
 from raysim import config
 from raysim.config import ScenarioError
-from raysim.engine.serial import serial_driver
 from tests.conftest import write_scenario
-from tests.test_gossip import resumed, strip
+from tests.test_gossip import resumed, run, strip
 
 EQUAL = """
 name: gossip-pfl
@@ -37,13 +36,6 @@ def scenario(tmp_path, name, tail="", *overrides):
     extra = extra.replace(", lr: 0.05", "")
     text = EQUAL.format(name=name, norm=norm, extra=extra) + tail
     return config.load(write_scenario(tmp_path, text, f"{name}-{abs(hash(tail))}.yaml"), list(overrides))
-
-
-def run(sc, hosts=None):
-    d = serial_driver(sc, hosts)
-    for _ in range(sc.rounds):
-        d.step()
-    return d
 
 
 def tensors(tree):
