@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import runs_io  # noqa: E402  (bench/runs_io.py, beside this file)
 
 
 def finished_pairs(files: list[str]) -> set[tuple[str, str]]:
@@ -109,8 +111,6 @@ def main(argv=None) -> int:
                         f.write(f"{variant}\t{seed}\n")
                 ids = set(re.findall(r"MLflow run ([0-9a-f]{32})", r.stdout))
                 if a.results and r.returncode == 0 and ids:
-                    sys.path.insert(0, str(HERE))
-                    import runs_io
                     runs_io.export(store, a.experiment, a.results, run_ids=ids, append=True)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(a.workers)]
