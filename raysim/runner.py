@@ -24,7 +24,8 @@ SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
 def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine, ray_start
-    what = f"{sc.resources.hosts} host actors"
+    # the Ray this command starts (or is starting in the background) is local when no address is given
+    what = ray_engine.host_words(sc, ray_start.embedded() if ray_start.initialized() else address is None)
     if not ray_start.running():
         what = (f"joining Ray at {address}" if address else "starting a local Ray instance") + f" and {what}"
     elif ray_engine.parked_for(sc):

@@ -9,7 +9,8 @@ suite does (the variables reach Ray's worker processes through the environment).
 - ``RAYSIM_KILL_HOST=ACTION:PHASE:ROUND:HOST:MARKER``: host HOST, when it starts PHASE (train,
   evaluate, gossip_train, gossip_mix) of 0-based round ROUND, once (MARKER is a file it creates
   first), SIGKILLs its own process as the kernel's OOM killer would (ACTION ``kill``) or never
-  answers (``hang``).
+  answers (``hang``). A host actor only: host 0 in the driver's process (``resources.driver_host``)
+  ignores it, as killing it is killing the driver.
 """
 from __future__ import annotations
 

@@ -154,9 +154,9 @@ def test_the_tutorial_notebook_runs_twice_on_one_ray_in_one_kernel(tmp_path, mon
         cell = next(c for c in nb.cells if c.cell_type == "code" and needle in c.source)
         return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
     # Ray was started by the first run and reused by the second
-    assert "starting a local Ray instance and 2 host actors" in printed("fedem = raysim.run(scenario)")
+    assert "starting a local Ray instance and 1 host actor (host 0 in this process)" in printed("fedem = raysim.run(scenario)")
     second = printed('fedavg = raysim.run(scenario, {"algorithm.name": "fedavg"')
-    assert "starting 2 host actors" in second and "local Ray" not in second
+    assert "starting 1 host actor (host 0 in this process)" in second and "local Ray" not in second
     # the run loaded back is the FedEM run in the notebook's mlflow.db, with its logged accuracy
     run_id, name, accuracy = printed("again = raysim.load(fedem.run_id)").split()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

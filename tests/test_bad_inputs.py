@@ -160,6 +160,7 @@ def test_seeds_beyond_32_bits_are_refused(tmp_path, capsys):
 @pytest.mark.parametrize("override, line", [
     ("resources.hosts=13", "resources.hosts: 13 hosts for 12 clients; give at most 12 (a host holds one client or "
                            "more)"),
+    ("resources.driver_host=maybe", "resources.driver_host: 'maybe' is not allowed; choose one of auto, true, false"),
     ("tracking.experiment=''", "tracking.experiment: empty; give the MLflow experiment's name, e.g. raysim"),
     ("resources.host_timeout_s=1.0e+30",
      "resources.host_timeout_s: 1e+30 is out of range; it must be > 0.0 and <= 1000000.0"),

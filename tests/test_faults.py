@@ -1,5 +1,7 @@
 """Faults injected into Ray runs (a host SIGKILLed mid-training, mid-evaluation, mid-gossip; a
 hung host): the run goes on and ends with the metrics of an undisturbed run."""
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -39,7 +41,6 @@ def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_pat
     assert "raysim: host 1 lost: its process died (pid " in proc.stderr
     assert ("or crashed; new hosts started; going on from the checkpoint of round 2 (rounds 3..4 are redone)"
             in proc.stderr)
-    import json
     ray_run = json.loads(out.read_text())
     same_run(ray_run, serial)
     assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(ray_run["mlflow_run_id"]).info.status == "FINISHED"
@@ -48,7 +49,7 @@ def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_pat
 def test_host_killed_mid_evaluation_before_any_checkpoint_restarts_from_round_one(tmp_path, reference):
     path = tracked(tmp_path, LOCAL, every=0)
     serial = reference
-    ray_run = summary_of(tmp_path, path, env=kill(tmp_path, "kill:evaluate:2:0"), name="ray.json")
+    ray_run = summary_of(tmp_path, path, env=kill(tmp_path, "kill:evaluate:2:1"), name="ray.json")
     assert (tmp_path / "killed").exists()
     same_run(ray_run, serial)
 
@@ -127,3 +128,17 @@ def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on
     out = summary_of(tmp_path, path, "--set", "resources.hosts=3", "--resume", rid, name="resumed.json")
     same_run(out, serial)
     assert client.get_run(rid).info.status == "FINISHED"
+
+
+def test_host_zero_in_the_driver_or_in_an_actor_gives_the_same_run(tmp_path, reference):
+    """``resources.driver_host``: on a local Ray host 0 runs in the driver's process (one actor
+    fewer); every host an actor (false) or not, the run is the serial engine's."""
+    path = tracked(tmp_path, LOCAL, every=2)
+    said = {}
+    for flag in ("auto", "false"):
+        out = tmp_path / f"{flag}.json"
+        said[flag] = raysim("run", path, "-q", "--set", "resources.hosts=3", "--set", f"resources.driver_host={flag}",
+                            "--summary", str(out)).stderr
+        same_run(json.loads(out.read_text()), reference)
+    assert "raysim: starting 2 host actors (host 0 in this process) ...\n" in said["auto"]
+    assert "raysim: starting 3 host actors ...\n" in said["false"]

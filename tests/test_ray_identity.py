@@ -60,11 +60,12 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
                             *extra).stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
     # hosts started (Ray itself by the sweep, before its runs): the first run's, FedBN's (other
-    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other eight took the last run's
-    boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actors" in ln]
-    assert boots == (["starting 3 host actors ..."]
-                     + ["reusing the previous run's 3 host actors ..."] * 5 + ["starting 3 host actors ..."] * 2
-                     + ["reusing the previous run's 3 host actors ..."] * 3)
+    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other eight took the last run's.
+    # Host 0 runs in the driver's process, so each run has two actors
+    boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actor" in ln]
+    three = "2 host actors (host 0 in this process) ..."
+    assert boots == ([f"starting {three}"] + [f"reusing the previous run's {three}"] * 5
+                     + [f"starting {three}"] * 2 + [f"reusing the previous run's {three}"] * 3)
     assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 11
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]

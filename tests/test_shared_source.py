@@ -36,6 +36,8 @@ def test_ray_hosts_use_the_drivers_partition(tmp_path):
 
     from raysim.engine import ray_engine, ray_start
     sc = digits(tmp_path)
+    # every host an actor: what is tested is what crosses to their processes
+    sc = dataclasses.replace(sc, resources=dataclasses.replace(sc.resources, driver_host=False))
     source = prepared_source(sc)
     own = [len(p) for p in source._parts]
     # a partition the hosts could not compute themselves: the clients' index arrays reversed
@@ -62,7 +64,8 @@ def test_ray_hosts_use_the_drivers_partition(tmp_path):
 def test_parked_hosts_are_reset_for_the_next_run_and_a_dead_one_gives_new_hosts(tmp_path):
     """``reuse_hosts``: the second run of the same shape takes the first run's host actors (same
     actors, re-initialised: its own clients' data), a third, after one parked host was killed,
-    starts new ones; the three runs' metrics are equal (the same scenario and seed)."""
+    starts new ones; the three runs' metrics are equal (the same scenario and seed). Host 0 runs
+    in the driver's process (``resources.driver_host``), so the actors are hosts 1 on."""
     import ray
 
     from raysim.engine import ray_engine, ray_start
@@ -73,13 +76,15 @@ def test_parked_hosts_are_reset_for_the_next_run_and_a_dead_one_gives_new_hosts(
     try:
         with ray_engine.reuse_hosts():
             first = run(sc, progress=False)
-            parked = [h._actor_id for h in ray_engine._PARKED["hosts"]]
+            here, *actors = ray_engine._PARKED["hosts"]
+            assert isinstance(here, ray_engine.DriverHost) and actors
+            parked = [h._actor_id for h in actors]
             second = run(sc, progress=False)
-            assert [h._actor_id for h in ray_engine._PARKED["hosts"]] == parked
-            ray.kill(ray_engine._PARKED["hosts"][1])
+            assert [h._actor_id for h in ray_engine._PARKED["hosts"][1:]] == parked
+            ray.kill(ray_engine._PARKED["hosts"][-1])
             third = run(sc, progress=False)
-            fresh = [h._actor_id for h in ray_engine._PARKED["hosts"]]
-            assert not set(fresh) & set(parked)
+            fresh = [h._actor_id for h in ray_engine._PARKED["hosts"][1:]]
+            assert fresh and not set(fresh) & set(parked)
         assert ray_engine._PARKED is None
         assert first["final"] == second["final"] == third["final"]
         assert [h["train_loss"] for h in first["history"]] == [h["train_loss"] for h in third["history"]]

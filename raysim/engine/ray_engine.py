@@ -2,6 +2,8 @@
 
 - Host actors: ``Host`` wrapped with ``ray.remote``, one bundle each in a SPREAD placement group
   (``num_cpus``/``num_gpus`` from the scenario's ``resources``), so hosts spread across nodes.
+  On a local Ray host 0 runs in the driver's process instead (``resources.driver_host``,
+  ``DriverHost``: called as an actor is, its call of each step run once the actors' are sent).
 - The server (``RayServer``): a RoundDriver over a RayTransport in the driver's process, so it
   writes checkpoints where the user runs ``raysim``.
 - Each round the message is put into the object store once; every host gets the same ref.
@@ -46,7 +48,7 @@ def adopt_trial_placement(first: int) -> None:
 
 def _release(pg) -> None:
     """Remove a placement group this process made (a trial's belongs to Tune)."""
-    if _TRIAL is None or pg is not _TRIAL[0]:
+    if pg is not None and (_TRIAL is None or pg is not _TRIAL[0]):
         remove_placement_group(pg)
 
 
@@ -58,7 +60,7 @@ _PARKED: dict | None = None
 
 def _shape(sc: Scenario) -> tuple:
     res = sc.resources
-    return res.hosts, res.cpus_per_host, res.gpus_per_host
+    return res.hosts, res.cpus_per_host, res.gpus_per_host, driver_hosts(sc)
 
 
 @contextmanager
@@ -80,7 +82,7 @@ def reuse_hosts():
 def _drop_parked() -> None:
     if _PARKED:
         for h in _PARKED["hosts"]:
-            ray.kill(h)
+            _kill(h)
         _release(_PARKED["pg"])
         _PARKED.clear()
 
@@ -172,6 +174,96 @@ class RayHost(Host):
         return super().read_states(folder, doc, token, None if given is None else from_numpy(given))
 
 
+class DriverRayHost(RayHost):
+    """Host 0 in the driver's process (``resources.driver_host``). It is never lost on its own:
+    a fault injected into it (``raysim.testing``) would kill the driver, so none is."""
+
+    def _fault(self, phase: str, round_: int) -> None:
+        pass
+
+
+class _Call:
+    """A call of the driver's host, run by ``_run`` once every actor's call of the same step is
+    on its way (so host 0 trains while the actors do)."""
+    __slots__ = ("fn", "args", "kwargs")
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def run(self):
+        # as Ray does for an actor: an ObjectRef passed as an argument arrives as its value
+        args = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in self.args]
+        kwargs = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in self.kwargs.items()}
+        return self.fn(*args, **kwargs)
+
+
+class _Method:
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args, **kwargs) -> _Call:
+        return _Call(self.fn, args, kwargs)
+
+
+class DriverHost:
+    """The driver's host, called as an actor handle is (``host.train.remote(...)``), built at its
+    first call (so the actors boot meanwhile). ``reset`` makes it another run's host 0."""
+
+    def __init__(self, *args):
+        self._args, self._host = args, None
+
+    def _reset(self, *args) -> None:
+        self._args, self._host = args, None
+
+    def _get(self) -> DriverRayHost:
+        if self._host is None:
+            index, sc, cids, device, threads, source = self._args
+            source = ray.get(source) if isinstance(source, ray.ObjectRef) else source
+            self._host = DriverRayHost(index, sc, cids, device, threads, source)
+        return self._host
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name == "reset":
+            return _Method(self._reset)
+        return _Method(lambda *args, **kwargs: getattr(self._get(), name)(*args, **kwargs))
+
+
+def host_words(sc: Scenario, local: bool | None = None) -> str:
+    """"2 host actors", or with the driver's host "1 host actor (host 0 in this process)"."""
+    here = int(driver_hosts(sc, local))
+    n = sc.resources.hosts - here
+    if n == 0:
+        return "its one host, in this process"
+    return f"{n} host actor{'s' * (n != 1)}" + (" (host 0 in this process)" if here else "")
+
+
+def _kill(host) -> None:
+    if not isinstance(host, DriverHost):
+        ray.kill(host)              # a dead one too: no error
+
+
+def _run(refs: list, timeout: float | None = None) -> list:
+    """The results of one call per host: the driver's host's call run here first, then the
+    actors' awaited (``ray.get``)."""
+    here = {i: r.run() for i, r in enumerate(refs) if isinstance(r, _Call)}
+    rest = ray.get([r for r in refs if not isinstance(r, _Call)], timeout=timeout)[::-1]
+    return [here[i] if i in here else rest.pop() for i in range(len(refs))]
+
+
+def driver_hosts(sc: Scenario, local: bool | None = None) -> bool:
+    """Whether host 0 runs in the driver's process (``resources.driver_host``); ``local``:
+    whether the Ray used is one this process started (default: as it is now)."""
+    want = sc.resources.driver_host
+    if want == "auto":
+        local = embedded() if local is None else local
+        return local and not sc.resources.gpus_per_host and _TRIAL is None
+    return bool(want) and _TRIAL is None
+
+
 def _resources_text(sc: Scenario) -> str:
     res = sc.resources
     per = f"{res.cpus_per_host:g} CPU" + (f" + {res.gpus_per_host:g} GPU" if res.gpus_per_host else "")
@@ -212,34 +304,39 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
         pg, hosts = _PARKED["pg"], _PARKED["hosts"]
         _PARKED.clear()
         try:
-            ray.get([actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
-                     for h, actor in enumerate(hosts)], timeout=res.host_timeout_s)
+            _run([actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
+                  for h, actor in enumerate(hosts)], timeout=res.host_timeout_s)
             return pg, hosts, placement
         except (ray.exceptions.RayError, TimeoutError):     # one died while parked: new hosts
             _PARKED.update(key=_shape(sc), pg=pg, hosts=hosts)
             if say is not None:
-                say(f"raysim: a parked host actor was lost; starting {res.hosts} host actors ...")
+                say(f"raysim: a parked host actor was lost; starting {host_words(sc)} ...")
     _drop_parked()                 # another shape, or a parked host lost: their resources freed first
+    here = int(driver_hosts(sc))           # host 0 in this process: no actor, no bundle
     if _TRIAL is not None:
         pg, first = _TRIAL
     else:
-        pg, first = placement_group(host_bundles(sc), strategy="SPREAD"), 0
-        _wait_placed(sc, pg, say)
+        pg, first = None, 0
+        if res.hosts > here:
+            pg = placement_group(host_bundles(sc, res.hosts - here), strategy="SPREAD")
+            _wait_placed(sc, pg, say)
     actor = ray.remote(RayHost)
-    hosts = [
+    hosts = [DriverHost(0, sc, placement.clients(0), None, threads, source)] if here else []
+    hosts += [
         actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
-                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, first + h))
+                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, first + h - here))
         .remote(h, sc, placement.clients(h), None, threads, source)
-        for h in range(res.hosts)
+        for h in range(here, res.hosts)
     ]
     return pg, hosts, placement
 
 
-def host_bundles(sc: Scenario) -> list[dict[str, float]]:
-    """One placement-group bundle per host actor: its CPU (and GPU) share."""
+def host_bundles(sc: Scenario, count: int | None = None) -> list[dict[str, float]]:
+    """One placement-group bundle per host actor (``count`` of them; all the scenario's hosts by
+    default): its CPU (and GPU) share."""
     res = sc.resources
     bundle = {"CPU": res.cpus_per_host, **({"GPU": res.gpus_per_host} if res.gpus_per_host else {})}
-    return [dict(bundle) for _ in range(res.hosts)]
+    return [dict(bundle) for _ in range(res.hosts if count is None else count)]
 
 
 class RayTransport:
@@ -256,7 +353,10 @@ class RayTransport:
         """ray.get of one call per host (refs[h] from host h); a host that died or did not
         answer within ``host_timeout_s`` raises HostLost naming it and the cause."""
         timeout = self.timeout if timeout == "host" else timeout
-        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        # the driver's host's call runs now, while the actors work on theirs
+        here = {h: ref.run() for h, ref in enumerate(refs) if isinstance(ref, _Call)}
+        remote = [ref for ref in refs if not isinstance(ref, _Call)]
+        _, late = ray.wait(remote, num_returns=len(remote), timeout=timeout) if remote else ([], [])
         lost = []
         if late:
             for ref in late:
@@ -265,6 +365,9 @@ class RayTransport:
                 lost.append(f"host {h} did not answer within {timeout:g}s (resources.host_timeout_s)")
         out = []
         for h, ref in enumerate(refs):
+            if h in here:
+                out.append(here[h])
+                continue
             if ref in late:
                 continue
             try:
@@ -349,7 +452,7 @@ class RayTransport:
 
     def shutdown(self) -> None:
         for h in self.hosts:
-            ray.kill(h)              # a dead one too: no error
+            _kill(h)
         self.hosts = []
         _release(self.pg)
 
@@ -405,7 +508,7 @@ class RayServer:
     def _abandon(self) -> None:
         pg, hosts, _ = self._started
         for h in hosts:
-            ray.kill(h)
+            _kill(h)
         _release(pg)
 
     def wait(self) -> None:

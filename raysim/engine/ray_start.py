@@ -255,6 +255,11 @@ def embedded() -> bool:
     return _EMBEDDED
 
 
+def initialized() -> bool:
+    """True once Ray is up in this process (a background start finished, or a foreign ray.init)."""
+    return ray.is_initialized()
+
+
 def running() -> bool:
     """True once this process has started or joined Ray, or begun to (later sweep variants
     reuse it)."""
