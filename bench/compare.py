@@ -13,6 +13,7 @@ raysim's rounds without the final evaluation (which the bare loop does not do), 
 Targets on 2 cores: tiny <= 1.2, cnn <= 0.6 (training ratio).
 
     python bench/compare.py tiny --address auto   # raysim joins a running Ray (`ray start --head`)
+    python bench/compare.py tiny --set resources.driver_host=false   # every host an actor
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def bare(kind: str, clients: int, rounds: int) -> tuple[float, float]:
     return float(re.search(r"wall=([\d.]+)s", out).group(1)), time.perf_counter() - t0
 
 
-def raysim(kind: str, hosts: int | None, engine: str, address: str | None, tmp: str) -> tuple[float, float, float, float]:
+def raysim(kind: str, hosts: int | None, engine: str, address: str | None, tmp: str,
+           sets: list[str] = ()) -> tuple[float, float, float, float]:
     """(training seconds, rounds seconds, run seconds as the summary reports, whole process),
     tracking into ``tmp``'s store (a new one the first time)."""
     summary = Path(tmp) / "summary.json"
@@ -49,6 +51,8 @@ def raysim(kind: str, hosts: int | None, engine: str, address: str | None, tmp: 
         cmd += ["--set", f"resources.hosts={hosts}"]
     if address:
         cmd += ["--address", address]
+    for item in sets:
+        cmd += ["--set", item]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     whole = time.perf_counter() - t0
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=None)
     ap.add_argument("--engine", default="ray", choices=("ray", "serial"))
     ap.add_argument("--address", default=None, help="raysim joins this Ray (e.g. auto) instead of starting one")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a scenario override for raysim")
     args = ap.parse_args()
     # raysim runs twice on one MLflow store: the first run creates it (MLflow migrates a new
     # SQLite database: about 1 s of CPU), the second finds it, as a user's later runs do
@@ -74,7 +79,7 @@ def main() -> None:
         b, b_whole = bare(kind, clients, rounds)
         with tempfile.TemporaryDirectory() as tmp:
             for store in ("new", "existing"):
-                train, r_rounds, _, r_whole = raysim(kind, args.hosts, args.engine, args.address, tmp)
+                train, r_rounds, _, r_whole = raysim(kind, args.hosts, args.engine, args.address, tmp, args.set)
                 print(f"{kind:<8} {store:<8} {b_whole:14.2f} {r_whole:16.2f} {r_whole / b_whole:6.2f} | {b:13.2f} "
                       f"{train:14.2f} {train / b:6.2f} {target:6.2f} {r_rounds:13.2f} {r_rounds / b:6.2f}", flush=True)
 

@@ -3,8 +3,9 @@ written the way PFLlib and FL-bench train (bench/bare_pfl.py).
 
     python bench/pfl_workload.py                      # the four workloads, 10 rounds
     python bench/pfl_workload.py fedavg-100 --rounds 3
-    python bench/pfl_workload.py --hosts 1            # raysim on one host actor
+    python bench/pfl_workload.py --hosts 1            # raysim on one host
     python bench/pfl_workload.py --engine both        # Ray's engine and the serial one (one process)
+    python bench/pfl_workload.py --engine all         # and Ray with every host an actor (driver_host=false)
 
 Fashion-MNIST, 50 clients, pathological 2-class split, every client every round, 1 local
 epoch of batch 10, plain SGD at lr 0.01, evaluation after the last round; FedAvg and Ditto
@@ -55,8 +56,11 @@ def run_raysim(sc: dict, tmp: Path, engine: str = "ray") -> dict:
     path = tmp / f"{sc['name']}.yaml"
     path.write_text(yaml.safe_dump(sc))
     summary = tmp / f"{sc['name']}.json"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine, "--summary", str(summary),
-           "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck"]
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine.split("-")[0],
+           "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set",
+           f"checkpoint.dir={tmp}/ck"]
+    if engine == "ray-actors":          # every host an actor of its own (host 0 not in this process)
+        cmd += ["--set", "resources.driver_host=false"]
     r = measure(cmd, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     if r["rc"]:
         raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
@@ -82,9 +86,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
-    ap.add_argument("--engine", default="ray", choices=("ray", "serial", "both"),
-                    help="raysim's engine: Ray (host actors, the default) or serial (every host in the one "
-                         "process, one after another); both: a row for each")
+    ap.add_argument("--engine", default="ray", choices=("ray", "ray-actors", "serial", "both", "all"),
+                    help="raysim's engine: Ray (host actors, host 0 in the command's process on a local Ray: "
+                         "the default), ray-actors (Ray, every host an actor: resources.driver_host=false) "
+                         "or serial (every host in the one process, one after another); both: a row for ray "
+                         "and serial; all: a row for each of the three")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each side this many times, alternating, and keep each side's fastest run "
                          "(machines that share their cores vary from minute to minute)")
@@ -98,7 +104,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             method, hidden = WORKLOADS[name]
-            engines = ("ray", "serial") if args.engine == "both" else (args.engine,)
+            engines = {"both": ("ray", "serial"), "all": ("ray", "ray-actors", "serial")}.get(args.engine,
+                                                                                          (args.engine,))
             bares, ourss = [], {e: [] for e in engines}
             for _ in range(args.repeat):
                 bares.append(run_bare(method, hidden, args.rounds, args.root))

@@ -146,7 +146,9 @@ def _dispatch(args, early_ray: bool = False) -> int:
     if args.command == "run":
         from raysim.preflight import check_run
         check_run(args.file, args.overrides, args.summary, args.resume)
-        if args.engine == "serial":      # MLflow imported by a helper while this one loads
+        # MLflow imported by a helper while this one loads: a serial run, or a local Ray's (whose
+        # host 0 runs in this process, resources.driver_host)
+        if args.engine == "serial" or args.address is None:
             from raysim import tracker_process
             tracker_process.prestart()
     if early_ray and args.command == "run" and args.engine == "ray":

@@ -37,6 +37,12 @@ def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
 
 
+def _driver_hosts(sc: Scenario, address: str | None) -> bool:
+    """Whether this run's Ray host 0 will run in this process."""
+    from raysim.engine import ray_engine, ray_start
+    return ray_engine.driver_hosts(sc, ray_start.embedded() if ray_start.initialized() else address is None)
+
+
 def _import_tracking() -> None:
     """In a thread while Ray starts: import MLflow and its SQL store (about 1.6 s on 2 cores).
     Any error is left for the Tracker to raise."""
@@ -94,21 +100,26 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             ckpt_path = None
     t0 = time.perf_counter()
     pending = None
+    from raysim import tracker_process
+    # a run whose process builds hosts (the serial engine's, or Ray's host 0 in the driver's
+    # process) tracks through a helper process while MLflow is not imported yet
+    helper = tracker_process.wanted() and (engine != "ray" or _driver_hosts(sc, address))
     if engine == "ray":
-        # MLflow is imported while Ray starts; its store is opened (a new database migrated)
-        # and the run created while the hosts boot, once the scenario fits (a refused run
-        # leaves no store behind)
-        threading.Thread(target=_import_tracking, daemon=True).start()
+        # MLflow is imported while Ray starts (or in the helper); its store is opened (a new
+        # database migrated) and the run created while the hosts boot, once the scenario fits
+        # (a refused run leaves no store behind)
+        if not helper:
+            threading.Thread(target=_import_tracking, daemon=True).start()
         pending = _start_ray_server(sc, address, verbose)
     boot_error = None
     local = None
     # the MLflow run is created in a thread while this one waits for the hosts to boot (Ray) or
     # builds them (serial: data, partition, host state); a boot failure is raised below, once
-    # the run exists to be marked FAILED. A serial run in a process without MLflow yet tracks
-    # through a helper process instead, so MLflow's imports and store run on another core
-    # rather than against the hosts for the GIL (tracker_process)
-    from raysim import tracker_process
-    if engine != "ray" and tracker_process.wanted():
+    # the run exists to be marked FAILED. A run that builds hosts here (serial, or Ray's host 0)
+    # in a process without MLflow yet tracks through a helper process instead, so MLflow's
+    # imports and store run on another core rather than against the hosts for the GIL
+    # (tracker_process)
+    if helper:
         helper = tracker_process.TrackerProcess(sc, resume, verbose, tags, resume_command)
         # a resumed run is checked (still resumable, the same scenario) before any round; a new
         # one starts its rounds while the helper creates it (``check`` after each round)
