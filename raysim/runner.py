@@ -24,8 +24,7 @@ SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
 def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine, ray_start
-    # the Ray this command starts (or is starting in the background) is local when no address is given
-    what = ray_engine.host_words(sc, ray_start.embedded() if ray_start.initialized() else address is None)
+    what = ray_engine.host_words(sc, _local_ray(address))
     if not ray_start.running():
         what = (f"joining Ray at {address}" if address else "starting a local Ray instance") + f" and {what}"
     elif ray_engine.parked_for(sc):
@@ -37,10 +36,18 @@ def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     return ray_engine.RayServer(sc, say=lambda line: print(line, file=sys.stderr, flush=True))
 
 
+def _local_ray(address: str | None) -> bool:
+    """Whether the Ray this run uses is one this process started: known once Ray is up; before,
+    the one this command starts (or is starting in the background) is local when no address is
+    given."""
+    from raysim.engine import ray_start
+    return ray_start.embedded() if ray_start.initialized() else address is None
+
+
 def _driver_hosts(sc: Scenario, address: str | None) -> bool:
-    """Whether this run's Ray host 0 will run in this process."""
-    from raysim.engine import ray_engine, ray_start
-    return ray_engine.driver_hosts(sc, ray_start.embedded() if ray_start.initialized() else address is None)
+    """Whether this run's Ray host 0 runs in this process (``resources.driver_host``)."""
+    from raysim.engine import ray_engine
+    return ray_engine.driver_hosts(sc, _local_ray(address))
 
 
 def _import_tracking() -> None:

@@ -66,7 +66,9 @@ def init(address: str | None, verbose: bool = False) -> None:
         # always a fresh local Ray: Ray would otherwise join one already running on this
         # machine (joining one is what --address auto says)
         kwargs.update(include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
-                      _system_config={"preload_python_modules": list(PRELOAD), "prestart_worker_first_driver": False})
+                      # no idle worker per CPU started ahead: one no actor takes holds PyTorch all run
+                      _system_config={"preload_python_modules": list(PRELOAD),
+                                      "prestart_worker_first_driver": False})
         with _patched(_local_start_patches(verbose)):
             ray.init(address="local", **kwargs)
         _private_files(ray._private.worker._global_node)
