@@ -481,3 +481,24 @@ def test_pack_keeps_a_client_without_training_rows_first_in_line():
                       torch.zeros(0, dtype=torch.long), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
     a, b = pack([empty, full])
     assert a.train_x.shape == (0, 3) and torch.equal(b.train_x, full.train_x) and b.train_x.data_ptr() % 64 == 0
+
+
+def test_a_known_best_width_splits_the_jobs_left_into_passes_of_nearly_equal_width():
+    """Once the best width w is measured, k jobs go in ceil(k / w) passes of at most w each,
+    as equal as they can be: no narrow remainder pass (a pass of one job costs 3 to 4 times a
+    wide pass per job-step)."""
+    from raysim.core.loop import Widths
+
+    def passes(best: int, jobs: int) -> list[int]:
+        w = Widths("auto")
+        w.best["kind"] = best
+        out, left = [], jobs
+        while left:
+            out.append(w.pick("kind", left))
+            left -= out[-1]
+        return out
+    assert passes(8, 25) == [7, 6, 6, 6]          # not 8, 8, 8, 1
+    assert passes(16, 25) == [13, 12]             # not 16, 9
+    assert passes(8, 24) == [8, 8, 8]
+    assert passes(8, 5) == [5]
+    assert passes(1, 3) == [1, 1, 1]
