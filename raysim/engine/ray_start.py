@@ -35,6 +35,9 @@ LEAN_SKIPS = ("start_api_server", "start_monitor")
 # elsewhere ray.init turns 127.0.0.1 into the machine's network address, so that constant is
 # off while raysim's Ray starts. A reachable head: ``ray start --head``, then --address.
 LOOPBACK = "127.0.0.1"
+# what a local Ray raysim starts runs as its dashboard agent (``ray_agent``: the ports Ray waits
+# for, written as "not served", as Ray's own agent does without its dashboard's packages)
+AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_agent.py")
 # the script of Ray's Python workers, which a worker of raysim's local Ray runs (``_worker``)
 _DEFAULT_WORKER = os.path.join(os.path.dirname(ray.__file__), "_private", "workers", "default_worker.py")
 # a start begun by ``start_in_background``: (its thread, set when done, its error if any)
@@ -140,7 +143,9 @@ def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
     ENABLE_RAY_CLUSTER, off (the node's address stays 127.0.0.1: see ``LOOPBACK``); the chmod
     0o777 Ray gives each folder it makes (``_keep_private``), here and in each Python worker,
     which makes the session's folders again as it starts (its script is this file's
-    ``_worker``); and the writing of a new token file (``_write_token_privately``)."""
+    ``_worker``); the writing of a new token file (``_write_token_privately``); and the
+    dashboard agent, which serves what the API server would show and the metrics: its
+    stand-in (``ray_agent``) only says it serves nothing."""
     import importlib
     from ray._private.node import Node
 
@@ -155,7 +160,51 @@ def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
                 _write_token_privately)]
     if os.path.isfile(_DEFAULT_WORKER):
         patches.append((Node, "__init__", _with_worker_path(vars(Node)["__init__"])))
+    services = module("ray._private.services")
+    build = "_build_python_executable_command_memory_profileable"
+    if services is not None and build in vars(services) and _agent_stand_in_fits():
+        patches.append((services, build, _with_agent_stand_in(vars(services)[build])))
     return [(owner, name, new) for owner, name, new in patches if owner is not None]
+
+
+def _agent_stand_in_fits() -> bool:
+    """Whether this Ray reads its dashboard agent's ports as ``ray_agent`` writes them: the same
+    port names, and Ray's own ``persist_port`` writing the same file as the stand-in's. Where
+    not (another Ray), Ray's agent is started as Ray has it."""
+    import tempfile
+    from raysim.engine import ray_agent
+    try:
+        from ray import _raylet
+        names = (_raylet.METRICS_AGENT_PORT_NAME, _raylet.METRICS_EXPORT_PORT_NAME,
+                 _raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME)
+        persist_port = _raylet.persist_port
+    except (ImportError, AttributeError):
+        return False
+    if names != ray_agent.PORTS:
+        return False
+    with tempfile.TemporaryDirectory() as ray_dir, tempfile.TemporaryDirectory() as ours:
+        try:
+            persist_port(ray_dir, "5e" * 28, names[0], -1)
+        except Exception:           # noqa: BLE001 - a Ray whose persist_port differs: its own agent
+            return False
+        ray_agent.persist(ours, "5e" * 28, names[0], -1)
+
+        def files(d: str) -> dict[str, bytes]:
+            return {f: Path(d, f).read_bytes() for f in os.listdir(d)}
+        return files(ray_dir) == files(ours)
+
+
+def _with_agent_stand_in(build: Any) -> Any:
+    """Ray's builder of its Python processes' command lines, the dashboard agent's running
+    ``ray_agent`` (which gets Ray's agent script and options as its arguments) instead."""
+    from ray._private import ray_constants
+
+    def command(component: str, *args, **kwargs) -> list[str]:
+        cmd = build(component, *args, **kwargs)
+        if component == ray_constants.PROCESS_TYPE_DASHBOARD_AGENT:
+            cmd = [*cmd, AGENT]
+        return cmd
+    return command
 
 
 @contextlib.contextmanager
