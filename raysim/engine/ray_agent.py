@@ -9,7 +9,7 @@ about 77 MB. This script does what Ray's own agent does where Ray is installed w
 dashboard (``--minimal``): it writes -1 for each of those ports ("not served": the raylet and
 the workers then export no metrics) and lives as long as the raylet that started it, which
 stops it with itself. It imports nothing of Ray's; the file format it writes is checked against
-Ray's own ``persist_port`` before it is used (``ray_start._agent_stand_in``).
+Ray's own ``persist_port`` before it is used (``ray_start._agent_stand_in_fits``).
 
 For metrics, the dashboard or job submission, start Ray yourself (``ray start --head``) and run
 with ``--address auto``.
