@@ -105,6 +105,8 @@ def test_every_process_of_the_local_ray_and_the_driver_listens_on_loopback_only(
     stand_in = [p.pid for p in procs if "ray_agent.py" in title(p)]
     assert len(stand_in) == 1 and not [s for s in sockets if s[0] in stand_in], sockets
     assert proc.pid in {pid for pid, *_ in sockets} and len(sockets) >= 6, sockets
+    for name in ("gcs_server", "raylet", "RuntimeEnvAgent", "RayHost"):    # each of them listens
+        assert [s for s in sockets if name in s[1]], (name, sockets)
     assert [s for s in sockets if not loopback(s[2])] == [], sockets
 
 

@@ -550,8 +550,8 @@ class Widths:
         if self.mode == "always":
             return left
         if kind in self.best:
-            w = self.best[kind]
-            return -(-left // -(-left // w))
+            passes = -(-left // self.best[kind])
+            return -(-left // passes)
         return min(left, 2 ** len(self.seen.get(kind, {})))
 
     def record(self, kind, width: int, seconds: float, job_steps: int, jobs: int) -> None:
