@@ -54,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -199,13 +199,17 @@ class Algorithm:
         self._trainer: Trainer | None = None
         self.finetune = None       # eval.finetune's options (raysim.config.FinetuneCfg), set by setup
         self.dp_sgd_settings: tuple[float, float] | None = None   # privacy.level sample's (C, z), set by setup
+        # stored inputs -> model inputs (an image source's uint8 pixels: raysim.core.data.Pixels), set by
+        # setup; the trainer applies it to every batch and every evaluated block
+        self.decode: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._tune_objective = Supervised(task)     # the local update's: the task loss alone
 
     # -- helpers ---------------------------------------------------------------------------
     def trainer(self, device: torch.device) -> Trainer:
         """The host's trainer: a scratch model (weights never used) and the vectorized loop."""
         if self._trainer is None:
-            self._trainer = Trainer(self.model_fn().to(device), self.hp.stacking, gradients=self.hp.gradients)
+            self._trainer = Trainer(self.model_fn().to(device), self.hp.stacking, gradients=self.hp.gradients,
+                                    decode=self.decode)
         return self._trainer
 
     def job(self, params: list[torch.Tensor], data: ClientData, ctx: Context, *, epochs: int | None = None,

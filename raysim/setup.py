@@ -31,6 +31,7 @@ def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
     cls = plugins.algorithm(sc.algorithm.name)      # built-in or plugin, here and in every host
     algo = cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
     algo.finetune = sc.eval.finetune          # the local update's options (eval.finetune)
+    algo.decode = getattr(source, "pixels", None)     # an image source's uint8 pixels -> inputs
     dp = sc.privacy
     if dp is not None and dp.level == "sample":         # DP-SGD in every job (raysim/core/loop.py)
         model = algo.model_fn()

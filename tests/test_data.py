@@ -179,7 +179,7 @@ def fashion(root, clients=5, partition=IID):
 
 
 @pytest.mark.parametrize("gz", [False, True])
-def test_fashion_mnist_reads_and_normalizes_idx_files(tmp_path, gz):
+def test_fashion_mnist_reads_idx_files_and_its_pixels_decode_normalized(tmp_path, gz):
     fashion_root(tmp_path, gz)
     src = fashion(tmp_path)
     assert [src.num_samples(c) for c in range(5)] == [10] * 5
@@ -187,12 +187,37 @@ def test_fashion_mnist_reads_and_normalizes_idx_files(tmp_path, gz):
     assert all(p.num_train == 8 and p.num_test == 2 for p in parts)
     x = torch.cat([t for p in parts for t in (p.train_x, p.test_x)])
     y = torch.cat([t for p in parts for t in (p.train_y, p.test_y)])
-    assert x.shape == (50, 1, 28, 28) and x.dtype == torch.float32
+    assert x.shape == (50, 1, 28, 28) and x.dtype == torch.uint8       # clients hold the pixels
+    x = src.pixels(x)                                                   # the model's inputs
+    assert x.dtype == torch.float32
     i = torch.round((x[:, 0, 0, 0] * STD + MEAN) * 255 / 5).long()        # recover each image's index
     assert sorted(i.tolist()) == list(range(50)) and torch.equal(y, i % 10)
     assert torch.allclose(x[:, 0, 27, 27], ((255 - i) / 255 - MEAN) / STD, atol=1e-6)
     assert abs(x[i == 0][0, 0, 0, 0].item() - (-0.2860 / 0.3530)) < 1e-6   # pixel 0 -> -0.81020
     assert abs(x[i == 0][0, 0, 5, 5].item() + 0.810198) < 1e-5
+
+
+@pytest.mark.parametrize("dataset", ["fashion_mnist", "cifar10", "cifar100", "emnist"])
+def test_pixels_decode_to_the_floats_numpy_normalization_of_the_pool_gave(dataset):
+    """Every value of every channel, bit for bit: (x / 255 - mean) / std in float32, as the
+    pool was normalized before clients held uint8 pixels, so runs keep their numbers."""
+    from raysim.data.vision import CIFAR
+    from raysim.core.data import Pixels
+    mean, std = {"fashion_mnist": ((MEAN,), (STD,)), "emnist": ((0.0,), (1.0,))}.get(
+        dataset, (CIFAR.get(dataset, {}).get("mean"), CIFAR.get(dataset, {}).get("std")))
+    if dataset in ("fashion_mnist", "emnist"):          # CIFAR's are set per instance (its test_vision test)
+        assert DATASETS[dataset].build.pixels == Pixels(mean, std)
+    c = len(mean)
+    u = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None, None, None], (256, c, 2, 3)).copy()
+    m = np.asarray(mean, dtype=np.float32).reshape(1, c, 1, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(1, c, 1, 1)
+    want = (u.astype(np.float32) / np.float32(255.0) - m) / s
+    got = Pixels(mean, std)(torch.from_numpy(u))
+    assert got.dtype == torch.float32 and np.array_equal(got.numpy(), want)
+    stacked = Pixels(mean, std)(torch.from_numpy(u).expand(2, *u.shape))   # (K, B, C, H, W) batches
+    assert np.array_equal(stacked[1].numpy(), want)
+    floats = torch.from_numpy(want)
+    assert Pixels(mean, std)(floats) is floats                              # floats pass through
 
 
 def test_fashion_mnist_reads_gzip_without_the_suffix_and_partitions(tmp_path):

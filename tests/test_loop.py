@@ -502,3 +502,33 @@ def test_a_known_best_width_splits_the_jobs_left_into_passes_of_nearly_equal_wid
     assert passes(8, 24) == [8, 8, 8]
     assert passes(8, 5) == [5]
     assert passes(1, 3) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("name,mode,gradients", [("mlp", "always", "auto"), ("mlp", "never", "autograd"),
+                                                 ("femnist_cnn", "auto", "auto")])
+def test_uint8_pixels_decoded_per_batch_train_and_score_as_their_floats_do_bitwise(name, mode, gradients):
+    """Clients holding an image source's uint8 pixels (the loop decodes each gathered batch)
+    get the numbers of clients holding the decoded floats: by-hand chain and autograd steps,
+    stacked or one job at a time, and evaluation."""
+    from raysim.core.data import Pixels
+    build, shape = ZOO[name]
+    pixels = Pixels((0.2860,), (0.3530,))
+    g = torch.Generator().manual_seed(1)
+    raw = [torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g) for n in (9, 20, 14)]
+    ys = [torch.randint(0, 3, (len(x),), generator=g) for x in raw]
+    held = [ClientData(c, x, y, x[:0], y[:0], x, y) for c, (x, y) in enumerate(zip(raw, ys))]
+    floats = [ClientData(c, pixels(x), y, pixels(x[:0]), y[:0], pixels(x), y) for c, (x, y) in enumerate(zip(raw, ys))]
+    assert floats[0].train_x.dtype == torch.float32 and held[0].train_x.dtype == torch.uint8
+    torch.manual_seed(0)
+    model = build()
+    s = Settings(lr=0.05, epochs=2, batch_size=4, momentum=0.9)
+    start = fwd.params_of(model)
+    a = Trainer(model, mode, gradients=gradients, decode=pixels)
+    b = Trainer(model, mode, gradients=gradients)
+    got = a.fit([make_job(start, d, ctx_of(d), s, CE) for d in held])
+    want = b.fit([make_job(start, d, ctx_of(d), s, CE) for d in floats])
+    for u, v in zip(got, want):
+        assert all(torch.equal(p, q) for p, q in zip(u.params, v.params)) and u.loss == v.loss
+        assert not torch.equal(u.params[0], start[0])                     # it did train
+    sets = [u.params for u in got]
+    assert torch.equal(a.outputs(sets, held[1].test_x), b.outputs(sets, floats[1].test_x))

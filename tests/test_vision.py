@@ -42,11 +42,11 @@ def test_cifar10_binary_records_become_normalized_images(tmp_path):
     x, y, parts = src.pool()
     assert x.shape == (24, 3, 32, 32) and x.dtype == np.uint8 and y.tolist()[:5] == [0, 1, 2, 3, 1]
     c = src.client(0)
-    assert c.train_x.shape[1:] == (3, 32, 32) and c.train_x.dtype == torch.float32
+    assert c.train_x.shape[1:] == (3, 32, 32) and c.train_x.dtype == torch.uint8   # the pixels, held
     i = int(parts[0][0])                                    # the client's first sample, by hand
     spec = CIFAR["cifar10"]
     want = [((y[i] + 10 * ch) / 255 - spec["mean"][ch]) / spec["std"][ch] for ch in range(3)]
-    got = torch.cat([c.train_x, c.test_x])[:, :, 0, 0]
+    got = src.pixels(torch.cat([c.train_x, c.test_x]))[:, :, 0, 0]        # decoded per channel
     assert any(np.allclose(row.numpy(), want, atol=1e-5) for row in got)
 
 

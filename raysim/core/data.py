@@ -86,6 +86,51 @@ class ClientData:
             self.train_x, self.train_y, self.val_x, self.val_y, self.test_x, self.test_y)))
 
 
+class Pixels:
+    """Images as a client holds them, uint8 pixels, turned into the model's float32 inputs batch
+    by batch: (x / 255 − mean_c) / std_c for channel c (the axis three from the end, (C, H, W)).
+
+    Held as bytes, a host's shards take a quarter of the memory (and of a GPU's) they took as
+    float32; the loop decodes each batch it gathers, evaluation each block of inputs. The
+    operations are float32 ones in the order the pool used to be normalized in with numpy, and
+    the constants are tensors on the batch's device (a CUDA kernel divides by a Python number
+    as a multiplication by its reciprocal, which rounds differently), so the inputs are the
+    same numbers whichever way they were stored. Inputs already float pass through."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]):
+        if len(mean) != len(std):
+            raise ValueError(f"{len(mean)} channel means but {len(std)} standard deviations")
+        self.mean, self.std = tuple(float(torch.tensor(m, dtype=torch.float32)) for m in mean), tuple(
+            float(torch.tensor(s, dtype=torch.float32)) for s in std)
+        self._on: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """255, the means and the standard deviations as float32 tensors on ``device`` (the
+        channels' as (C, 1, 1))."""
+        got = self._on.get(device)
+        if got is None:
+            shape = () if len(self.mean) == 1 else (len(self.mean), 1, 1)
+            got = self._on[device] = (torch.tensor(255.0, device=device),
+                                      torch.tensor(self.mean, device=device).reshape(shape),
+                                      torch.tensor(self.std, device=device).reshape(shape))
+        return got
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            return x
+        scale, mean, std = self.constants(x.device)
+        return x.to(torch.float32).div_(scale).sub_(mean).div_(std)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Pixels) and (self.mean, self.std) == (other.mean, other.std)
+
+    def __hash__(self) -> int:
+        return hash((self.mean, self.std))
+
+    def __getstate__(self):
+        return {"mean": self.mean, "std": self.std, "_on": {}}
+
+
 ALIGN = 64     # bytes: where each client's rows start in a packed tensor (a cache line)
 
 

@@ -165,6 +165,10 @@ def make_rows(params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, star
     return Rows(params, x, y, starts, ns, orders, settings, objective, rows_consts, stacked)
 
 
+def _as_is(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def draw_orders(generator: torch.Generator, n: int, epochs: int) -> torch.Tensor:
     if n == 0:
         return torch.zeros(epochs, 0, dtype=torch.long)
@@ -175,8 +179,12 @@ class Trainer:
     """Runs jobs on one model architecture (a host's scratch model), vectorized as the
     ``stacking`` mode and the model allow (forward.py)."""
 
-    def __init__(self, model: nn.Module, mode: str = "auto", budget: int = 1 << 26, gradients: str = "auto"):
+    def __init__(self, model: nn.Module, mode: str = "auto", budget: int = 1 << 26, gradients: str = "auto",
+                 decode: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.model = model
+        # stored inputs -> model inputs (an image source's uint8 pixels: ``data.Pixels``), applied
+        # to each batch as it is gathered and to each block evaluated
+        self.decode = decode or _as_is
         self.forward = fwd.make_forward(model)
         self.trainable = tuple(p.requires_grad for p in model.parameters())   # not running statistics
         device = next(iter(model.parameters()), torch.empty(0)).device
@@ -381,10 +389,11 @@ class Trainer:
                         terms = terms.head(part)
                 width = widths[t]
                 rows = rows_p[:b - c0, t, :width]
+                xr, yr = self.decode(X[rows]), Y[rows]
                 assign = ()
                 if private:
                     step = self.chain.private_step if chain_norms else self._private_step
-                    data_sum, sums, _ = step(obj.task, sub_P, X[rows], Y[rows], val_p[:b - c0, t, :width], s.dp_clip,
+                    data_sum, sums, _ = step(obj.task, sub_P, xr, yr, val_p[:b - c0, t, :width], s.dp_clip,
                                              train_mask)
                     noise = torch.stack([torch.randn(sum(sizes), generator=gens[i], device=device)
                                          for i in range(c0, b)]).split(sizes, dim=1)
@@ -396,10 +405,10 @@ class Trainer:
                         torch._foreach_add_(grads, [(p - a) * mu.view(-1, *([1] * (p.dim() - 1)))
                                                     for p, a in zip(sub_trained, anchors)])
                 elif by_hand:
-                    data_sum, grads = self.chain.step(obj.task, sub_P, X[rows], Y[rows], wt_p[:b - c0, t, :width],
+                    data_sum, grads = self.chain.step(obj.task, sub_P, xr, yr, wt_p[:b - c0, t, :width],
                                                       val_p[:b - c0, t, :width], terms, train_mask, opt, c0, b)
                 elif by_points:
-                    batch = Batch(X[rows], Y[rows], wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
+                    batch = Batch(xr, yr, wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
                     data_sum, every, *assign = obj.gradients(self.point_grad(obj.task, batch), sub_P, batch, cs,
                                                              None if draws is None else draws[c0:b, t])
                     grads = [g for g, m in zip(every, train_mask) if m]
@@ -407,7 +416,7 @@ class Trainer:
                         raise ValueError("the objective gave no gradient for a parameter the optimizer trains")
                 else:
                     sub = [p.detach().requires_grad_(m) for p, m in zip(sub_P, train_mask)]
-                    batch = Batch(X[rows], Y[rows], wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
+                    batch = Batch(xr, yr, wt_p[:b - c0, t, :width], val_p[:b - c0, t, :width])
                     loss, data_sum, *assign = obj.loss(self.forward, sub, batch, cs,
                                                        None if draws is None else draws[c0:b, t])
                     grads = list(torch.autograd.grad(loss.sum(), [p for p, m in zip(sub, train_mask) if m]))
@@ -520,7 +529,7 @@ class Trainer:
         k = P[0].shape[0]
         out = []
         for i in range(0, max(int(x.shape[0]), 1), block):
-            xb = x[i:i + block]
+            xb = self.decode(x[i:i + block])
             if self.within:
                 out.append(self.forward(P, xb.unsqueeze(0).expand(k, *xb.shape)))
             else:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.core.data import ClientData
+from raysim.core.data import ClientData, Pixels
 from raysim.rng import generator
 
 
@@ -47,6 +47,9 @@ class FederatedSource:
     input_kind: str = "features"   # "features": float inputs; "tokens": integer ids < vocab_size
     vocab_size: int = 0            # tokens: the number of distinct ids
     class_names: list[str] | None = None   # how a class id reads (characters), where not plain numbers
+    # images whose clients hold uint8 pixels (a quarter of float32's memory): the model's inputs are
+    # (x / 255 - mean) / std per channel, computed for each batch as it is gathered (Pixels)
+    pixels: Pixels | None = None
 
     @property
     def num_outputs(self) -> int:
@@ -123,10 +126,10 @@ def train_shares(cid: int, sources: np.ndarray, num_sources: int, splits: Splits
 
 def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
                  splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64,
-                 input_dtype: torch.dtype = torch.float32) -> ClientData:
+                 input_dtype: torch.dtype | None = torch.float32) -> ClientData:
     """A client's n samples split by ``split_index``. Inputs become ``input_dtype`` (float32
-    features; uint8 token ids), targets ``target_dtype`` (int64 class ids; float32 for
-    regression)."""
+    features; uint8 token ids; None: as they are, e.g. an image source's uint8 pixels), targets
+    ``target_dtype`` (int64 class ids; float32 for regression)."""
     if isinstance(x, np.ndarray):
         x = np.ascontiguousarray(x)
     x = torch.as_tensor(x, dtype=input_dtype)
@@ -157,7 +160,7 @@ class PooledSource(FederatedSource):
 
     Subclasses set ``name``, ``input_shape``, ``num_classes`` and ``image_shape`` (for
     rotations) and implement ``load`` (the pool: inputs and int64 labels) and, where the stored
-    inputs need it, ``to_float``. ``groups`` (GroupParams) transforms each group's shards.
+    inputs are images, ``pixels``. ``groups`` (GroupParams) transforms each group's shards.
     With partition kind ``mixture`` the groups are sources instead: every client mixes them,
     source s seeing the pool through transform s (``mixture.py``).
     """
@@ -198,8 +201,12 @@ class PooledSource(FederatedSource):
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
-    def to_float(self, x: np.ndarray) -> np.ndarray:
-        """Stored inputs of some samples -> float32 model inputs."""
+    def stored(self, x: np.ndarray) -> np.ndarray:
+        """Pool inputs of some samples -> what a client holds: an image source's uint8 pixels
+        shaped as the model's inputs (``decode`` turns them into floats batch by batch),
+        otherwise float32 features."""
+        if self.pixels is not None:
+            return x.reshape(len(x), *self.input_shape)
         return x.astype(np.float32, copy=False)
 
     def pool(self) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -244,9 +251,9 @@ class PooledSource(FederatedSource):
         return len(self._indices(cid))
 
     def _view(self, idx: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pool samples ``idx`` as float inputs and labels, each seen through its source's transform."""
+        """Pool samples ``idx`` as stored inputs and labels, each seen through its source's transform."""
         x, y, _ = self.pool()
-        xs, ys = self.to_float(x[idx]), y[idx]
+        xs, ys = self.stored(x[idx]), y[idx]
         if not (sources != 0).any():
             return xs, ys
         xs, ys = np.array(xs), np.array(ys)
@@ -260,8 +267,8 @@ class PooledSource(FederatedSource):
         if self.num_sources:
             xs, ys = self._view(idx, self.pool()[2].sources[cid])
         else:
-            xs, ys = self.transform(self.to_float(self.pool()[0][idx]), self.pool()[1][idx], self.group_of(cid))
-        return split_client(cid, xs, ys, self.splits, self.seed)
+            xs, ys = self.transform(self.stored(self.pool()[0][idx]), self.pool()[1][idx], self.group_of(cid))
+        return split_client(cid, xs, ys, self.splits, self.seed, input_dtype=None)
 
     def source_test(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.pool()[2].holdout

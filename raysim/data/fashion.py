@@ -2,8 +2,8 @@
 
 Train (60 000) and test (10 000) are pooled (70 000 images) and split among clients by the
 scenario's partitioner; each client's share is then split into train/val/test. Inputs are
-uint8/255 as float32 of shape (1, 28, 28), normalized with the dataset's mean 0.2860 and std
-0.3530. Files may be gzip-compressed (``NAME.gz``). The default root is where Debian's
+the uint8 pixels, shape (1, 28, 28), which the loop turns into x/255 normalized with the
+dataset's mean 0.2860 and std 0.3530 batch by batch (``raysim.core.data.Pixels``). Files may be gzip-compressed (``NAME.gz``). The default root is where Debian's
 ``dataset-fashion-mnist`` package installs them (as ``.gz``).
 
 IDX format (LeCun's MNIST page): 4-byte magic 0x00 0x00 <type> <ndim> (type 0x08 = uint8; so
@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from . import cache
+from raysim.core.data import Pixels
+
 from .base import DataError, GroupParams, PooledSource, Splits
 
 IMAGES, LABELS = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"), ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")
@@ -101,6 +103,7 @@ def _plan(paths: list[Path]) -> cache.Plan:
 class FashionMNIST(PooledSource):
     name = "fashion_mnist"
     input_shape, num_classes, image_shape = (1, 28, 28), 10, (28, 28)
+    pixels = Pixels((MEAN,), (STD,))
 
     def __init__(self, params: FashionParams, clients: int, partition, splits: Splits, seed: int):
         super().__init__(clients, partition, splits, seed, params)
@@ -111,5 +114,3 @@ class FashionMNIST(PooledSource):
         arrays = cache.load(self.name, self.root, cache.file_rows(paths), lambda: _plan(paths)).arrays()
         return arrays["x"], arrays["y"]
 
-    def to_float(self, x: np.ndarray) -> np.ndarray:
-        return ((x.astype(np.float32) / np.float32(255.0) - np.float32(MEAN)) / np.float32(STD))[:, None]

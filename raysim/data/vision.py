@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from raysim.core.data import Pixels
 from raysim.rng import generator
 
 from . import cache
@@ -95,8 +96,7 @@ class _Cifar(PooledSource):
         self.root = Path(params.root)
         spec = CIFAR[self.name]
         self.num_classes = spec["classes"]
-        self._mean = np.asarray(spec["mean"], dtype=np.float32).reshape(1, 3, 1, 1)
-        self._std = np.asarray(spec["std"], dtype=np.float32).reshape(1, 3, 1, 1)
+        self.pixels = Pixels(spec["mean"], spec["std"])
 
     def _arrays_cached(self) -> dict[str, np.ndarray]:
         files = _cifar_files(self.name, self.root)
@@ -105,9 +105,6 @@ class _Cifar(PooledSource):
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         a = self._arrays_cached()
         return a["x"], a["y"]
-
-    def to_float(self, x: np.ndarray) -> np.ndarray:
-        return (x.astype(np.float32) / np.float32(255.0) - self._mean) / self._std
 
 
 class CIFAR10(_Cifar):
@@ -167,6 +164,7 @@ def _emnist_plan(files: list[Path], split: str) -> cache.Plan:
 class EMNIST(PooledSource):
     name = "emnist"
     input_shape, image_shape = (1, 28, 28), (28, 28)
+    pixels = Pixels((0.0,), (1.0,))          # x / 255
 
     def __init__(self, params: EmnistParams, clients: int, partition, splits: Splits, seed: int):
         super().__init__(clients, partition, splits, seed, params)
@@ -182,6 +180,3 @@ class EMNIST(PooledSource):
             keep = np.sort(generator(self.seed, "emnist_fraction").permutation(len(y))[:int(len(y) * self.fraction)])
             x, y = x[keep], y[keep]
         return x, y
-
-    def to_float(self, x: np.ndarray) -> np.ndarray:
-        return (x.astype(np.float32) / np.float32(255.0))[:, None]
