@@ -235,7 +235,8 @@ class Mocha(Algorithm):
     def features(self, x: torch.Tensor) -> np.ndarray:
         """x (decoded, where stored as an image source's pixels) as float64 rows, with the
         constant feature 1 appended when the model has a bias."""
-        f = (self.decode(x) if self.decode is not None else x).detach().reshape(x.shape[0], -1).to("cpu", torch.float64).numpy()
+        x = self.decode(x) if self.decode is not None else x
+        f = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64).numpy()
         return np.concatenate([f, np.ones((f.shape[0], 1))], 1) if self.bias else f
 
     def targets(self, y: torch.Tensor) -> np.ndarray:
