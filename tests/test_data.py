@@ -203,8 +203,9 @@ def test_pixels_decode_to_the_floats_numpy_normalization_of_the_pool_gave(datase
     pool was normalized before clients held uint8 pixels, so runs keep their numbers."""
     from raysim.data.vision import CIFAR
     from raysim.core.data import Pixels
-    mean, std = {"fashion_mnist": ((MEAN,), (STD,)), "emnist": ((0.0,), (1.0,))}.get(
-        dataset, (CIFAR.get(dataset, {}).get("mean"), CIFAR.get(dataset, {}).get("std")))
+    constants = {"fashion_mnist": ((MEAN,), (STD,)), "emnist": ((0.0,), (1.0,)),
+                 **{name: (spec["mean"], spec["std"]) for name, spec in CIFAR.items()}}
+    mean, std = constants[dataset]
     if dataset in ("fashion_mnist", "emnist"):          # CIFAR's are set per instance (its test_vision test)
         assert DATASETS[dataset].build.pixels == Pixels(mean, std)
     c = len(mean)

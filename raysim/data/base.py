@@ -203,7 +203,7 @@ class PooledSource(FederatedSource):
 
     def stored(self, x: np.ndarray) -> np.ndarray:
         """Pool inputs of some samples -> what a client holds: an image source's uint8 pixels
-        shaped as the model's inputs (``decode`` turns them into floats batch by batch),
+        shaped as the model's inputs (``pixels`` turns them into floats batch by batch),
         otherwise float32 features."""
         if self.pixels is not None:
             return x.reshape(len(x), *self.input_shape)

@@ -3,8 +3,9 @@
 Train (60 000) and test (10 000) are pooled (70 000 images) and split among clients by the
 scenario's partitioner; each client's share is then split into train/val/test. Inputs are
 the uint8 pixels, shape (1, 28, 28), which the loop turns into x/255 normalized with the
-dataset's mean 0.2860 and std 0.3530 batch by batch (``raysim.core.data.Pixels``). Files may be gzip-compressed (``NAME.gz``). The default root is where Debian's
-``dataset-fashion-mnist`` package installs them (as ``.gz``).
+dataset's mean 0.2860 and std 0.3530 batch by batch (``raysim.core.data.Pixels``). Files may
+be gzip-compressed (``NAME.gz``). The default root is where Debian's ``dataset-fashion-mnist``
+package installs them (as ``.gz``).
 
 IDX format (LeCun's MNIST page): 4-byte magic 0x00 0x00 <type> <ndim> (type 0x08 = uint8; so
 0x00000803 for images, 0x00000801 for labels), ndim big-endian uint32 sizes, then the data.
