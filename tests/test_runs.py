@@ -269,6 +269,26 @@ def test_a_serial_run_without_mlflow_imported_tracks_through_a_helper_process_an
     assert b.data.tags["raysim.driver"].endswith(f":{os.getpid()}")
 
 
+def test_the_tracking_helper_runs_ten_steps_nicer_than_the_run_and_leaves_when_its_pipe_closes():
+    """The helper yields the cores to the run's own processes while both start (its niceness is
+    the run's plus 10: ``tracker_process.NICE``), and ends when the run's end of the pipe closes."""
+    import psutil
+
+    from raysim import tracker_process
+    assert tracker_process.NICE == 10
+    want = min(19, os.nice(0) + 10)         # Linux's niceness stops at 19
+    conn, proc = tracker_process._start_helper()
+    try:
+        end, nice = time.time() + 30, None
+        while time.time() < end and nice != want:
+            nice = psutil.Process(proc.pid).nice()
+            time.sleep(0.01)
+        assert nice == want
+    finally:
+        conn.close()
+    assert proc.wait(timeout=60) == 0
+
+
 def test_a_run_the_tracking_helper_cannot_create_fails_with_the_stores_error_and_no_resume_command(tmp_path):
     """The helper creates a new run while the rounds start; a store that refuses it (here: the
     experiment deleted) stops the run at the next round with the store's error in one line, exit
