@@ -38,7 +38,11 @@ class Rows:
     def __init__(self, rows):
         """``rows``: {i: [(j, W_ij), ...]} in ascending j, or the same as arrays (client ids,
         indptr, indices, weights): row k of the CSR rows is client ids[k]'s, its indices in
-        ascending order (the gossip scheduler's plan)."""
+        ascending order (the gossip scheduler's plan). No rows (a star run's hosts, a gossip
+        host before its first plan): no matrix, and SciPy is not imported."""
+        if isinstance(rows, dict) and not rows:
+            self.cids, self.sources, self.matrix = [], [], None
+            return
         import scipy.sparse as sp
         if isinstance(rows, (tuple, list)):
             ids, ptr, idx, val = (np.asarray(a) for a in rows)
