@@ -208,7 +208,7 @@ def test_a_star_runs_hosts_hold_no_mixing_rows_and_never_import_scipy():
     from raysim.core.mixing import Rows
     empty = Rows({})
     assert empty.cids == [] and empty.matrix is None and empty.mix({}).numel() == 0
-    code = ("import sys, numpy as np; from raysim.engine.serial import serial_driver; from raysim import config; "
+    code = ("import sys; from raysim.engine.serial import serial_driver; from raysim import config; "
             "d = serial_driver(config.load(sys.argv[1])); d.step(); d.step(); "
             "print(sorted(m for m in ('scipy', 'scipy.sparse') if m in sys.modules))")
     path = Path(__file__).resolve().parents[1] / "bench" / "tiny.yaml"
