@@ -8,8 +8,8 @@ EMNIST, pooled (train and test together) and split among clients by the scenario
   torchvision downloads are pickles, which raysim never loads; the error says which archive
   to fetch instead. Inputs are (3, 32, 32) scaled to [0, 1] and normalized per channel with
   the training set's mean and std (clients hold the uint8 pixels; each batch is normalized as
-  it is gathered: ``raysim.core.data.Pixels``). CIFAR-100 keeps each image's coarse label (20 superclasses),
-  which the ``pachinko`` partitioner uses (FedEM's split: alpha 0.4, beta 10).
+  it is gathered: ``raysim.core.data.Pixels``). CIFAR-100 keeps each image's coarse label (20
+  superclasses), which the ``pachinko`` partitioner uses (FedEM's split: alpha 0.4, beta 10).
 - **EMNIST** (Cohen et al. 2017) from the gzip IDX files of NIST's distribution (or
   torchvision's ``EMNIST/raw/`` copy): ``emnist-<split>-{train,test}-{images-idx3,labels-idx1}
   -ubyte[.gz]``; ``split``: byclass (62 classes, FedEM's), bymerge, balanced (47), letters (26),
