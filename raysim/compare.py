@@ -18,8 +18,8 @@ cell). Only validation metrics (``val_*``,
 grid.
 
 Runs are chosen by id (a sweep's or seeded run's parent stands for its children), or as every
-finished run of an MLflow experiment. A row is a method: the algorithm, with the sweep variant
-when the run is one; a column a dataset, or a dataset and its partition (``fashion_mnist
+finished run of an MLflow experiment. A row is a method: the algorithm (and its server optimizer
+where one is set: ``fedavg (server adam)``), with the sweep variant when the run is one; a column a dataset, or a dataset and its partition (``fashion_mnist
 (shards)``, ``fashion_mnist (dirichlet)``) where the runs of one dataset differ in
 ``data.partition.kind``. Runs of the same row and column are the seeds of one
 cell (a run repeated with the same seed counts once more; the CSV lists every run id). Values
@@ -83,6 +83,14 @@ def select(client, run_ids: list[str], experiment: str | None) -> list:
     return out
 
 
+def method_name(algorithm: str, params: dict[str, str]) -> str:
+    """The method a run is: its algorithm, and the server optimizer where one steps its global
+    model (``fedavg (server adam)`` is FedAdam): another method, whose lr ``--select`` chooses
+    apart from the plain algorithm's."""
+    opt = params.get("server.optimizer", "none")
+    return algorithm if opt in ("none", "None", "") else f"{algorithm} (server {opt})"
+
+
 def rows(runs, metrics: list[str] | None = None) -> list[Row]:
     """One row per run and metric (``metrics``; default: the run's accuracy, or mse)."""
     out = []
@@ -92,7 +100,7 @@ def rows(runs, metrics: list[str] | None = None) -> list[Row]:
         if primary is None:
             continue                      # never evaluated
         tags = r.data.tags
-        algorithm, variant = tags.get("algorithm", "?"), tags.get("variant")
+        algorithm, variant = method_name(tags.get("algorithm", "?"), r.data.params), tags.get("variant")
         method = algorithm + (f" [{variant}]" if variant and variant != algorithm else "")
         for metric in metrics or [primary]:
             if metric not in m:

@@ -98,3 +98,30 @@ def test_methods_keep_the_order_of_the_runs_whichever_grid_point_is_chosen(bench
                      "--select", "val_accuracy"]) == 0
     methods = [line.split(" | ")[0].lstrip("| ") for line in (tmp_path / "compare.md").read_text().splitlines()[2:4]]
     assert methods == ["fedavg", "local"]
+
+
+def test_a_server_optimizer_is_a_method_of_its_own_whose_lr_is_chosen_apart():
+    """FedAvg's runs with and without `server: adam` are two rows; --select picks each one's best
+    validation run among its own runs only (the plain FedAvg run with the higher val_accuracy
+    does not take FedAdam's row)."""
+    from types import SimpleNamespace as NS
+
+    from raysim import compare
+
+    def run(rid, variant, server, val, acc):
+        params = {"seed": "0", "data.partition.kind": "dirichlet", "server.optimizer": server}
+        return NS(info=NS(run_id=rid, start_time=0, end_time=1000),
+                  data=NS(tags={"algorithm": "fedavg", "variant": variant, "dataset": "digits", "seed": "0"},
+                          params=params, metrics={"accuracy": acc, "val_accuracy": val}))
+    runs = [run("a", "fedavg", "none", 0.90, 0.80), run("b", "adam-0.01", "adam", 0.70, 0.60),
+            run("c", "adam-0.1", "adam", 0.85, 0.75), run("d", "sgd", "sgd", 0.50, 0.40)]
+    assert compare.method_name("fedavg", {"server.optimizer": "adam"}) == "fedavg (server adam)"
+    assert compare.method_name("fedavg", {"server.optimizer": "none"}) == "fedavg"
+    assert compare.method_name("fedavg", {}) == "fedavg"
+    found, choices = compare.chosen_rows(runs, None, "val_accuracy")
+    chosen = {algorithm: c.method for (algorithm, _), c in choices.items()}
+    assert chosen == {"fedavg": "fedavg",
+                      "fedavg (server adam)": "fedavg (server adam) [adam-0.1]",
+                      "fedavg (server sgd)": "fedavg (server sgd) [sgd]"}
+    assert [(r.method, r.run_id, r.value) for r in found] == [
+        ("fedavg", "a", 0.80), ("fedavg (server adam)", "c", 0.75), ("fedavg (server sgd)", "d", 0.40)]
