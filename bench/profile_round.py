@@ -4,6 +4,7 @@ warm-up round, each function's own time put in one bucket.
 
     python bench/profile_round.py scenarios/quickstart.yaml
     python bench/profile_round.py my.yaml --rounds 2 --set algorithm.name=ditto
+    python bench/profile_round.py scenarios/pfl_benchmark.yaml --variant 'apfl-shards,lr=0.003'
 
 Buckets: matrix products (bmm, baddbmm, matmul: forward, weight gradients, error), element-wise
 tensor ops (activations, softmax, the fused update's adds), autograd (the backward engine),
@@ -48,10 +49,14 @@ def main() -> None:
     ap.add_argument("scenario")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--variant", help="a sweep's variant (the file is a sweep)")
     args = ap.parse_args()
     from raysim import config
     from raysim.engine.serial import serial_driver
-    sc = config.load(args.scenario, args.overrides)
+    if args.variant:
+        ((_, sc),) = config.load_variants(args.scenario, args.overrides, only=args.variant)
+    else:
+        sc = config.load(args.scenario, args.overrides)
     driver = serial_driver(sc)
     driver.step()                                          # warm-up: first loads, width measuring
     prof = cProfile.Profile()
