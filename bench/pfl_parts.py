@@ -16,7 +16,8 @@ not shared: SQLite serializes writers), with checkpoints every 25 rounds. A pair
 a ``done*.txt`` file under ``--dir`` lists it (a pair that finished or diverged; one stopped
 from outside runs again), or when ``--skip`` (``runs_io.py export`` files)
 already holds a finished run of it: a part on a new machine starts where the parts before it
-stopped. ``log.txt`` records each pair's exit status and time; ``--results FILE`` appends each
+stopped. The jobs file is read again whenever a worker takes a pair, so pairs
+appended to it while a part runs are run by that part. ``log.txt`` records each pair's exit status and time; ``--results FILE`` appends each
 finished run to FILE as it ends. ``raysim compare`` then makes
 the table from one store into which every part's runs were imported
 (``runs_io.py import``).
@@ -68,8 +69,10 @@ def main(argv=None) -> int:
                          "bench/results/pfl_benchmark_runs.jsonl: a part stopped at any point loses no run)")
     a = ap.parse_args(argv)
     t0 = time.time()
-    jobs = [line.rstrip("\n").split("\t") for line in open(a.jobs) if line.strip()]
-    jobs = jobs[::-1] if a.reverse else jobs
+
+    def jobs() -> list[list[str]]:          # read again at each pick: pairs added while it runs are taken too
+        listed = [line.rstrip("\n").split("\t") for line in open(a.jobs) if line.strip()]
+        return listed[::-1] if a.reverse else listed
     out = Path(a.dir)
     out.mkdir(parents=True, exist_ok=True)
     exported = finished_pairs(a.skip)
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
         while True:
             with lock:
                 skip, job = done() | claimed, None
-                for variant, seed, cost in jobs:
+                for variant, seed, cost in jobs():
                     if (variant, seed) not in skip and time.time() - t0 + float(cost) * a.speed <= a.deadline:
                         job = (variant, seed, cost)
                         claimed.add((variant, seed))

@@ -81,6 +81,21 @@ def test_a_part_skips_pairs_done_or_exported_reruns_stopped_ones_and_keeps_its_d
     assert log.read_text() == "broken 0\n"                          # only the stopped pair, again
 
 
+def test_a_pair_appended_to_the_jobs_file_while_a_part_runs_is_run_by_it(tmp_path):
+    """The first pair's run appends a second pair to the jobs file (as one adds the other lrs of
+    a method whose chosen lr failed at another seed); the part, one worker, runs it next."""
+    log, jobs = tmp_path / "calls.txt", tmp_path / "jobs.tsv"
+    fake = tmp_path / "raysim"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(log))
+                    + f"if variant == 'a':\n    open({str(jobs)!r}, 'a').write('late\\t2\\t5\\n')\n")
+    fake.chmod(0o755)
+    jobs.write_text("a\t0\t5\n")
+    d = tmp_path / "part"
+    assert pfl_parts.main(["--jobs", str(jobs), "--dir", str(d), "--workers", "1", "--raysim", str(fake)]) == 0
+    assert log.read_text() == "a 0\nlate 2\n"
+    assert open(d / "done.txt").read() == "a\t0\nlate\t2\n"
+
+
 def test_a_part_appends_each_finished_run_to_the_results_file(tmp_path):
     path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
     jobs = tmp_path / "jobs.tsv"
