@@ -17,19 +17,28 @@ That is the shared local update (``eval.finetune``, ``Algorithm.with_local_updat
 default here: ``accuracy`` (and ``lu_*``) are the fine-tuned model's, ``global_*`` the global
 model's before fine-tuning (the paper's "initial" accuracy).
 
-Defaults and choices (the official code is jhoon-oh/FedBABU; recalled, not checked here):
+Defaults and choices. The official code is jhoon-oh/FedBABU; the points below marked
+"checked" were read in a copy of it (``main_fed.py``, ``models/Update.py``,
+``scripts/run_abla.sh``):
 
 - τ = 5 fine-tuning epochs of the whole model (``eval.finetune.epochs`` when null; the paper's
   main tables fine-tune 5 epochs, and it finds fine-tuning the whole model better than the head
   or the body alone). The fine-tuning uses the training's lr, batch size and optimizer (the
-  official code fine-tunes with the training's optimizer settings); any ``eval.finetune``
+  official code fine-tunes with the training's optimizer settings, as recalled: its fine-tuning
+  script was not in the copy read); any ``eval.finetune``
   option given applies, and ``epochs: 0`` turns it off.
-- ``lr`` 0.1, ``momentum`` 0.9, ``batch_size`` 50, ``local_epochs`` 1: the paper's CIFAR-100
-  setup (lr 0.1, batch 50, SGD with momentum 0.9; it varies E among 1, 4 and 10). The
-  official scripts give the head a learning rate of 0 (``--head_lr 0``) rather than freezing
-  it; with plain SGD the two are the same, and with weight decay or momentum freezing is the
-  paper's "the head is never updated". Unsure: whether the official code decays the lr over
-  rounds (``lr_schedule`` offers it).
+- ``lr`` 0.1, ``momentum`` 0.9, ``batch_size`` 50, ``local_epochs`` 1: the official scripts'
+  (checked: ``--lr 0.1 --momentum 0.90 --local_bs 50 --wd 0.0``, E among 1, 4 and 10). The official code gives the head a learning rate of 0 in one SGD optimizer with the
+  body rather than freezing it; SGD moves a parameter by lr times its step, so an lr of 0 leaves
+  the head unchanged whatever the momentum and weight decay, as freezing does (checked).
+- ``lr_schedule: constant`` (default). The official code multiplies the lr by 0.1 after rounds
+  R/2 and 3R/4 (checked), which is ``lr_schedule: step``. Constant is the default because that
+  schedule ties the lr of a round to the run's total rounds, and a benchmark sets one schedule
+  for every method (``scenarios/pfl_benchmark.yaml``).
+- ``weighting: samples`` (default): the body averaged with n_k weights, FedAvg's rule, which the
+  paper builds on. The official code divides the sum of the sampled clients' models by their
+  number (checked); its balanced splits give every client the same n_k, where the two coincide.
+  ``weighting: uniform`` is that 1/|S| average (the code's, also in its unbalanced runs).
 - Only the body travels up (the head never changes, so the server keeps its own copy and
   ``bytes_up`` counts the body alone); the message carries the whole model, head included, so a
   client needs nothing but the message.
@@ -43,7 +52,7 @@ everywhere, is never mixed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .base import LocalTraining, Supervised, Weighted, params_of, training_field
 from .fedavg import FedAvg
@@ -54,6 +63,9 @@ class FedBABUHyper(LocalTraining):
     lr: float = training_field("lr", 0.1)
     momentum: float = training_field("momentum", 0.9)
     batch_size: int = training_field("batch_size", 50)
+    weighting: str = field(default="samples", metadata={
+        "choices": ("samples", "uniform"),
+        "help": "the server's average of the bodies: samples (n_k weights) or uniform (1/|S|, the official code's)"})
 
 
 class FedBABU(FedAvg):
@@ -84,7 +96,7 @@ class FedBABU(FedAvg):
         return params_of(self.model_fn())
 
     def reply(self, params, received, n: int):
-        return Weighted(self.groups.pick(params, "body"), float(n))
+        return Weighted(self.groups.pick(params, "body"), float(n) if self.hp.weighting == "samples" else 1.0)
 
     def aggregate(self, server, reduced, round_):
         if reduced is None or reduced.weight == 0:

@@ -20,8 +20,9 @@ Only w travels, both ways (``bytes_up`` and ``bytes_down`` show it).
 Defaults and choices:
 
 - ``lr`` 0.01, ``batch_size`` 32, ``local_epochs`` 1, plain SGD (no momentum or weight decay):
-  the official code's digits experiments (med-air/FedBN, ``fed_digits.py``: ``SGD(lr=1e-2)``,
-  batch 32, one local epoch, "wk_iters" 1), as recalled; not checked against the code here.
+  the official code's digits experiments (med-air/FedBN, ``federated/fed_digits.py``: ``--lr``
+  1e-2, ``--batch`` 32, ``--wk_iters`` 1, ``optim.SGD(params, lr)`` made anew each round),
+  checked against that file. It trains all five clients every round.
 - ``weighting: samples`` (default): n_k weights, FedAvg's rule that Algorithm 1 builds on.
   The paper's Algorithm 1 and the official code average with 1/K (``client_weights = 1 /
   client_num``); their experiments give every client the same number of samples, where the two

@@ -81,6 +81,12 @@ def test_fedbabu_round_trains_and_averages_the_body_and_the_head_stays_its_initi
     assert equal(fitted[0].params[2:], init[2:]) and not torch.equal(fitted[0].params[0], init[0])
     # gossip mixes the body alone
     assert equal(algo.shared(new)[0], new[:2]) and equal(algo.with_shared(server, algo.shared(new)), [*new[:2], *init[2:]])
+    # the official code's 1/|S|: the same bodies, each weighing 1
+    uni = fedbabu(local_epochs=2, weighting="uniform")
+    (_, ua, _), (_, ub, _) = run(uni, *(uni.train(None, Received(server), d, ctx(d.cid)) for d in (A, B)))
+    assert (ua.weight, ub.weight) == (1.0, 1.0) and equal(ua.values, outs[0][1].values)
+    mean = uni.aggregate(server, reduce(ua, ub), 0)
+    assert close(mean[:2], [(u + v) / 2 for u, v in zip(ua.values, ub.values)]) and equal(mean[2:], init[2:])
 
 
 def test_fedbabu_evaluation_fine_tunes_the_whole_global_model_for_five_epochs():
