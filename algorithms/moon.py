@@ -26,12 +26,15 @@ Choices:
   whole, set by set, with z the input of the head's first layer (a forward pre-hook).
 - The previous local model is the client's state (its whole model after its last round). At a
   client's first round it is the received global model: z_prev = z_glob, so ℓ_con = log 2
-  with zero gradient and the first round is plain FedAvg for that client. (As far as known
-  here, not checked: the official code's previous models start as the initial network, the
-  same at round 1, but for a client first sampled later its z_prev would be the initial
-  model's.)
+  with zero gradient and the first round is plain FedAvg for that client. The official code
+  (QinbinLi/MOON ``main.py``, checked) differs at first rounds: its pool of previous models is
+  empty in round 1, so the contrastive term is 0 there (also plain FedAvg); from round 2 the
+  pool holds a copy of every client's network, and a client not sampled before has its own
+  random initialization there (each client's network is initialized apart), which then serves
+  as its z_prev. After a client's first round both agree: its model after its last round.
 - The frozen passes run the body in evaluation mode (dropout off, batch norm with its running
-  statistics); the paper's code is not checked on this point.
+  statistics), as the official code's ``global_model.eval()`` and previous networks' ``eval()``
+  (checked).
 - ``mu`` μ = 1: the paper's value for CIFAR-100 and Tiny-ImageNet (5 for CIFAR-10); ``tau``
   τ = 0.5, the paper's temperature for all datasets. The official code's buffer of several
   previous models (``model_buffer_size``, default 1) is not implemented: one previous model,

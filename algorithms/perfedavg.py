@@ -35,12 +35,12 @@ model's. The paper's evaluation is one gradient step; ``eval.finetune.batch_size
 client's train size gives exactly that single full-batch step (PFLlib's takes one step on one
 batch). ``eval.finetune.epochs: 0`` scores the global model alone.
 
-Defaults (state of knowledge, not checked against code in this repository): α = 0.01 and
-β = 0.001, ``variant: fo``, batch 10, 1 epoch: PFLlib's Per-FedAvg runs (``-bt 0.001`` for β,
-batch 10, 1 local epoch; its α is its local learning rate, 0.005 by default there, 0.01 the
-value commonly used); the paper's experiments use step sizes of this order (α = 0.001–0.01,
-β = 0.001) and δ = 0.001 for HF, though the exact table was not re-checked. β = 0.001 is slow
-on small runs: raise ``lr`` there.
+Defaults: α = 0.01 and β = 0.001, ``variant: fo``, batch 10, 1 epoch. PFLlib (checked at
+commit d832e76, ``clientperavg.py``) takes β equal to its local learning rate, so α = β
+(0.005 by default; its ``-bt`` flag is not read by Per-FedAvg), with batch 10 in each of D and
+D′ and 1 local epoch: ``alpha`` equal to ``lr`` here. The paper's experiments use step sizes of
+the order of α = 0.001–0.01 and β = 0.001, and δ = 0.001 for HF (as recalled; its tables were
+not re-checked). β = 0.001 is slow on small runs: raise ``lr`` there.
 
 Decentralized (a ``topology``): each client takes its meta-steps on its copy of the meta-model
 and mixes it with its neighbours, as D-SGD does with FedAvg's model (the paper has a server).
