@@ -26,15 +26,17 @@ some (a ``model.head`` reaching back over a normalization layer) keeps its initi
 Prediction: generic ŷ = g(z) (``global_*``: the generic model, what the server holds, also what
 ``eval.finetune`` updates), personalized ŷ = g(z) + p_k(z) (``accuracy`` etc.).
 
-Choices (from PFLlib's FedRoD, which follows the official hongyouc/Fed-RoD code as far as we
-know; the official code was not re-checked here):
+Choices, from PFLlib's FedRoD (``clientrod.py``, checked at commit d832e76). The official
+repository (hongyouc/Fed-RoD) holds a README and no code, so PFLlib's is the reference
+implementation followed here:
 
 - classes absent from a client get log π = log 0 = −inf in the balanced softmax, as PFLlib's
   ``balanced_softmax_loss`` computes: those logits then get no probability and no gradient. No
   smoothing of the prior.
 - the personal head's loss detaches z and g(z) (PFLlib's ``rep.detach()`` and
-  ``out_g.detach()``); we believe the official code does the same but did not verify it.
-- p_k starts as a copy of the initial model's head (PFLlib's ``deepcopy(model.head)``); the
+  ``out_g.detach()``), with z taken before the generic step.
+- p_k starts as a copy of the initial model's head (PFLlib's ``deepcopy(model.head)`` when the
+  client is made), trained by its own SGD at the same lr (PFLlib's ``opt_head``); the
   paper's hypernetwork variant (FedRoD with a hypernetwork producing p_k) is not provided.
 - defaults: lr 0.01, batch 10, 1 local epoch, plain SGD: the values of FedRep's and FedPer's
   official scripts used here too (PFLlib's own defaults are lr 0.005, batch 10, 1 epoch; the
