@@ -25,12 +25,13 @@ Defaults and choices. The official code is jhoon-oh/FedBABU; the points below ma
   main tables fine-tune 5 epochs, and it finds fine-tuning the whole model better than the head
   or the body alone). The fine-tuning uses the training's lr, batch size and optimizer (the
   official code fine-tunes with the training's optimizer settings, as recalled: its fine-tuning
-  script was not in the copy read); any ``eval.finetune``
-  option given applies, and ``epochs: 0`` turns it off.
+  script was not in the copy read); any ``eval.finetune`` option given applies, and
+  ``epochs: 0`` turns it off.
 - ``lr`` 0.1, ``momentum`` 0.9, ``batch_size`` 50, ``local_epochs`` 1: the official scripts'
-  (checked: ``--lr 0.1 --momentum 0.90 --local_bs 50 --wd 0.0``, E among 1, 4 and 10). The official code gives the head a learning rate of 0 in one SGD optimizer with the
-  body rather than freezing it; SGD moves a parameter by lr times its step, so an lr of 0 leaves
-  the head unchanged whatever the momentum and weight decay, as freezing does (checked).
+  (checked: ``--lr 0.1 --momentum 0.90 --local_bs 50 --wd 0.0``, E among 1, 4 and 10). The
+  official code gives the head a learning rate of 0 in one SGD optimizer with the body rather
+  than freezing it; SGD moves a parameter by lr times its step, so an lr of 0 leaves the head
+  unchanged whatever the momentum and weight decay, as freezing does (checked).
 - ``lr_schedule: constant`` (default). The official code multiplies the lr by 0.1 after rounds
   R/2 and 3R/4 (checked), which is ``lr_schedule: step``. Constant is the default because that
   schedule ties the lr of a round to the run's total rounds, and a benchmark sets one schedule
