@@ -199,3 +199,61 @@ def test_a_training_batch_of_one_sample_is_normalized_by_the_running_statistics(
     assert close(fit.params, p)                 # its running statistics: those of the 8-sample step
     h = x[8:] @ p[0].T + p[1]                   # a one-sample update of them would have moved the mean
     assert not torch.allclose(fit.params[4], 0.9 * stats[0] + 0.1 * h[0], atol=1e-3)
+
+
+def test_fedbn_eval_stats_refit_scores_with_the_running_statistics_of_the_clients_train_split():
+    """Client A's kept statistics are stale (made up here); refit replaces them, before scoring,
+    by the mean and unbiased variance of its train split's pre-normalization activations under
+    the received weights (3 samples, one pass), γ and β its own; kept scores with the stale ones."""
+    init = params_of(bn_mlp())
+    stale = FedBNState([init[2], init[3], torch.tensor([5.0, -4.0, 3.0]), torch.tensor([0.01, 9.0, 0.2])])
+    kept, refit = fedbn(), fedbn(eval_stats="refit")
+    msg = kept.message(kept.init_server(None), 0).shared
+    h = A.train_x @ init[0].T + init[1]                                    # (3, 3), by hand
+    fresh = [init[2], init[3], h.mean(0), h.var(0, unbiased=True)]
+    for algo, stats in ((kept, stale.norm), (refit, fresh)):
+        (m,) = run(algo, algo.evaluate(stale, Received(msg), A, ctx(0)))
+        p = list(init)
+        p[2:6] = stats
+        pred = bn_forward(p, A.test_x, False).argmax(1)
+        assert m["accuracy"] == pytest.approx(float((pred == A.test_y).float().mean()))
+        assert m["test_loss"] == pytest.approx(float(F.cross_entropy(bn_forward(p, A.test_x, False), A.test_y)),
+                                               rel=1e-5)
+    got = refit.refit_stats(kept.model(stale, msg, torch.device("cpu")), A.train_x, torch.device("cpu"))
+    assert close([got[i] for i in NORM], fresh) and equal([got[i] for i in REST], [init[i] for i in REST])
+    # in blocks: block k folded in with momentum 1/k, the average of the blocks' statistics
+    refit.REFIT_BLOCK = 2
+    got = refit.refit_stats(kept.model(stale, msg, torch.device("cpu")), A.train_x, torch.device("cpu"))
+    # the second block is one sample: batch norm cannot take its statistics, so it leaves them
+    assert close([got[4], got[5]], [h[:2].mean(0), h[:2].var(0, unbiased=True)])
+    four = client(2, [2.0, -1.0, 0.5, 3.0], [0, 1, 0, 1])                 # two blocks of two
+    h4 = four.train_x @ init[0].T + init[1]
+    got = refit.refit_stats(kept.model(stale, msg, torch.device("cpu")), four.train_x, torch.device("cpu"))
+    assert close([got[4], got[5]], [(h4[:2].mean(0) + h4[2:].mean(0)) / 2,
+                                    (h4[:2].var(0, unbiased=True) + h4[2:].var(0, unbiased=True)) / 2])
+
+
+def test_rescoring_a_fedbn_checkpoint_gives_the_runs_scores_and_refit_those_of_a_run_with_it(tmp_path):
+    """bench/rescore.py on a finished run's checkpoint (2 of 8 clients a round, so most clients'
+    statistics are stale at the end): with the run's options it gives the run's final accuracy;
+    with eval_stats=refit, that of the same run made with the option (training is the same), which
+    differs from the kept statistics' score."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import rescore
+    from raysim import api
+    text = FEATURE_SHIFT.replace("SEED", "1").replace("NAME", "fedbn").replace("rounds: 15", "rounds: 8").replace(
+        "fraction: 1.0", "count: 2").replace("every: 15", "every: 8")
+    path = write_scenario(Path(tmp_path), text)
+    common = {"tracking.uri": f"sqlite:///{tmp_path}/m.db", "checkpoint.dir": str(tmp_path / "ck")}
+    kept = api.run(path, common, engine="serial")
+    refit = api.run(path, {**common, "algorithm.eval_stats": "refit"}, engine="serial")
+    assert refit.history["train_loss"].tolist() == kept.history["train_loss"].tolist()   # the same training
+    folder = str(tmp_path / "ck" / kept.run_id)
+    as_run, round_ = rescore.scores(folder, [])
+    again, _ = rescore.scores(folder, ["algorithm.eval_stats=refit"])
+    assert round_ == 8
+    for name in ("accuracy", "bottom_decile_accuracy", "test_loss"):
+        assert as_run[name] == pytest.approx(kept.final[name], abs=1e-12)
+        assert again[name] == pytest.approx(refit.final[name], abs=1e-12)
+    assert again["test_loss"] != as_run["test_loss"]
