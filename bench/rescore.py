@@ -2,62 +2,37 @@
 
     python bench/rescore.py CHECKPOINT_DIR/RUN_ID --set algorithm.eval_stats=refit
 
-Reads the run's last complete checkpoint (``raysim.engine.checkpoint``: the manifest, the server
-state and every host's client states, each verified) and its resolved scenario, rebuilds the data
-source and the method, and has the method's own ``evaluate`` score every training client twice:
-with the run's options, then with the ``--set`` overrides (options of the evaluation only, such
-as FedBN's ``algorithm.eval_stats``: training is not redone, so an option that changes training
-makes no sense here). Prints both summaries (the test-size-weighted mean over clients and the
-bottom decile, as the run logs them) side by side. The first must equal the run's final metrics.
-
-For methods whose evaluation is a plain function of the client's state and the server's message
-(FedBN, FedPer, FedRep, LG-FedAvg and the other split methods, FedAvg's family without
-``eval.finetune``); one that trains to evaluate (a local update) is refused.
+Reads the run's resolved scenario from its last complete checkpoint, applies the ``--set``
+overrides, builds the serial engine's driver for it (every host in this process), restores the
+checkpoint into it (``RoundDriver.restore``: server state and every client's state, each file
+verified) and runs the driver's own evaluation of that round, once with the run's options and
+once with the overrides. Prints both summaries (the test-size-weighted mean over clients and
+the bottom decile, as the run logs them) side by side. The first equals the run's final
+metrics. Training is not redone: the overrides should be options of the evaluation (FedBN's
+``algorithm.eval_stats``, ``eval.finetune``); one that changes training makes no sense here.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-
-import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from raysim import config, setup  # noqa: E402
-from raysim.algorithms.base import Received  # noqa: E402
+from raysim import config  # noqa: E402
 from raysim.engine import checkpoint  # noqa: E402
-from raysim.engine.driver import split_unseen, summarize  # noqa: E402
-from raysim.engine.trees import tree_to_state  # noqa: E402
+from raysim.engine.serial import serial_driver  # noqa: E402
 
 
 def scores(folder: str, overrides: list[str]) -> tuple[dict[str, float], int]:
-    """(the summary of every training client's scores, the checkpoint's round) with ``overrides``."""
-    doc, server = checkpoint.read(folder)
-    raw = server["scenario"]
+    """(the evaluation's summary of the checkpoint's round with ``overrides``, that round)."""
+    raw = checkpoint.server_part(folder)["scenario"]
     for item in overrides:
         config.apply_override(raw, item, folder)
-    sc = config.validate(raw, folder)
-    source = config.make_source(sc)
-    algo = setup.make_algorithm(sc, source)
-    train, _ = split_unseen(sc)
-    states = checkpoint.read_clients(folder, doc, train)
-    message = algo.message(server["server"], server["round"])
-    ctx = SimpleNamespace(device=torch.device("cpu"), round=server["round"], rounds=sc.rounds)
-    results = {}
-    for cid in (int(c) for c in train):
-        data = source.client(cid)
-        tree = states.get(cid, {}).get("state")
-        state = None if tree is None else tree_to_state(algo.ClientState, tree)
-        got = algo.evaluate(state, Received(message.shared), data, ctx)
-        if inspect.isgenerator(got):
-            raise SystemExit(f"rescore: {sc.algorithm.name} trains to evaluate (a local update); "
-                             f"rescoring it would redo training")
-        results[cid] = (got, data.num_test)
-    return summarize(results), server["round"]
+    driver = serial_driver(config.validate(raw, folder))
+    round_ = driver.restore(folder)
+    return driver.evaluate(), round_
 
 
 def main(argv=None) -> int:

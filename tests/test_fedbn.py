@@ -235,7 +235,8 @@ def test_fedbn_eval_stats_refit_scores_with_the_running_statistics_of_the_client
 
 def test_rescoring_a_fedbn_checkpoint_gives_the_runs_scores_and_refit_those_of_a_run_with_it(tmp_path):
     """bench/rescore.py on a finished run's checkpoint (2 of 8 clients a round, so most clients'
-    statistics are stale at the end): with the run's options it gives the run's final accuracy;
+    statistics are stale at the end), the serial driver restored from it: with the run's options
+    it gives the run's final scores;
     with eval_stats=refit, that of the same run made with the option (training is the same), which
     differs from the kept statistics' score."""
     import sys
