@@ -17,6 +17,7 @@ the same file twice adds nothing. The file holds numbers and strings only (JSON)
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import sys
 
@@ -36,6 +37,9 @@ def export(uri: str, experiment: str, out: str, history: bool = False, run_ids: 
                               order_by=["attributes.start_time ASC"])
     n = 0
     with open(out, "a" if append else "w") as f:
+        # parts side by side append to one file; a line (up to tens of kB) leaves in several
+        # writes, which another part's could split: one writer at a time
+        fcntl.flock(f, fcntl.LOCK_EX)
         for r in runs:
             if r.data.tags.get("raysim.parent") == "1" or (run_ids is not None and r.info.run_id not in run_ids):
                 continue
