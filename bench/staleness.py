@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +34,7 @@ from raysim.engine.driver import sample_clients, split_unseen  # noqa: E402
 
 def rounds_idle(scenario: dict) -> dict[int, int]:
     """Each training client's rounds since it last trained (``rounds`` if it never did)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp, "scenario.yaml")
-        path.write_text(json.dumps(scenario))          # JSON is YAML
-        sc = config.load(path, check_data=False)
+    sc = config.validate(dict(scenario), "<the run's resolved scenario>", check_data=False)
     train, _ = split_unseen(sc)
     last = {int(c): 0 for c in train}
     for r in range(1, sc.rounds + 1):
