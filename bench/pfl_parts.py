@@ -16,11 +16,10 @@ not shared: SQLite serializes writers), with checkpoints every 25 rounds. A pair
 a ``done*.txt`` file under ``--dir`` lists it (a pair that finished or diverged; one stopped
 from outside runs again), or when ``--skip`` (``runs_io.py export`` files)
 already holds a finished run of it: a part on a new machine starts where the parts before it
-stopped. The jobs file is read again whenever a worker takes a pair, so pairs
-appended to it while a part runs are run by that part. ``log.txt`` records each pair's exit status and time; ``--results FILE`` appends each
-finished run to FILE as it ends. ``raysim compare`` then makes
-the table from one store into which every part's runs were imported
-(``runs_io.py import``).
+stopped. The jobs file is read again whenever a worker takes a pair, so pairs appended to it
+while a part runs are run by that part. ``log.txt`` records each pair's exit status and time;
+``--results FILE`` appends each finished run to FILE as it ends. ``raysim compare`` then makes
+the table from one store into which every part's runs were imported (``runs_io.py import``).
 """
 from __future__ import annotations
 

@@ -19,8 +19,9 @@ grid.
 
 Runs are chosen by id (a sweep's or seeded run's parent stands for its children), or as every
 finished run of an MLflow experiment. A row is a method: the algorithm (and its server optimizer
-where one is set: ``fedavg (server adam)``), with the sweep variant when the run is one; a column a dataset, or a dataset and its partition (``fashion_mnist
-(shards)``, ``fashion_mnist (dirichlet)``) where the runs of one dataset differ in
+where one is set: ``fedavg (server adam)``), with the sweep variant when the run is one; a
+column a dataset, or a dataset and its partition (``fashion_mnist (shards)``, ``fashion_mnist
+(dirichlet)``) where the runs of one dataset differ in
 ``data.partition.kind``. Runs of the same row and column are the seeds of one
 cell (a run repeated with the same seed counts once more; the CSV lists every run id). Values
 are the last evaluation's, read from the runs' metrics; accuracies are shown in %.
