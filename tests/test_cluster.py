@@ -180,7 +180,8 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     """Ray's start waits on its API server (dashboard, state API) until it has written its
     address; raysim's local Ray has none, nor the autoscaler's monitor (it cannot grow) nor,
     without -v, the log monitor; its dashboard agent is raysim's stand-in (no Prometheus
-    metrics, about 75 MB and 1.7 CPU-seconds less). It runs tasks and actors all the same, and
+    metrics, about 75 MB and 1.7 CPU-seconds less), and so is its runtime-environment agent
+    (about 35 MB and 1 CPU-second less; a runtime environment is refused). It runs tasks and actors all the same, and
     Ray's Node and command builder are restored after the start (a cluster started later in
     the process is whole)."""
     import psutil
@@ -220,14 +221,17 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
                 continue
             if any(ray_tmp in a for a in args):
                 started += [a.rsplit("/", 1)[-1] for a in args]
-                if any(a.endswith("dashboard/agent.py") for a in args):
+                if any(a.endswith(("dashboard/agent.py", "runtime_env/agent/main.py")) for a in args):
                     agents.append(p)
         assert "gcs_server" in started and "raylet" in started, started
         for skipped in ("dashboard.py", "monitor.py", "log_monitor.py"):
             assert skipped not in started, started
-        # the dashboard agent's place: the stand-in, given Ray's agent script as an argument
-        assert len(agents) == 1 and agents[0].cmdline()[2] == ray_start.AGENT, [a.cmdline() for a in agents]
-        assert agents[0].memory_full_info().uss < 30 * 2**20
+        # each agent's place: the stand-in, given Ray's agent script as an argument
+        assert len(agents) == 2 and {a.cmdline()[2] for a in agents} == {ray_start.AGENT}, [a.cmdline() for a in agents]
+        assert all(a.memory_full_info().uss < 30 * 2**20 for a in agents)
+        # a runtime environment is refused, with the reason (nothing raysim runs asks for one)
+        with pytest.raises(ray.exceptions.RuntimeEnvSetupError, match="not available on the local Ray"):
+            ray.get(square.options(runtime_env={"env_vars": {"A": "1"}}).remote(3), timeout=60)
     finally:
         ray_start.shutdown()
     assert {name: Node.__dict__[name] for name in before} == before
@@ -271,6 +275,67 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
         time.sleep(0.1)
     else:
         raise AssertionError("the stand-in outlived its parent")
+
+
+def test_the_runtime_env_agent_stand_in_listens_on_loopback_refuses_environments_and_answers_rays_other_calls(
+        tmp_path):
+    """The raylet waits for its runtime-environment agent's port, then asks it over HTTP, in
+    protobuf, for a task's runtime environment. The stand-in writes the port it listens on (as
+    Ray's persist_port writes it), refuses an environment with its reason and answers the two
+    other calls "nothing there": each reply read with Ray's own classes."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from ray import _raylet
+    from ray.core.generated import runtime_env_agent_pb2 as pb
+    from raysim.engine import ray_agent, ray_start
+    assert ray_start._env_stand_in_fits()
+    node = "3d" * 28
+    proc = subprocess.Popen([sys.executable, ray_start.AGENT, "/ray/_private/runtime_env/agent/main.py",
+                             f"--node-id={node}", "--node-ip-address=127.0.0.1", "--runtime-env-agent-port=0",
+                             f"--session-dir={tmp_path}", "--gcs-address=127.0.0.1:1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = tmp_path / f"{_raylet.RUNTIME_ENV_AGENT_PORT_NAME}_{node}"
+        deadline = time.time() + 10
+        while not port_file.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        assert port > 0
+
+        def post(path: str, message) -> bytes:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=message.SerializeToString(),
+                                             method="POST")
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                assert reply.status == 200
+                return reply.read()
+        ask = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env='{"env_vars": {"A": "1"}}', job_id=b"\x01")
+        created = pb.GetOrCreateRuntimeEnvReply.FromString(post("/get_or_create_runtime_env", ask))
+        assert created.status == pb.AGENT_RPC_STATUS_FAILED
+        assert created.error_message == ray_agent.REFUSAL and "ray start --head" in created.error_message
+        deleted = pb.DeleteRuntimeEnvIfPossibleReply.FromString(
+            post("/delete_runtime_env_if_possible", pb.DeleteRuntimeEnvIfPossibleRequest()))
+        assert deleted.status == pb.AGENT_RPC_STATUS_OK
+        info = pb.GetRuntimeEnvsInfoReply.FromString(post("/get_runtime_envs_info", pb.GetRuntimeEnvsInfoRequest()))
+        assert len(info.runtime_env_states) == 0 and info.total == 0
+        import psutil
+        listens = [c.laddr for c in psutil.Process(proc.pid).net_connections(kind="inet")
+                   if c.status == psutil.CONN_LISTEN]
+        assert [(a.ip, a.port) for a in listens] == [("127.0.0.1", port)]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_protobuf_field_is_written_as_the_wire_format_says():
+    """By hand: field 1 = 1 is the key (1 << 3 | 0) then the varint 1; field 2 = "ab" is the key
+    (2 << 3 | 2), the length 2, the bytes; a 300-byte string's length is the two-byte varint
+    0xAC 0x02 (300 = 0b10_0101100)."""
+    from raysim.engine.ray_agent import _field
+    assert _field(1, 1) == b"\x08\x01"
+    assert _field(2, "ab") == b"\x12\x02ab"
+    assert _field(2, "x" * 300)[:3] == b"\x12\xac\x02"
 
 
 TOKEN_HEAD = """

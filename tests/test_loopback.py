@@ -97,15 +97,19 @@ def test_every_process_of_the_local_ray_and_the_driver_listens_on_loopback_only(
     proc, procs, _, _ = live_run
     sockets = listening(procs)
     names = " ".join(title(p) for p in procs)
-    # not vacuous: the GCS, the raylet, the runtime-env agent, the host actor and the driver all
-    # listen; the dashboard agent's stand-in (raysim/engine/ray_agent.py) listens on nothing
-    for name in ("gcs_server", "raylet", "ray_agent.py", "RuntimeEnvAgent", "RayHost"):
+    # not vacuous: the GCS, the raylet, the runtime-env agent's stand-in, the host actor and the
+    # driver all listen; the dashboard agent's stand-in listens on nothing (both stand-ins are
+    # raysim/engine/ray_agent.py, given Ray's agent script as an argument)
+    def stand_in(agent: str) -> list[int]:          # a stand-in's pid, given Ray's AGENT script
+        return [p.pid for p in procs if "ray_agent.py" in title(p) and any(a.endswith(agent) for a in p.cmdline())]
+    for name in ("gcs_server", "raylet", "RayHost"):
         assert name in names, names
-    assert "DashboardAgent" not in names, names
-    stand_in = [p.pid for p in procs if "ray_agent.py" in title(p)]
-    assert len(stand_in) == 1 and not [s for s in sockets if s[0] in stand_in], sockets
+    assert "DashboardAgent" not in names and "RuntimeEnvAgent" not in names, names
+    dashboard, runtime_env = stand_in("dashboard/agent.py"), stand_in("runtime_env/agent/main.py")
+    assert len(dashboard) == 1 and not [s for s in sockets if s[0] in dashboard], sockets
+    assert len(runtime_env) == 1 and [s for s in sockets if s[0] in runtime_env], sockets
     assert proc.pid in {pid for pid, *_ in sockets} and len(sockets) >= 6, sockets
-    for name in ("gcs_server", "raylet", "RuntimeEnvAgent", "RayHost"):    # each of them listens
+    for name in ("gcs_server", "raylet", "RayHost"):    # each of them listens
         assert [s for s in sockets if name in s[1]], (name, sockets)
     assert [s for s in sockets if not loopback(s[2])] == [], sockets
 

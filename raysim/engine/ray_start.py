@@ -143,9 +143,10 @@ def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
     ENABLE_RAY_CLUSTER, off (the node's address stays 127.0.0.1: see ``LOOPBACK``); the chmod
     0o777 Ray gives each folder it makes (``_keep_private``), here and in each Python worker,
     which makes the session's folders again as it starts (its script is this file's
-    ``_worker``); the writing of a new token file (``_write_token_privately``); and the
+    ``_worker``); the writing of a new token file (``_write_token_privately``); the
     dashboard agent, which serves what the API server would show and the metrics: its
-    stand-in (``ray_agent``) only says it serves nothing."""
+    stand-in (``ray_agent``) only says it serves nothing; and the runtime-environment agent,
+    never asked while nothing carries a ``runtime_env``: its stand-in refuses one."""
     import importlib
     from ray._private.node import Node
 
@@ -163,7 +164,11 @@ def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
     services = module("ray._private.services")
     build = "_build_python_executable_command_memory_profileable"
     if services is not None and build in vars(services) and _agent_stand_in_fits():
-        patches.append((services, build, _with_agent_stand_in(vars(services)[build])))
+        from ray._private import ray_constants
+        agents = {ray_constants.PROCESS_TYPE_DASHBOARD_AGENT}
+        if _env_stand_in_fits():
+            agents.add(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT)
+        patches.append((services, build, _with_agent_stand_in(vars(services)[build], agents)))
     return [(owner, name, new) for owner, name, new in patches if owner is not None]
 
 
@@ -194,14 +199,37 @@ def _agent_stand_in_fits() -> bool:
         return files(ray_dir) == files(ours)
 
 
-def _with_agent_stand_in(build: Any) -> Any:
-    """Ray's builder of its Python processes' command lines, the dashboard agent's running
-    ``ray_agent`` (which gets Ray's agent script and options as its arguments) instead."""
-    from ray._private import ray_constants
+def _env_stand_in_fits() -> bool:
+    """Whether this Ray's runtime-environment agent is what ``ray_agent`` stands in for: the
+    same port name, the same three request paths in Ray's agent, and the stand-in's hand-written
+    replies reading, with Ray's own protobuf classes, as the messages meant (a refusal naming
+    its reason; an empty answer). Where not (another Ray), Ray's agent is started."""
+    from raysim.engine import ray_agent
+    try:
+        from ray import _raylet
+        from ray.core.generated import runtime_env_agent_pb2 as pb
+        name = _raylet.RUNTIME_ENV_AGENT_PORT_NAME
+        # read, not imported (its import puts its own folders on sys.path)
+        source = Path(ray.__file__).parent.joinpath("_private", "runtime_env", "agent", "main.py").read_text()
+        create = pb.GetOrCreateRuntimeEnvReply.FromString(ray_agent.REPLIES["/get_or_create_runtime_env"])
+        delete = pb.DeleteRuntimeEnvIfPossibleReply.FromString(ray_agent.REPLIES["/delete_runtime_env_if_possible"])
+        info = pb.GetRuntimeEnvsInfoReply.FromString(ray_agent.REPLIES["/get_runtime_envs_info"])
+        failed, ok = pb.AGENT_RPC_STATUS_FAILED, pb.AGENT_RPC_STATUS_OK
+    except Exception:               # noqa: BLE001 - a Ray without these (or a reply it cannot read): its own agent
+        return False
+    return (name == ray_agent.ENV_PORT and all(f'"{path}"' in source for path in ray_agent.REPLIES)
+            and create.status == failed and create.error_message == ray_agent.REFUSAL
+            and not create.serialized_runtime_env_context and delete.status == ok
+            and not info.runtime_env_states and info.total == 0)
 
+
+def _with_agent_stand_in(build: Any, agents: set[str]) -> Any:
+    """Ray's builder of its Python processes' command lines, each of ``agents`` (Ray's process
+    types) running ``ray_agent`` (which gets Ray's agent script and options as its arguments)
+    instead."""
     def command(component: str, *args, **kwargs) -> list[str]:
         cmd = build(component, *args, **kwargs)
-        if component == ray_constants.PROCESS_TYPE_DASHBOARD_AGENT:
+        if component in agents:
             cmd = [*cmd, AGENT]
         return cmd
     return command
