@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
 def _dispatch(args, early_ray: bool = False) -> int:
     if args.command == "run":
         from raysim.preflight import check_run
-        check_run(args.file, args.overrides, args.summary, args.resume)
+        actors = check_run(args.file, args.overrides, args.summary, args.resume)
         # MLflow imported by a helper while this one loads: a serial run, or a local Ray's (whose
         # host 0 runs in this process, resources.driver_host)
         if args.engine == "serial" or args.address is None:
@@ -155,7 +155,7 @@ def _dispatch(args, early_ray: bool = False) -> int:
         from raysim.engine import ray_start
         print(f"raysim: {'joining Ray at ' + args.address if args.address else 'starting a local Ray instance'} ...",
               file=sys.stderr, flush=True)
-        ray_start.start_in_background(args.address, args.verbose)
+        ray_start.start_in_background(args.address, args.verbose, actors if args.address is None else 0)
     from raysim import config
     if args.command == "list":
         from raysim.setup import describe_registries

@@ -17,14 +17,16 @@ import urllib.request
 from pathlib import Path
 
 from raysim.config import CheckpointCfg, ScenarioError, absolute_uri, apply_override, read_yaml
+from raysim.sections import ResourcesCfg
 
 STORE_TIMEOUT_S = 5.0       # how long a tracking server has to answer
 
 
-def check_run(file: str, overrides: list[str], summary: str | None, resume: str | None = None) -> None:
+def check_run(file: str, overrides: list[str], summary: str | None, resume: str | None = None) -> int:
     """The checks above for ``raysim run FILE --set ... [--summary PATH] [--resume RUN_ID]``;
     with ``resume``, also that the run exists and may be continued (``tracking.resumable_run``;
-    this imports MLflow before Ray starts, for a resume only)."""
+    this imports MLflow before Ray starts, for a resume only). Returns ``host_actors`` of the
+    scenario."""
     raw = read_yaml(file)
     for item in overrides:
         apply_override(raw, item, file)
@@ -48,6 +50,29 @@ def check_run(file: str, overrides: list[str], summary: str | None, resume: str 
         writable_folder(Path(folder).absolute(), f"{file}: checkpoint.dir")
     if summary is not None:
         writable_file(Path(summary).absolute(), "--summary")
+    return host_actors(raw)
+
+
+def host_actors(raw: dict) -> int:
+    """How many host actors the scenario ``raw`` (the YAML with its ``--set`` options) starts on
+    a local Ray that this command starts: ``resources.hosts``, less host 0 where it runs in the
+    driver's process (``ResourcesCfg.host_in_driver``), at most one per CPU. Ray then boots that
+    many workers as it starts, beside the scenario's validation, instead of when the hosts are
+    asked for. 0 where a sweep or grid decides the runs, or where a value is one the validation
+    will refuse."""
+    if "sweep" in raw or "grid" in raw:
+        return 0
+    res = raw.get("resources", {})
+    if not isinstance(res, dict):
+        return 0
+    default = ResourcesCfg()
+    hosts = res.get("hosts", default.hosts)
+    gpus = res.get("gpus_per_host", default.gpus_per_host)
+    want = res.get("driver_host", default.driver_host)
+    if type(hosts) is not int or hosts < 1 or type(gpus) not in (int, float) or want not in ("auto", True, False):
+        return 0
+    actors = hosts - int(ResourcesCfg.host_in_driver(want, local=True, gpus=gpus, trial=False))
+    return min(actors, os.cpu_count() or 1)
 
 
 def check_store(uri: str, where: str) -> None:

@@ -95,6 +95,15 @@ class ResourcesCfg:
         "gt": 0.0, "max": TIMEOUT_MAX, "help": "on a cluster (--address), how long to wait for the hosts to be "
                                                "placed (an autoscaling cluster adds nodes meanwhile)"})
 
+    @staticmethod
+    def host_in_driver(want: bool | str, local: bool, gpus: float, trial: bool) -> bool:
+        """The ``driver_host`` rule: whether host 0 runs in the driver's process, for the value
+        ``want``, a Ray this process started (``local``), the GPUs per host, and whether the run is
+        a Tune trial's (whose hosts are all actors in the trial's placement group)."""
+        if trial:
+            return False
+        return (local and not gpus) if want == "auto" else bool(want)
+
 
 @dataclass(frozen=True)
 class TrackingCfg:

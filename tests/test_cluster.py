@@ -181,9 +181,12 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     address; raysim's local Ray has none, nor the autoscaler's monitor (it cannot grow) nor,
     without -v, the log monitor; its dashboard agent is raysim's stand-in (no Prometheus
     metrics, about 75 MB and 1.7 CPU-seconds less), and so is its runtime-environment agent
-    (about 35 MB and 1 CPU-second less; a runtime environment is refused). It runs tasks and actors all the same, and
+    (about 35 MB and 1 CPU-second less; a runtime environment is refused). The raylet boots
+    the workers asked for (``prestart``) as the driver registers. It runs tasks and actors all the same, and
     Ray's Node and command builder are restored after the start (a cluster started later in
     the process is whole)."""
+    import os
+    import time
     import psutil
     import ray
     from ray._private import services
@@ -191,12 +194,24 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     from raysim.engine import ray_start
     import tempfile
     before = {name: Node.__dict__[name] for name in (*ray_start.LEAN_SKIPS, "start_log_monitor")}
-    build = services._build_python_executable_command_memory_profileable
+    build, launch = services._build_python_executable_command_memory_profileable, services.start_ray_process
     # this Ray's own folder: another Ray of this process (the module's cluster) is not looked at
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
-    ray_start.init(None)
+    ray_start.init(None, prestart=1)
     try:
+        # one worker booted as the driver registered (``prestart``), before anything asked for
+        # one: the first task runs in it
+        deadline = time.time() + 30
+        while not (idle := [p for p in psutil.Process().children(recursive=True) if p.name() == "ray::IDLE"]):
+            assert time.time() < deadline, "no worker was booted ahead"
+            time.sleep(0.1)
+
+        @ray.remote
+        def pid():
+            return os.getpid()
+        assert ray.get(pid.remote()) == idle[0].pid
+
         @ray.remote
         def square(x):
             return x * x
@@ -236,6 +251,7 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
         ray_start.shutdown()
     assert {name: Node.__dict__[name] for name in before} == before
     assert services._build_python_executable_command_memory_profileable is build
+    assert services.start_ray_process is launch
 
 
 def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_with_its_raylet(tmp_path):

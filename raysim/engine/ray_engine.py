@@ -257,11 +257,9 @@ def _run(refs: list, timeout: float | None = None) -> list:
 def driver_hosts(sc: Scenario, local: bool | None = None) -> bool:
     """Whether host 0 runs in the driver's process (``resources.driver_host``); ``local``:
     whether the Ray used is one this process started (default: as it is now)."""
-    want = sc.resources.driver_host
-    if want == "auto":
-        local = embedded() if local is None else local
-        return local and not sc.resources.gpus_per_host and _TRIAL is None
-    return bool(want) and _TRIAL is None
+    res = sc.resources
+    return res.host_in_driver(res.driver_host, embedded() if local is None else local, res.gpus_per_host,
+                              _TRIAL is not None)
 
 
 def _resources_text(sc: Scenario) -> str:

@@ -44,9 +44,13 @@ _DEFAULT_WORKER = os.path.join(os.path.dirname(ray.__file__), "_private", "worke
 _EARLY: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
 
 
-def init(address: str | None, verbose: bool = False) -> None:
+def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
     """Start an embedded Ray (address None) or join a cluster ("auto" or HOST:PORT); if a
-    background start is under way, wait for it (and raise its error)."""
+    background start is under way, wait for it (and raise its error). ``prestart``: a local
+    Ray's raylet boots this many Python workers as this driver registers (``preflight.host_actors``:
+    the host actors the run will ask for), so that they import PyTorch and the host code
+    beside this process's own start rather than after the hosts are asked for; 0: a worker
+    is started when an actor or task needs one."""
     global _EMBEDDED
     if _EARLY is not None and threading.current_thread() is not _EARLY[0]:
         _EARLY[1].wait()
@@ -68,11 +72,13 @@ def init(address: str | None, verbose: bool = False) -> None:
     if address is None:
         # always a fresh local Ray: Ray would otherwise join one already running on this
         # machine (joining one is what --address auto says)
+        # Ray would boot one worker per CPU as the first driver registers; raysim boots as many
+        # as its host actors (``prestart``): an idle one, which no actor takes, holds PyTorch
+        # all run (about 300 MB)
         kwargs.update(include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
-                      # no idle worker per CPU started ahead: one no actor takes holds PyTorch all run
                       _system_config={"preload_python_modules": list(PRELOAD),
-                                      "prestart_worker_first_driver": False})
-        with _patched(_local_start_patches(verbose)):
+                                      "prestart_worker_first_driver": prestart > 0})
+        with _patched(_local_start_patches(verbose, prestart)):
             ray.init(address="local", **kwargs)
         _private_files(ray._private.worker._global_node)
     else:
@@ -134,7 +140,7 @@ def check_join_auth(address: str, timeout_s: float = 10.0) -> None:
                         f"else ~/.ray/auth_token); give raysim the cluster's token (the head's ~/.ray/auth_token)")
 
 
-def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
+def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, str, Any]]:
     """What differs while raysim starts a local Ray, as (owner, name, stand-in). The head-node
     processes raysim never uses (methods of Ray's private ``Node``; ``ray.init`` has no option
     for them: it always starts the API server, the autoscaler's monitor and the log monitor;
@@ -143,7 +149,9 @@ def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
     ENABLE_RAY_CLUSTER, off (the node's address stays 127.0.0.1: see ``LOOPBACK``); the chmod
     0o777 Ray gives each folder it makes (``_keep_private``), here and in each Python worker,
     which makes the session's folders again as it starts (its script is this file's
-    ``_worker``); the writing of a new token file (``_write_token_privately``); the
+    ``_worker``); the number of workers the raylet boots for the first driver (one per CPU
+    in Ray, ``prestart`` here: ``_with_prestart``); the writing of a new token file
+    (``_write_token_privately``); the
     dashboard agent, which serves what the API server would show and the metrics: its
     stand-in (``ray_agent``) only says it serves nothing; and the runtime-environment agent,
     never asked while nothing carries a ``runtime_env``: its stand-in refuses one."""
@@ -162,6 +170,8 @@ def _local_start_patches(verbose: bool) -> list[tuple[Any, str, Any]]:
     if os.path.isfile(_DEFAULT_WORKER):
         patches.append((Node, "__init__", _with_worker_path(vars(Node)["__init__"])))
     services = module("ray._private.services")
+    if services is not None and prestart > 0 and "start_ray_process" in vars(services):
+        patches.append((services, "start_ray_process", _with_prestart(vars(services)["start_ray_process"], prestart)))
     build = "_build_python_executable_command_memory_profileable"
     if services is not None and build in vars(services) and _agent_stand_in_fits():
         from ray._private import ray_constants
@@ -197,6 +207,19 @@ def _agent_stand_in_fits() -> bool:
         def files(d: str) -> dict[str, bytes]:
             return {f: Path(d, f).read_bytes() for f in os.listdir(d)}
         return files(ray_dir) == files(ours)
+
+
+# the raylet's option for how many Python workers it boots as the first driver registers
+PRESTART_OPTION = "--num_prestart_python_workers="
+
+
+def _with_prestart(start: Any, count: int) -> Any:
+    """Ray's launcher of its processes, the raylet's being told to boot ``count`` Python workers
+    for the first driver (Ray gives it the node's CPU count)."""
+    def start_ray_process(command: list[str], *args, **kwargs) -> Any:
+        command = [f"{PRESTART_OPTION}{count}" if str(c).startswith(PRESTART_OPTION) else c for c in command]
+        return start(command, *args, **kwargs)
+    return start_ray_process
 
 
 def _env_stand_in_fits() -> bool:
@@ -301,7 +324,7 @@ def _private_files(node: Any) -> None:
         tighten(token, 0o600)
 
 
-def start_in_background(address: str | None, verbose: bool = False) -> None:
+def start_in_background(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
     """Begin ``init`` in a thread, for a process that validates its scenario meanwhile (Ray's
     start is mostly waiting on its own processes: about 4 s of a 2-core machine's 15-s
     quickstart, now spent beside the imports). The thread then stays alive, never returning:
@@ -317,7 +340,7 @@ def start_in_background(address: str | None, verbose: bool = False) -> None:
 
     def target() -> None:
         try:
-            init(address, verbose)
+            init(address, verbose, prestart)
         except BaseException as e:          # noqa: BLE001 - raised by the next init()
             errors.append(e)
         finally:
