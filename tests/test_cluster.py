@@ -185,6 +185,7 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     the workers asked for (``prestart``) as the driver registers. It runs tasks and actors all the same, and
     Ray's Node and command builder are restored after the start (a cluster started later in
     the process is whole)."""
+    import contextlib
     import os
     import time
     import psutil
@@ -202,8 +203,15 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     try:
         # one worker booted as the driver registered (``prestart``), before anything asked for
         # one: the first task runs in it
+        def idle_workers() -> list:
+            found = []
+            for p in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if p.name() == "ray::IDLE":
+                        found.append(p)
+            return found
         deadline = time.time() + 30
-        while not (idle := [p for p in psutil.Process().children(recursive=True) if p.name() == "ray::IDLE"]):
+        while not (idle := idle_workers()):
             assert time.time() < deadline, "no worker was booted ahead"
             time.sleep(0.1)
 

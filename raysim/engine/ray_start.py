@@ -151,10 +151,10 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     which makes the session's folders again as it starts (its script is this file's
     ``_worker``); the number of workers the raylet boots for the first driver (one per CPU
     in Ray, ``prestart`` here: ``_with_prestart``); the writing of a new token file
-    (``_write_token_privately``); the
-    dashboard agent, which serves what the API server would show and the metrics: its
-    stand-in (``ray_agent``) only says it serves nothing; and the runtime-environment agent,
-    never asked while nothing carries a ``runtime_env``: its stand-in refuses one."""
+    (``_write_token_privately``); the dashboard agent, which serves what the API server would
+    show and the metrics: its stand-in (``ray_agent``) only says it serves nothing; and the
+    runtime-environment agent, never asked while nothing carries a ``runtime_env``: its
+    stand-in refuses one."""
     import importlib
     from ray._private.node import Node
 
