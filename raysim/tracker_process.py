@@ -24,6 +24,7 @@ to the run's standard error.
 """
 from __future__ import annotations
 
+import importlib.abc
 import os
 import subprocess
 import sys
@@ -82,6 +83,36 @@ def _serve(conn, spec: RunSpec, resume: str | None, verbose: bool, tags: dict | 
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+
+# top-level packages ``import mlflow`` pulls in for features the helper never calls, imported
+# there only when a call needs them (``import_tracking``): pandas, for MLflow's dataset and
+# evaluation modules (with it pyarrow's tables and SciPy): about 50 MB and 0.9 s of CPU
+DEFERRED = ("pandas",)
+
+
+class _Deferred(importlib.abc.MetaPathFinder):
+    """While installed: the ``DEFERRED`` packages read as not installed (ModuleNotFoundError)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.partition(".")[0] in DEFERRED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def import_tracking() -> None:
+    """Import ``raysim.tracking`` (MLflow, its client and stores) with the ``DEFERRED`` packages
+    read as absent, then import them normally again. MLflow imports pandas at its top level only
+    to bind it in its dataset and evaluation modules, guarded as an optional package (the
+    mlflow-skinny distribution has none); the calls the helper makes (create, log, tag, search
+    and end runs, log and fetch artifacts) import what they use inside the call, so a call that
+    does need pandas loads it then."""
+    finder = _Deferred()
+    sys.meta_path.insert(0, finder)
+    try:
+        import raysim.tracking  # noqa: F401
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def _send(conn, kind: str, value: Any, said: str) -> None:
@@ -238,7 +269,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(os, "nice"):
         os.nice(NICE)       # behind the run's own processes (see NICE)
-    import raysim.tracking      # noqa: F401 - MLflow imported while the run loads; then its run
+    import_tracking()           # MLflow imported while the run loads; then its run
     _conn = Connection(int(sys.argv[1]))
     try:
         _init = _conn.recv()

@@ -5,9 +5,13 @@ has 1 CPU, the worker 2, and 3 hosts of 1 CPU are asked for), results must equal
 engine's, and asking for more than the cluster places waits, then stops with what is missing (exit 2).
 """
 
+import json
+import subprocess
+import sys
+
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import ROOT, TINY
 from tests.test_runs import raysim, summary_of, tracked
 
 pytestmark = pytest.mark.ray
@@ -260,6 +264,21 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     assert {name: Node.__dict__[name] for name in before} == before
     assert services._build_python_executable_command_memory_profileable is build
     assert services.start_ray_process is launch
+
+
+def test_a_local_ray_raysim_starts_leaves_the_dashboards_packages_unimported_in_the_driver():
+    """Ray checks that its dashboard's packages import (aiohttp, gRPC, OpenCensus, Prometheus'
+    client) to choose an option of its dashboard agent, which the stand-in does not read: while
+    raysim starts a local Ray the check says "none missing" without importing them, and Ray's
+    check is back once Ray has started."""
+    code = ("import json, sys; import ray._private.utils as u; check = u.get_dashboard_dependency_error; "
+            "from raysim.engine import ray_start; ray_start.init(None); "
+            "found = [m for m in ('aiohttp', 'grpc', 'opencensus', 'prometheus_client') if m in sys.modules]; "
+            "print(json.dumps([found, u.get_dashboard_dependency_error is check])); ray_start.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    found, restored = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found == [] and restored
 
 
 def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_with_its_raylet(tmp_path):

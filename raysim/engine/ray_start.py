@@ -154,7 +154,8 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     (``_write_token_privately``); the dashboard agent, which serves what the API server would
     show and the metrics: its stand-in (``ray_agent``) only says it serves nothing; and the
     runtime-environment agent, never asked while nothing carries a ``runtime_env``: its
-    stand-in refuses one."""
+    stand-in refuses one; with the dashboard agent's stand-in, Ray's check of its dashboard's
+    packages (``_agent_options_unread``)."""
     import importlib
     from ray._private.node import Node
 
@@ -179,7 +180,16 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
         if _env_stand_in_fits():
             agents.add(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT)
         patches.append((services, build, _with_agent_stand_in(vars(services)[build], agents)))
+        patches.append((module("ray._private.utils"), "get_dashboard_dependency_error", _agent_options_unread))
     return [(owner, name, new) for owner, name, new in patches if owner is not None]
+
+
+def _agent_options_unread() -> None:
+    """Ray's check of its dashboard's packages while it starts the dashboard agent ("none
+    missing"). Ray's own check imports them all (aiohttp, gRPC, OpenCensus, Prometheus' client:
+    about 20 MB and 0.3 s of CPU in the driver, as Ray starts) to choose one option of its agent's
+    command line (``--minimal``), which the stand-in does not read."""
+    return None
 
 
 def _agent_stand_in_fits() -> bool:
