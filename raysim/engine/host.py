@@ -68,8 +68,9 @@ def release_freed_memory(collect: bool = True) -> None:
     - after each training and evaluation of a server's round (``train``, ``evaluate``; a gossip
       round's hosts keep their clients' rows in place and do not call it): the stacked passes'
       parameters, gradients and batches, a few to tens of MB each, which glibc's heap keeps at
-      the largest sizes the rounds have freed. On Ditto 784-100-10 (50 clients, 2 hosts) the run's peak went from
-      1 075 to 1 040-1 049 MB; the trim takes about 2 ms a host and round (of 600 ms)."""
+      the largest sizes the rounds have freed. On Ditto 784-100-10 (50 clients, 2 hosts) the
+      run's peak went from 1 075 to 1 040-1 049 MB; the trim takes about 2 ms a host and round
+      (of 600 ms)."""
     global _TRIM
     if collect:
         import gc
