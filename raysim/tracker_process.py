@@ -87,7 +87,7 @@ def _serve(conn, spec: RunSpec, resume: str | None, verbose: bool, tags: dict | 
 
 # top-level packages ``import mlflow`` pulls in for features the helper never calls, imported
 # there only when a call needs them (``import_tracking``): pandas, for MLflow's dataset and
-# evaluation modules (with it pyarrow's tables and SciPy): about 50 MB and 0.9 s of CPU
+# evaluation modules (with it pyarrow's tables and SciPy): about 50 MB and 0.2 to 0.9 s of CPU
 DEFERRED = ("pandas",)
 
 
