@@ -371,7 +371,7 @@ class Trainer:
             t_pass = steps[c0]
             # the pass's batches at once: row of job i's step t (past a job's last step, any row)
             at = (first[c0:c1, None] + torch.arange(t_pass, device=device)).clamp_(max=last_row)
-            rows_p, wt_p, val_p = IDX[at], WT[at], VAL[at]
+            rows_p, wt_p, val_p = gather(IDX, at), gather(WT, at), gather(VAL, at)
             b = live = c1
             done = []                              # (first job, snapshot) of jobs done early
             for t in range(t_pass):
@@ -389,7 +389,7 @@ class Trainer:
                         terms = terms.head(part)
                 width = widths[t]
                 rows = rows_p[:b - c0, t, :width]
-                xr, yr = self.decode(X[rows]), Y[rows]
+                xr, yr = self.decode(gather(X, rows)), gather(Y, rows)
                 assign = ()
                 if private:
                     step = self.chain.private_step if chain_norms else self._private_step
@@ -578,6 +578,13 @@ class Widths:
         # stop where the last width lost, at the ladder's top, or where no fit has more jobs
         if tried[last] > 1.1 * tried[best] or last >= 4096 or 2 * last > jobs:
             self.best[kind] = best
+
+
+def gather(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t[rows]`` for an integer tensor ``rows`` of any shape, by ``index_select`` on a flat
+    index: the same rows, but a tenth of advanced indexing's time for a step's batch (about
+    20 against 170 µs for 160 Fashion-MNIST images on one core)."""
+    return t.index_select(0, rows.reshape(-1)).view(*rows.shape, *t.shape[1:])
 
 
 def _pool(jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
