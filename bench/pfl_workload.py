@@ -14,7 +14,8 @@ process each from exec to exit (raysim: `raysim run`, Ray's start, its host acto
 for each, this prints the wall seconds, the CPU seconds of every process of the run (Ray's
 included; the machine's busy time), the peak non-shared memory (USS summed over the
 processes) and the final accuracy, then raysim's figures over the bare loop's. Last, raysim's
-Ditto round against its FedAvg round (same model, rounds alternated in one process). Run it on an
+Ditto round against its FedAvg round (same model, rounds alternated, in three fresh processes
+one after another: ``--ratio-processes``). Run it on an
 otherwise idle machine; the measuring is bench/proctree.py. The first raysim run creates its
 MLflow store, and a user's first run in a folder creates it too (tables and migrations: a few
 CPU-seconds); every later run finds it. The benchmark measures the usual case: it creates the
@@ -113,7 +114,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each side this many times, alternating, and keep each side's fastest run "
                          "(machines that share their cores vary from minute to minute)")
+    ap.add_argument("--ratio-processes", type=int, default=3,
+                    help="fresh processes, one after another, that each measure Ditto's round against FedAvg's "
+                         "(a round's speed differs more from one process to the next than within one)")
+    ap.add_argument("--ratio-child", help=argparse.SUPPRESS)     # one of those processes: its hidden sizes
     args = ap.parse_args()
+    if args.ratio_child:
+        print(json.dumps(_ratio_here([int(h) for h in args.ratio_child.split(",")], args.root)))
+        return
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         ap.error(f"unknown workload {', '.join(unknown)}: choose from {', '.join(WORKLOADS)}")
@@ -141,15 +149,33 @@ def main() -> None:
                       f"{r['accuracy']:6.3f} |{ratios}", flush=True)
     for size in ("100", "200-200"):
         if f"fedavg-{size}" in args.workloads and f"ditto-{size}" in args.workloads:
-            ratio, fa, di = round_ratio(WORKLOADS[f"fedavg-{size}"][1], args.root)
-            print(f"Ditto round / FedAvg round, MLP {size}: {ratio:.2f}x (median of 5 alternated pairs on the "
-                  f"serial engine: {di:.3f} s / {fa:.3f} s)")
+            ratios, fa, di = round_ratio(WORKLOADS[f"fedavg-{size}"][1], args.root, args.ratio_processes)
+            print(f"Ditto round / FedAvg round, MLP {size}: {statistics.median(ratios):.2f}x, median of "
+                  f"{len(ratios)} processes ({', '.join(f'{r:.2f}' for r in ratios)}), each 5 alternated pairs "
+                  f"on the serial engine; CPU seconds a round: Ditto {di:.3f}, FedAvg {fa:.3f}")
 
 
-def round_ratio(hidden: list[int], root: str, pairs: int = 5) -> tuple[float, float, float]:
-    """Ditto's round over FedAvg's, both in this process on the serial engine (the hosts' work,
-    one host after the other), rounds alternated so that a machine whose speed drifts weighs on
-    both alike; (median ratio, FedAvg's median seconds, Ditto's)."""
+def round_ratio(hidden: list[int], root: str, processes: int = 3) -> tuple[list[float], float, float]:
+    """Ditto's round over FedAvg's, measured in ``processes`` fresh processes one after another
+    (``_ratio_here`` in each): the same round's speed differs from one process to the next
+    (0.54 to 0.78 CPU-s for FedAvg 784-100-10 on a 2-core machine) by more than from one round
+    to the next within one. Returns (each process's ratio, the median of their FedAvg rounds'
+    seconds, of their Ditto rounds')."""
+    got = []
+    for _ in range(processes):
+        out = subprocess.run([sys.executable, __file__, "--ratio-child", ",".join(map(str, hidden)), "--root", root],
+                             capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(HERE.parent)}).stdout
+        got.append(json.loads(out.strip().splitlines()[-1]))
+    return ([g["ratio"] for g in got], statistics.median(g["fedavg"] for g in got),
+            statistics.median(g["ditto"] for g in got))
+
+
+def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
+    """Ditto's round over FedAvg's in this process, both on the serial engine (the hosts' work,
+    one host after the other, one thread), rounds alternated so that a machine whose speed
+    drifts weighs on both alike, timed in CPU seconds (a preempted round is not charged for
+    the wait); the medians of ``pairs`` pairs: {ratio, fedavg, ditto}."""
     import time
     from raysim import config
     from raysim.engine.serial import serial_driver
@@ -165,11 +191,13 @@ def round_ratio(hidden: list[int], root: str, pairs: int = 5) -> tuple[float, fl
         secs: dict[str, list[float]] = {"fedavg": [], "ditto": []}
         for _ in range(pairs):
             for method, d in drivers.items():
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 d.step()
-                secs[method].append(time.perf_counter() - t0)
+                secs[method].append(time.process_time() - t0)
     ratios = [b / a for a, b in zip(secs["fedavg"], secs["ditto"])]
-    return statistics.median(ratios), statistics.median(secs["fedavg"]), statistics.median(secs["ditto"])
+    return {"ratio": statistics.median(ratios), "fedavg": statistics.median(secs["fedavg"]),
+            "ditto": statistics.median(secs["ditto"])}
+
 
 if __name__ == "__main__":
     main()
