@@ -3,6 +3,7 @@
     python bench/compare.py                 # both workloads
     python bench/compare.py tiny            # one of them
     python bench/compare.py --hosts 2       # override resources.hosts
+    python bench/compare.py tiny --repeat 3 # three times, one after another, and the ratios' medians
 
 First, what the user waits for: the whole process, from exec to exit, of the bare loop
 (`python bench/bare_fedavg.py`: Python, torch, data, rounds) and of `raysim run` (Python, Ray's
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,6 +71,9 @@ def main() -> None:
     ap.add_argument("--engine", default="ray", choices=("ray", "serial"))
     ap.add_argument("--address", default=None, help="raysim joins this Ray (e.g. auto) instead of starting one")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a scenario override for raysim")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the three (bare, raysim on a new store, on an existing one) this many times, "
+                         "one after another, then print each ratio's median (machines vary from run to run)")
     args = ap.parse_args()
     # raysim runs twice on one MLflow store: the first run creates it (MLflow migrates a new
     # SQLite database: about 1 s of CPU), the second finds it, as a user's later runs do
@@ -76,12 +81,21 @@ def main() -> None:
           f"{'bare rounds s':>13} {'raysim train s':>14} {'ratio':>6} {'target':>6} {'+final eval s':>13} {'ratio':>6}")
     for kind in args.workloads:
         clients, rounds, target = WORKLOADS[kind]
-        b, b_whole = bare(kind, clients, rounds)
-        with tempfile.TemporaryDirectory() as tmp:
-            for store in ("new", "existing"):
-                train, r_rounds, _, r_whole = raysim(kind, args.hosts, args.engine, args.address, tmp, args.set)
-                print(f"{kind:<8} {store:<8} {b_whole:14.2f} {r_whole:16.2f} {r_whole / b_whole:6.2f} | {b:13.2f} "
-                      f"{train:14.2f} {train / b:6.2f} {target:6.2f} {r_rounds:13.2f} {r_rounds / b:6.2f}", flush=True)
+        ratios: dict[str, list[tuple[float, float, float]]] = {"new": [], "existing": []}
+        for _ in range(args.repeat):
+            b, b_whole = bare(kind, clients, rounds)
+            with tempfile.TemporaryDirectory() as tmp:
+                for store in ("new", "existing"):
+                    train, r_rounds, _, r_whole = raysim(kind, args.hosts, args.engine, args.address, tmp, args.set)
+                    ratios[store].append((r_whole / b_whole, train / b, r_rounds / b))
+                    print(f"{kind:<8} {store:<8} {b_whole:14.2f} {r_whole:16.2f} {r_whole / b_whole:6.2f} | "
+                          f"{b:13.2f} {train:14.2f} {train / b:6.2f} {target:6.2f} {r_rounds:13.2f} "
+                          f"{r_rounds / b:6.2f}", flush=True)
+        if args.repeat > 1:
+            for store, rs in ratios.items():
+                whole, train, rounds_ = (statistics.median(col) for col in zip(*rs))
+                print(f"{kind:<8} {store:<8} {'median of ' + str(len(rs)):>31} {whole:6.2f} | {'':>28} {train:6.2f} "
+                      f"{target:6.2f} {'':>13} {rounds_:6.2f}", flush=True)
 
 
 if __name__ == "__main__":
