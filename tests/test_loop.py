@@ -532,3 +532,15 @@ def test_uint8_pixels_decoded_per_batch_train_and_score_as_their_floats_do_bitwi
         assert not torch.equal(u.params[0], start[0])                     # it did train
     sets = [u.params for u in got]
     assert torch.equal(a.outputs(sets, held[1].test_x), b.outputs(sets, floats[1].test_x))
+
+
+def test_gather_picks_the_same_rows_as_advanced_indexing_for_any_shape_of_row_numbers():
+    from raysim.core.loop import gather
+    t = torch.arange(10, dtype=torch.float32).view(5, 2)          # row r is [2r, 2r + 1]
+    rows = torch.tensor([[4, 0, 2], [1, 1, 3]])[:, :2]           # a non-contiguous (2, 2) slice
+    got = gather(t, rows)
+    assert got.shape == (2, 2, 2)
+    assert got.tolist() == [[[8.0, 9.0], [0.0, 1.0]], [[2.0, 3.0], [2.0, 3.0]]]
+    assert torch.equal(got, t[rows])
+    y = torch.tensor([7, 8, 9, 10, 11])
+    assert gather(y, rows).tolist() == [[11, 7], [8, 8]]
