@@ -10,7 +10,7 @@ from torch import nn
 
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
-from raysim.core.loop import Job, Objective, Settings, Supervised, Trainer, draw_orders, drive, make_job
+from raysim.core.loop import Job, Objective, Settings, Supervised, Trainer, draw_orders, drive, gather, make_job
 from raysim.core.optim import Stacked
 from raysim.core.tasks import TASKS
 from raysim.models import CNNParams, LinearParams, MLPParams, femnist_cnn, linear, mlp
@@ -535,7 +535,6 @@ def test_uint8_pixels_decoded_per_batch_train_and_score_as_their_floats_do_bitwi
 
 
 def test_gather_picks_the_same_rows_as_advanced_indexing_for_any_shape_of_row_numbers():
-    from raysim.core.loop import gather
     t = torch.arange(10, dtype=torch.float32).view(5, 2)          # row r is [2r, 2r + 1]
     rows = torch.tensor([[4, 0, 2], [1, 1, 3]])[:, :2]           # a non-contiguous (2, 2) slice
     got = gather(t, rows)
