@@ -272,18 +272,19 @@ def test_a_serial_run_without_mlflow_imported_tracks_through_a_helper_process_an
 def test_the_tracking_helper_imports_mlflow_without_pandas_and_loads_it_when_a_call_needs_it():
     """The helper imports MLflow with pandas read as absent (``tracker_process.DEFERRED``: MLflow
     binds it at its top level only for its dataset and evaluation modules), then lets it be
-    imported again: a call of MLflow's that needs it (the JSON encoder of a timestamp) loads it
-    then. The record a helper makes is checked against a thread's in the test above."""
-    code = ("import json, sys; from raysim import tracker_process as t; t.import_tracking(); "
+    imported again: a call of MLflow's that imports it inside (the JSON encoder, which does so
+    for any value) loads it then, and works. The record a helper makes is checked against a
+    thread's in the test above."""
+    code = ("import json, sys, numpy; from raysim import tracker_process as t; t.import_tracking(); "
+            "from mlflow.utils.proto_json_utils import NumpyEncoder; "
             "before = {m: m in sys.modules for m in ('mlflow', 'raysim.tracking', 'pandas')}; "
-            "from mlflow.utils.proto_json_utils import NumpyEncoder; import pandas; "
-            "print(json.dumps([before, NumpyEncoder().default(pandas.Timestamp('2026-01-02')), "
+            "print(json.dumps([before, NumpyEncoder().default(numpy.float32(1.5)), "
             "'pandas' in sys.modules, sum(isinstance(f, t._Deferred) for f in sys.meta_path)]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    before, stamp, after, finders = json.loads(out.stdout.strip().splitlines()[-1])
+    before, value, after, finders = json.loads(out.stdout.strip().splitlines()[-1])
     assert before == {"mlflow": True, "raysim.tracking": True, "pandas": False}
-    assert stamp == "2026-01-02T00:00:00" and after is True and finders == 0
+    assert value == 1.5 and after is True and finders == 0
 
 
 def test_the_tracking_helper_runs_ten_steps_nicer_than_the_run_and_leaves_when_its_pipe_closes():
