@@ -504,6 +504,71 @@ def test_a_known_best_width_splits_the_jobs_left_into_passes_of_nearly_equal_wid
     assert passes(1, 3) == [1, 1, 1]
 
 
+def _settle(costs: dict[int, float], jobs: int, slow: dict[int, float] | None = None) -> tuple[int, list[int]]:
+    """Drive Widths as the loop does, fit after fit of ``jobs`` jobs, each pass taking
+    ``costs[width]`` seconds a job-step (10 steps a job), except the first timed pass of each
+    width in ``slow``, which takes that long instead (preempted): (the width chosen, the widths
+    of the timed passes in order)."""
+    from raysim.core.loop import Widths
+    w, timed, slowed = Widths("auto"), [], set()
+    for _ in range(20):
+        left = jobs
+        while left:
+            width = w.pick("kind", left)
+            per = costs[width] if width in costs else 1.0
+            if width in (slow or {}) and width not in slowed and width == w.plan.get("kind", 1):
+                per, _ = slow[width], slowed.add(width)
+            if "kind" not in w.best and width == w.plan.get("kind", 1):
+                timed.append(width)
+            w.record("kind", width, per * 10 * width, 10 * width, jobs)
+            left -= width
+        if "kind" in w.best:
+            return w.best["kind"], timed
+    raise AssertionError("no width chosen in 20 fits")
+
+
+def test_one_preempted_pass_does_not_settle_the_width_on_a_narrower_one():
+    """Per job-step, 16 jobs a pass cost 1.3 and 8 cost 1.5; the first pass of 16 is preempted
+    and takes 2.0 (more than 1.1 × 1.5). Timed once, 8 would win; 16, the widest, is timed again
+    before the choice, each width's cost is its fastest timing, so 16 is chosen (and, being
+    the best and the widest with two timings, settles it)."""
+    costs = {1: 5.0, 2: 3.0, 4: 2.0, 8: 1.5, 16: 1.3, 32: 1.2}
+    best, timed = _settle(costs, 25, slow={16: 2.0})
+    assert best == 16
+    assert timed == [1, 2, 4, 8, 16, 16]          # the ladder, then 16 again
+
+
+def test_a_width_that_is_slower_on_both_timings_still_ends_the_ladder():
+    """32 jobs a pass cost 1.8 per job-step against 1.5 for 16, on both timings: the ladder stops
+    there and keeps 16; 64 is never tried."""
+    costs = {1: 5.0, 2: 3.0, 4: 2.0, 8: 1.6, 16: 1.5, 32: 1.8, 64: 1.0}
+    best, timed = _settle(costs, 100)
+    assert best == 16
+    assert timed == [1, 2, 4, 8, 16, 32, 32, 16]
+
+
+def test_a_wider_pass_that_lost_once_by_preemption_lets_the_ladder_go_on():
+    """4 jobs a pass lose their first timing (2.5 against 1.8 for 2); timed again they cost 1.6,
+    so the ladder goes on up to 8, the fastest."""
+    costs = {1: 3.0, 2: 1.8, 4: 1.6, 8: 1.2, 16: 1.4}
+    best, timed = _settle(costs, 40, slow={4: 2.5})
+    assert best == 8
+    assert timed == [1, 2, 4, 4, 8, 16, 16, 8]
+
+
+def test_the_chosen_width_is_the_cheapest_as_the_jobs_will_be_split():
+    """Measured per job-step: 4 jobs a pass 159, 8 jobs 105, 16 jobs 110. For 25 jobs, 8 means
+    passes of 7 and 6: 159 + (log2 7 − 2)·(105 − 159) = 115.4 at 7; 16 means passes of 13 and
+    12: 105 + (log2 13 − 3)·(110 − 105) = 108.5 at 13; so 16. For 24 jobs, 8 means passes of
+    exactly 8 (105) and 16 passes of 12 (107.9): 8. Equal costs go to the wider."""
+    from raysim.core.loop import split_best
+    cost = {1: 429.0, 2: 254.0, 4: 159.0, 8: 105.0, 16: 110.0}
+    assert split_best(cost, 25) == 16
+    assert split_best(cost, 24) == 8
+    assert split_best({4: 2.0, 8: 1.0, 16: 1.0}, 32) == 16
+    assert split_best({1: 1.0}, 1) == 1
+
+
 @pytest.mark.parametrize("name,mode,gradients", [("mlp", "always", "auto"), ("mlp", "never", "autograd"),
                                                  ("femnist_cnn", "auto", "auto")])
 def test_uint8_pixels_decoded_per_batch_train_and_score_as_their_floats_do_bitwise(name, mode, gradients):
