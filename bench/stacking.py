@@ -1,7 +1,7 @@
 """Stacked jobs against one job after another, with the one loop (raysim/core/loop.py): FedEM's
 local step for M = 3 components of each model of the zoo, one CPU thread, one client of 300
 samples (batch 128, momentum .9, weight decay 5e-4). ``auto`` now stacks every model without
-convolutions and measures the width of a pass as it trains (loop.Widths); the last column says
+convolutions and measures the width of a pass as it trains (widths.Widths); the last column says
 whether it stacks.
 
     python bench/stacking.py

@@ -487,7 +487,7 @@ def test_a_known_best_width_splits_the_jobs_left_into_passes_of_nearly_equal_wid
     """Once the best width w is measured, k jobs go in ceil(k / w) passes of at most w each,
     as equal as they can be: no narrow remainder pass (a pass of one job costs 3 to 4 times a
     wide pass per job-step)."""
-    from raysim.core.loop import Widths
+    from raysim.core.widths import Widths
 
     def passes(best: int, jobs: int) -> list[int]:
         w = Widths("auto")
@@ -509,17 +509,18 @@ def _settle(costs: dict[int, float], jobs: int, slow: dict[int, float] | None = 
     ``costs[width]`` seconds a job-step (10 steps a job), except the first timed pass of each
     width in ``slow``, which takes that long instead (preempted): (the width chosen, the widths
     of the timed passes in order)."""
-    from raysim.core.loop import Widths
+    from raysim.core.widths import Widths
     w, timed, slowed = Widths("auto"), [], set()
     for _ in range(20):
         left = jobs
         while left:
             width = w.pick("kind", left)
-            per = costs[width] if width in costs else 1.0
-            if width in (slow or {}) and width not in slowed and width == w.plan.get("kind", 1):
-                per, _ = slow[width], slowed.add(width)
-            if "kind" not in w.best and width == w.plan.get("kind", 1):
+            per = costs.get(width, 1.0)
+            if "kind" not in w.best and width == w.plan.get("kind", 1):       # a timed pass
                 timed.append(width)
+                if width in (slow or {}) and width not in slowed:
+                    per = slow[width]
+                    slowed.add(width)
             w.record("kind", width, per * 10 * width, 10 * width, jobs)
             left -= width
         if "kind" in w.best:
@@ -561,7 +562,7 @@ def test_the_chosen_width_is_the_cheapest_as_the_jobs_will_be_split():
     passes of 7 and 6: 159 + (log2 7 − 2)·(105 − 159) = 115.4 at 7; 16 means passes of 13 and
     12: 105 + (log2 13 − 3)·(110 − 105) = 108.5 at 13; so 16. For 24 jobs, 8 means passes of
     exactly 8 (105) and 16 passes of 12 (107.9): 8. Equal costs go to the wider."""
-    from raysim.core.loop import split_best
+    from raysim.core.widths import split_best
     cost = {1: 429.0, 2: 254.0, 4: 159.0, 8: 105.0, 16: 110.0}
     assert split_best(cost, 25) == 16
     assert split_best(cost, 24) == 8

@@ -66,7 +66,7 @@ def stacking_field():
         "choices": STACK_MODES,
         "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
                 "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
-                "without convolutions, as many sets a pass as measured fastest on this machine (loop.Widths; "
+                "without convolutions, as many sets a pass as measured fastest on this machine (widths.Widths; "
                 "the numbers do not depend on it); on a GPU, each client's own sets only (across clients, "
                 "the stack's width picks the GPU's kernels, and with them the last bits); padded: clients "
                 "stacked in passes of exactly 32 sets, the last padded, so the shapes, hence a GPU's kernels, "
@@ -98,7 +98,7 @@ def fixed_width(mode: str, model: nn.Module) -> int:
     """With ``padded``: every pass, and every step of it, holds ``GPU_PASS`` jobs (the last
     pass filled with copies of its last job, jobs whose steps are done computing on, their
     results put back), so the shapes every kernel sees do not depend on which, or how many,
-    other clients a host holds. 0 otherwise (widths measured, ``loop.Widths``)."""
+    other clients a host holds. 0 otherwise (widths measured, ``widths.Widths``)."""
     return GPU_PASS if mode == "padded" and stack_across(mode, model) else 0
 
 
