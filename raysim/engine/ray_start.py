@@ -7,9 +7,6 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__" and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)             # a worker of raysim's local Ray (``_worker``): no imports from here
-
 import contextlib
 import logging
 import signal
@@ -19,7 +16,10 @@ from typing import Any, Iterator
 
 import ray
 
+from raysim.engine import ray_zygote
+
 _EMBEDDED = False      # this process started the Ray it uses (a local one: it cannot grow)
+_ZYGOTE: tuple | None = None   # the zygote this process started for its local Ray (ray_zygote.start)
 # imported by every worker of a local Ray as it starts (the raylet's preload_python_modules):
 # the workers Ray starts with itself import torch and the host code while the driver still
 # validates and Ray still starts, and the host actors then take those workers, booted
@@ -38,8 +38,9 @@ LOOPBACK = "127.0.0.1"
 # what a local Ray raysim starts runs as its dashboard agent (``ray_agent``: the ports Ray waits
 # for, written as "not served", as Ray's own agent does without its dashboard's packages)
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_agent.py")
-# the script of Ray's Python workers, which a worker of raysim's local Ray runs (``_worker``)
-_DEFAULT_WORKER = os.path.join(os.path.dirname(ray.__file__), "_private", "workers", "default_worker.py")
+# the script a worker of raysim's local Ray runs: the zygote's launcher, which runs Ray's own
+# worker script itself where no zygote serves (``ray_zygote.run_worker``)
+WORKER = ray_zygote.__file__
 # a start begun by ``start_in_background``: (its thread, set when done, its error if any)
 _EARLY: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
 
@@ -51,7 +52,7 @@ def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
     the host actors the run will ask for), so that they import PyTorch and the host code
     beside this process's own start rather than after the hosts are asked for; 0: a worker
     is started when an actor or task needs one."""
-    global _EMBEDDED
+    global _EMBEDDED, _ZYGOTE
     if _EARLY is not None and threading.current_thread() is not _EARLY[0]:
         _EARLY[1].wait()
         if _EARLY[2]:
@@ -75,6 +76,17 @@ def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
         # Ray would boot one worker per CPU as the first driver registers; raysim boots as many
         # as its host actors (``prestart``): an idle one, which no actor takes, holds PyTorch
         # all run (about 300 MB)
+        if os.environ.get(ray_zygote.ZYGOTE_ENV) != ray_zygote.OFF:
+            # host actors forked from one process with PyTorch and the host code loaded
+            # (ray_zygote.py), for a run that will ask for host actors: one zygote per local Ray (it
+            # imports Ray with that Ray's settings), its socket in the environment the raylet and
+            # its workers inherit (never a zygote inherited from another process)
+            ray_zygote.stop(_ZYGOTE)
+            _ZYGOTE = ray_zygote.start(PRELOAD) if prestart > 0 else None
+            if _ZYGOTE:
+                os.environ[ray_zygote.ZYGOTE_ENV] = _ZYGOTE[0]
+            else:
+                os.environ.pop(ray_zygote.ZYGOTE_ENV, None)
         kwargs.update(include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
                       _system_config={"preload_python_modules": list(PRELOAD),
                                       "prestart_worker_first_driver": prestart > 0})
@@ -147,9 +159,9 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     without the API server there is no dashboard, state API (``ray list``) or job submission:
     for those, start one with ``ray start --head`` and run with ``--address auto``); Ray's
     ENABLE_RAY_CLUSTER, off (the node's address stays 127.0.0.1: see ``LOOPBACK``); the chmod
-    0o777 Ray gives each folder it makes (``_keep_private``), here and in each Python worker,
-    which makes the session's folders again as it starts (its script is this file's
-    ``_worker``); the number of workers the raylet boots for the first driver (one per CPU
+    0o777 Ray gives each folder it makes (``ray_zygote.keep_private``), here and in each Python
+    worker, which makes the session's folders again as it starts (its script is
+    ``ray_zygote.py``); the number of workers the raylet boots for the first driver (one per CPU
     in Ray, ``prestart`` here: ``_with_prestart``); the writing of a new token file
     (``_write_token_privately``); the dashboard agent, which serves what the API server would
     show and the metrics: its stand-in (``ray_agent``) only says it serves nothing; and the
@@ -165,10 +177,10 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     skips = LEAN_SKIPS + (() if verbose else ("start_log_monitor",))
     patches = [*((Node, name, _not_started) for name in skips),
                (module("ray._private.ray_constants"), "ENABLE_RAY_CLUSTER", False),
-               (module("ray._common.utils"), "try_make_directory_shared", _keep_private),
+               (module("ray._common.utils"), "try_make_directory_shared", ray_zygote.keep_private),
                (module("ray._private.authentication.authentication_token_setup"), "generate_and_save_token",
                 _write_token_privately)]
-    if os.path.isfile(_DEFAULT_WORKER):
+    if os.path.isfile(ray_zygote.default_worker()):
         patches.append((Node, "__init__", _with_worker_path(vars(Node)["__init__"])))
     services = module("ray._private.services")
     if services is not None and prestart > 0 and "start_ray_process" in vars(services):
@@ -289,21 +301,9 @@ def _not_started(self, *args, **kwargs) -> None:
 def _with_worker_path(init: Any) -> Any:
     """Ray's ``Node.__init__``, the script of its Python workers being this file."""
     def __init__(self, ray_params, *args, **kwargs) -> None:
-        ray_params.update_if_absent(worker_path=os.path.abspath(__file__))
+        ray_params.update_if_absent(worker_path=WORKER)
         init(self, ray_params, *args, **kwargs)
     return __init__
-
-
-def _keep_private(path: str) -> None:
-    """Ray's ``try_make_directory_shared`` (chmod 0o777, which lets any user of the machine
-    remove or replace what is in there) for the folders of raysim's local Ray: its session
-    folder and those below are this user's only (0700), so the ones its agents then open to
-    everyone are out of reach too; Ray's temporary folder, shared by every Ray on the machine,
-    gets the sticky bit as well (0o1777, like /tmp). Another user's folder is left as it is."""
-    from ray._common.utils import get_default_ray_temp_dir
-    shared = os.path.realpath(path) == os.path.realpath(get_default_ray_temp_dir())
-    with contextlib.suppress(PermissionError):
-        os.chmod(path, 0o1777 if shared else 0o700)
 
 
 def _write_token_privately() -> None:
@@ -435,20 +435,3 @@ def _kill_descendants() -> None:
     for p in found:
         with contextlib.suppress(psutil.Error):
             p.kill()
-
-
-def _worker() -> None:
-    """A Python worker of raysim's local Ray: Ray's own (``default_worker.py``, run as it
-    would be), whose start makes the session's folders again, here private (``_keep_private``)
-    instead of 0o777."""
-    import runpy
-    with contextlib.suppress(ImportError):          # a Ray whose helper is elsewhere: as Ray has it
-        from ray._common import utils
-        utils.try_make_directory_shared = _keep_private
-    sys.argv[0] = _DEFAULT_WORKER
-    sys.path.insert(0, os.path.dirname(_DEFAULT_WORKER))
-    runpy.run_path(_DEFAULT_WORKER, run_name="__main__")
-
-
-if __name__ == "__main__":
-    _worker()

@@ -1,0 +1,307 @@
+"""Host actors forked from one process that has PyTorch and the host code loaded (a "zygote"),
+for the local Ray that ``raysim run`` starts.
+
+Each Python worker of a local Ray is a fresh interpreter: it imports PyTorch and raysim's host
+code on its own (about 1.5 CPU-seconds) and holds its own copy of what that import allocates,
+about 280 MB of private memory per process with PyTorch's CUDA build (its CUDA libraries'
+static tables alone are about 90 MB, even on a machine without a GPU), beside the data and
+models it then holds. Forked from a process that has done the import once, a worker shares
+those pages with it, copy-on-write, until it writes them.
+
+How: the command that starts the local Ray opens a listening Unix socket in a folder of its
+user's only and starts the zygote (``start``), which imports PyTorch and the host code that
+needs no Ray while Ray starts, then Ray and the rest with the environment of the first worker
+that asks (Ray reads its settings, its authentication mode among them, as it is imported),
+and forks a child for each request. The raylet starts its Python workers with this file as
+their script (``ray_start``'s worker path); the worker it starts, the *launcher*, imports
+nothing heavy: it connects to the zygote (``ZYGOTE_ENV`` names the socket), sends its command
+line, environment and folder, with its standard input, output and error, and waits. The
+zygote's child takes them over and runs Ray's worker script as the launcher would have
+(``run_worker``). The launcher then mirrors the child: it exits with the child's status and
+passes on the signals it is sent; if the launcher is killed, the zygote kills the child. The
+worker registers with Ray under its own process id (the child's), so Ray's own kills reach
+it. Where anything is missing (not Linux, no zygote, a refused connection), the launcher runs
+Ray's worker in its own process, as a local Ray always did; ``RAYSIM_ZYGOTE=off`` in the
+environment does so for every worker.
+
+The zygote dies with the thread that started it (PR_SET_PDEATHSIG; ``ray_start`` starts it
+from the thread that starts Ray, which lives as long as the process), and its children die
+with it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import sys
+
+ZYGOTE_ENV = "RAYSIM_ZYGOTE"           # the zygote's socket, in the raylet's and its workers' environment
+LAUNCHER_ENV = "RAYSIM_LAUNCHER"        # in a forked worker's environment: its launcher's process id
+OFF = "off"                            # ZYGOTE_ENV's value that keeps every worker a fresh interpreter
+_SERVE = "--raysim-zygote"             # the zygote's own command line: this file, this flag, the socket's fd
+_PR_SET_PDEATHSIG = 1
+# what the zygote imports as it starts, beside Ray's start: PyTorch and the host code that needs
+# no Ray (Ray itself, and what imports it, once the first worker's environment is known)
+EARLY = ("torch", "raysim.algorithms", "raysim.engine.host")
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the thread that started it ends (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+# -- the driver's side ---------------------------------------------------------------------------
+def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
+    """Start the zygote: (its socket's path, to be put in ``ZYGOTE_ENV`` before Ray starts,
+    its process); None where forking workers is not available (not Linux). Call it from the
+    thread that starts the local Ray, which lives as long as the process: the zygote dies
+    with it. The socket is in a folder of this user's only (0700), which goes at this
+    process's exit: only this user's processes can ask the zygote for a worker."""
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+    if sys.platform != "linux" or not hasattr(socket, "send_fds"):
+        return None
+    folder = tempfile.mkdtemp(prefix="raysim-zygote-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), _SERVE, str(listener.fileno()),
+                             str(os.getpid()), *preload], pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL,
+                            env=env)
+    listener.close()
+    return path, proc
+
+
+def stop(zygote: tuple[str, "subprocess.Popen"] | None) -> None:
+    """Stop a zygote ``start`` returned (its workers go with it) and remove its socket."""
+    import shutil
+    if zygote is not None:
+        path, proc = zygote
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+# -- the zygote ----------------------------------------------------------------------------------
+def _serve(fd: int, parent: int, preload: list[str]) -> None:
+    """The zygote: import, then fork a worker for each launcher that connects."""
+    import gc
+    import importlib
+    import select
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)            # a Ctrl-C reaches the whole group: the run decides
+    _die_with_parent()
+    if os.getppid() != parent:                              # the run ended before that took hold
+        return
+    listener = socket.socket(fileno=fd)
+    for name in EARLY:                  # what needs no Ray: most of the import, done while Ray starts
+        importlib.import_module(name)
+    loaded = False                  # Ray and the rest imported
+    children: dict[int, socket.socket] = {}                  # pid -> its launcher's connection
+    by_conn: dict[socket.socket, int] = {}
+    while True:
+        readable, _, _ = select.select([listener, *by_conn], [], [], 0.2)
+        for conn in readable:
+            if conn is listener:
+                try:
+                    new, _ = listener.accept()
+                    data, fds, _, _ = socket.recv_fds(new, 1 << 22, 3)
+                    request = json.loads(data.decode())
+                except (OSError, ValueError):
+                    continue
+                if not loaded:
+                    # Ray reads its settings from the environment as it is imported (its
+                    # authentication mode among them): imported with the first worker's
+                    loaded = True
+                    os.environ.clear()
+                    os.environ.update(request["env"])
+                    for name in ("ray", *preload):
+                        importlib.import_module(name)
+                    gc.collect()
+                    gc.freeze()         # the imported objects out of the collector's passes: their pages stay shared
+                try:
+                    pid = _fork(new, request, fds, listener, by_conn)
+                except OSError:
+                    pid = 0
+                if pid:
+                    children[pid] = new
+                    by_conn[new] = pid
+                else:
+                    new.close()
+            else:                                        # the launcher is gone (or spoke): the worker goes
+                pid = by_conn.pop(conn)
+                conn.close()
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        while children:                                  # reap; tell each launcher its worker's status
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None and by_conn.pop(conn, None) is not None:
+                try:
+                    conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket, others: dict) -> int:
+    """Fork the worker a launcher asked for (on ``conn``: its ``request``, its standard
+    streams ``fds``); the child never returns."""
+    if len(fds) != 3:
+        for f in fds:
+            os.close(f)
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        for f in fds:
+            os.close(f)
+        conn.sendall(struct.pack("!i", pid))
+        return pid
+    try:                                                 # the worker
+        _die_with_parent()
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)       # as in a fresh interpreter
+        with contextlib.suppress(OSError):              # the launcher's process group (as a Ctrl-C sees it)
+            os.setpgid(0, request["pgid"])
+        listener.close()
+        for other in others:
+            other.close()
+        conn.close()
+        for i, f in enumerate(fds):
+            os.dup2(f, i)
+            os.close(f)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"], **{LAUNCHER_ENV: str(request["launcher"])})
+        sys.argv = request["argv"]
+        for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
+            if entry and entry not in sys.path:
+                sys.path.insert(0, entry)
+        import random
+        random.seed()
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:     # what a fresh interpreter's PyTorch would read
+            sys.modules["torch"].set_num_threads(int(threads))
+        run_worker()
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:                                 # noqa: BLE001 - as an uncaught error would
+        import traceback
+        traceback.print_exc()
+        code = 1
+    # the interpreter's exit, short of tearing its modules down: the exit functions (Ray's among
+    # them), then the streams
+    import atexit
+    atexit._run_exitfuncs()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+# -- the launcher (the worker the raylet starts) ---------------------------------------------------
+def launch() -> bool:
+    """Have the zygote run this worker; False where there is none to ask (run it here then).
+    On success, never returns: exits with the worker's status."""
+    path = os.environ.get(ZYGOTE_ENV)
+    if not path or path == OFF:
+        return False
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(path)
+        request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgrp(),
+                   "launcher": os.getpid()}
+        socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+        pid = struct.unpack("!i", conn.recv(4))[0]
+    except (OSError, struct.error):
+        conn.close()
+        return False
+    import signal
+
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            code = struct.unpack("!i", conn.recv(4))[0]
+        except InterruptedError:
+            continue
+        except (OSError, struct.error):                # the zygote is gone, and its workers with it
+            code = 1
+        break
+    code = 128 - code if code < 0 else code            # died of signal N: the shell's 128 + N
+    os._exit(code)
+
+
+# -- Ray's worker, as this process runs it ---------------------------------------------------------
+def default_worker() -> str:
+    """The script of Ray's Python workers (``default_worker.py``)."""
+    import ray
+    return os.path.join(os.path.dirname(ray.__file__), "_private", "workers", "default_worker.py")
+
+
+def keep_private(path: str) -> None:
+    """Ray's ``try_make_directory_shared`` (chmod 0o777, which lets any user of the machine
+    remove or replace what is in there) for the folders of raysim's local Ray: its session
+    folder and those below are this user's only (0700), so the ones its agents then open to
+    everyone are out of reach too; Ray's temporary folder, shared by every Ray on the machine,
+    gets the sticky bit as well (0o1777, like /tmp). Another user's folder is left as it is."""
+    from ray._common.utils import get_default_ray_temp_dir
+    shared = os.path.realpath(path) == os.path.realpath(get_default_ray_temp_dir())
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, 0o1777 if shared else 0o700)
+
+
+def run_worker() -> None:
+    """A Python worker of raysim's local Ray, in this process: Ray's own (``default_worker.py``,
+    run as Ray runs it), whose start makes the session's folders again, here private
+    (``keep_private``) instead of 0o777."""
+    import runpy
+    with contextlib.suppress(ImportError):          # a Ray whose helper is elsewhere: as Ray has it
+        from ray._common import utils
+        utils.try_make_directory_shared = keep_private
+    script = default_worker()
+    sys.argv[0] = script
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    sys.path.pop(0)              # this file's folder: no imports from there
+    if len(sys.argv) > 3 and sys.argv[1] == _SERVE:
+        try:
+            _serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+        except Exception as e:          # noqa: BLE001 - the workers start as fresh interpreters then
+            print(f"raysim: the zygote stopped ({type(e).__name__}: {e}); host actors start as fresh "
+                  "processes", file=sys.stderr)
+    elif not launch():
+        run_worker()

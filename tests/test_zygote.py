@@ -1,0 +1,142 @@
+"""Host actors of raysim's local Ray forked from the zygote (raysim/engine/zygote.py): they
+share PyTorch's pages with it, run as Ray workers, and die with their launcher, their zygote
+and the driver."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.ray
+
+# a driver that starts raysim's local Ray as ``raysim run`` does for one host actor, asks an
+# actor for its process, then waits for a line on standard input (each line: a call; EOF: leave)
+DRIVER = r"""
+import json, os, sys
+from raysim.engine import ray_start
+import ray
+ray_start.init(None, prestart=1)
+
+@ray.remote
+class Host:
+    def where(self):
+        import torch
+        a = torch.randn(64, 64)
+        return {"pid": os.getpid(), "sum": float((a @ a).sum() * 0 + 1), "threads": torch.get_num_threads(),
+                "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0))}
+
+h = Host.remote()
+print(json.dumps({"driver": os.getpid(), **ray.get(h.where.remote(), timeout=120)}), flush=True)
+for line in sys.stdin:
+    try:
+        print(json.dumps(ray.get(h.where.remote(), timeout=60)), flush=True)
+    except Exception as e:
+        print(json.dumps({"error": type(e).__name__}), flush=True)
+"""
+
+
+def reply(proc):
+    """The driver's next answer (Ray's own lines on its output passed over)."""
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the driver ended"
+        if line.startswith("{"):
+            return json.loads(line)
+
+
+def start(env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
+    return proc, reply(proc)
+
+
+def zygote_of(pid):
+    parent = psutil.Process(pid).parent()
+    return parent if parent is not None and "--raysim-zygote" in parent.cmdline() else None
+
+
+def launchers(driver_pid):
+    return [p for p in psutil.Process(driver_pid).children(recursive=True)
+            if any(a.endswith("zygote.py") for a in p.cmdline()[:2]) and "--raysim-zygote" not in p.cmdline()]
+
+
+def gone(pid, within=15.0):
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_host_actor_is_forked_from_the_zygote_and_shares_pytorch_with_it():
+    proc, first = start()
+    try:
+        zygote = zygote_of(first["pid"])
+        assert zygote is not None, psutil.Process(first["pid"]).parent().cmdline()
+        assert first["sum"] == 1.0                                 # it computes
+        # PyTorch's import alone is about 280 MB of private memory in a fresh interpreter (CUDA
+        # build); forked, the actor holds only what it has written since
+        assert psutil.Process(first["pid"]).memory_full_info().uss < 150 * 2**20
+        fresh = subprocess.run([sys.executable, "-c", "import torch, psutil; "
+                                "print(psutil.Process().memory_full_info().uss)"],
+                               capture_output=True, text=True, check=True)
+        assert int(fresh.stdout) > 200 * 2**20
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def test_without_the_zygote_a_host_actor_is_a_fresh_interpreter():
+    proc, first = start({"RAYSIM_ZYGOTE": "off"})
+    try:
+        assert zygote_of(first["pid"]) is None and first["launcher"] == 0
+        assert first["sum"] == 1.0
+        assert not [p for p in psutil.Process(first["driver"]).children(recursive=True)
+                    if "--raysim-zygote" in p.cmdline()]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def test_a_launcher_killed_takes_its_worker_with_it_and_ray_sees_the_actor_die():
+    proc, first = start()
+    try:
+        for p in launchers(first["driver"]):
+            p.kill()
+        assert gone(first["pid"])
+        proc.stdin.write("again\n")
+        proc.stdin.flush()
+        assert reply(proc) == {"error": "ActorDiedError"}
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def test_a_worker_killed_ends_its_launcher():
+    proc, first = start()
+    try:
+        launcher = first["launcher"]
+        assert launcher in [p.pid for p in launchers(first["driver"])]
+        os.kill(first["pid"], signal.SIGKILL)
+        assert gone(launcher)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def test_the_driver_killed_takes_the_zygote_and_its_workers_with_it():
+    proc, first = start()
+    zygote = zygote_of(first["pid"])
+    assert zygote is not None
+    proc.kill()
+    proc.wait(timeout=30)
+    assert gone(zygote.pid)
+    assert gone(first["pid"])
