@@ -186,7 +186,8 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     without -v, the log monitor; its dashboard agent is raysim's stand-in (no Prometheus
     metrics, about 75 MB and 1.7 CPU-seconds less), and so is its runtime-environment agent
     (about 35 MB and 1 CPU-second less; a runtime environment is refused). The raylet boots
-    the workers asked for (``prestart``) as the driver registers. It runs tasks and actors all the same, and
+    the workers asked for (``prestart``) as the driver registers, where no zygote forks them
+    (``RAYSIM_ZYGOTE=off``; tests/test_zygote.py has the zygote's). It runs tasks and actors all the same, and
     Ray's Node and command builder are restored after the start (a cluster started later in
     the process is whole)."""
     import contextlib
@@ -203,6 +204,7 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     # this Ray's own folder: another Ray of this process (the module's cluster) is not looked at
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    monkeypatch.setenv("RAYSIM_ZYGOTE", "off")
     ray_start.init(None, prestart=1)
     try:
         # one worker booted as the driver registered (``prestart``), before anything asked for

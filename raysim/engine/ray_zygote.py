@@ -56,15 +56,14 @@ def _die_with_parent() -> None:
 
 
 # -- the driver's side ---------------------------------------------------------------------------
-def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
-    """Start the zygote: (its socket's path, to be put in ``ZYGOTE_ENV`` before Ray starts,
-    its process); None where forking workers is not available (not Linux). Call it from the
-    thread that starts the local Ray, which lives as long as the process: the zygote dies
-    with it. The socket is in a folder of this user's only (0700), which goes at this
-    process's exit: only this user's processes can ask the zygote for a worker."""
+def listen() -> tuple[str, socket.socket] | None:
+    """The zygote's socket, listening: (its path, to be put in ``ZYGOTE_ENV`` before Ray
+    starts, the socket); None where forking workers is not available (not Linux). The socket
+    is in a folder of this user's only (0700), which goes at this process's exit: only this
+    user's processes can ask the zygote for a worker. Workers that ask before the zygote is
+    started (``start``) wait in the socket's queue."""
     import atexit
     import shutil
-    import subprocess
     import tempfile
     if sys.platform != "linux" or not hasattr(socket, "send_fds"):
         return None
@@ -74,6 +73,15 @@ def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
+    return path, listener
+
+
+def start(listening: tuple[str, socket.socket], preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"]:
+    """Start the zygote on a socket from ``listen``: (the socket's path, its process). Call it
+    from the thread that starts the local Ray, which lives as long as the process: the
+    zygote dies with it."""
+    import subprocess
+    path, listener = listening
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), _SERVE, str(listener.fileno()),
