@@ -1,6 +1,7 @@
 """Host actors of raysim's local Ray forked from the zygote (raysim/engine/zygote.py): they
 share PyTorch's pages with it, run as Ray workers, and die with their launcher, their zygote
 and the driver."""
+import contextlib
 import json
 import os
 import signal
@@ -50,11 +51,17 @@ def reply(proc):
             return json.loads(line)
 
 
-def start(env_extra=None):
+@contextlib.contextmanager
+def driver(env_extra=None):
+    """The driver above, running: (its process, its first answer); ended on leaving."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=env)
-    return proc, reply(proc)
+    try:
+        yield proc, reply(proc)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 def zygote_of(pid):
@@ -77,8 +84,7 @@ def gone(pid, within=15.0):
 
 
 def test_a_host_actor_is_forked_from_the_zygote_and_shares_pytorch_with_it():
-    proc, first = start()
-    try:
+    with driver() as (proc, first):
         zygote = zygote_of(first["pid"])
         assert zygote is not None, psutil.Process(first["pid"]).parent().cmdline()
         assert first["sum"] == 1.0                                 # it computes
@@ -89,54 +95,39 @@ def test_a_host_actor_is_forked_from_the_zygote_and_shares_pytorch_with_it():
                                 "print(psutil.Process().memory_full_info().uss)"],
                                capture_output=True, text=True, check=True)
         assert int(fresh.stdout) > 200 * 2**20
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
 
 
 def test_without_the_zygote_a_host_actor_is_a_fresh_interpreter():
-    proc, first = start({"RAYSIM_ZYGOTE": "off"})
-    try:
+    with driver({"RAYSIM_ZYGOTE": "off"}) as (proc, first):
         assert zygote_of(first["pid"]) is None and first["launcher"] == 0
         assert first["sum"] == 1.0
         assert not [p for p in psutil.Process(first["driver"]).children(recursive=True)
                     if "--raysim-zygote" in p.cmdline()]
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
 
 
 def test_a_launcher_killed_takes_its_worker_with_it_and_ray_sees_the_actor_die():
-    proc, first = start()
-    try:
+    with driver() as (proc, first):
         for p in launchers(first["driver"]):
             p.kill()
         assert gone(first["pid"])
         proc.stdin.write("again\n")
         proc.stdin.flush()
         assert reply(proc) == {"error": "ActorDiedError"}
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
 
 
 def test_a_worker_killed_ends_its_launcher():
-    proc, first = start()
-    try:
+    with driver() as (proc, first):
         launcher = first["launcher"]
         assert launcher in [p.pid for p in launchers(first["driver"])]
         os.kill(first["pid"], signal.SIGKILL)
         assert gone(launcher)
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
 
 
 def test_the_driver_killed_takes_the_zygote_and_its_workers_with_it():
-    proc, first = start()
-    zygote = zygote_of(first["pid"])
-    assert zygote is not None
-    proc.kill()
-    proc.wait(timeout=30)
-    assert gone(zygote.pid)
-    assert gone(first["pid"])
+    with driver() as (proc, first):
+        zygote = zygote_of(first["pid"])
+        assert zygote is not None
+        proc.kill()
+        proc.wait(timeout=30)
+        assert gone(zygote.pid)
+        assert gone(first["pid"])

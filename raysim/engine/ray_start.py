@@ -51,7 +51,8 @@ def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
     Ray's raylet boots this many Python workers as this driver registers (``preflight.host_actors``:
     the host actors the run will ask for), so that they import PyTorch and the host code
     beside this process's own start rather than after the hosts are asked for; 0: a worker
-    is started when an actor or task needs one."""
+    is started when an actor or task needs one. With ``prestart`` > 0 a zygote forks the
+    workers instead (``ray_zygote``), and none is booted ahead."""
     global _EMBEDDED, _ZYGOTE
     if _EARLY is not None and threading.current_thread() is not _EARLY[0]:
         _EARLY[1].wait()
@@ -76,21 +77,19 @@ def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
         # Ray would boot one worker per CPU as the first driver registers; raysim boots as many
         # as its host actors (``prestart``): an idle one, which no actor takes, holds PyTorch
         # all run (about 300 MB)
-        listening = None
         if os.environ.get(ray_zygote.ZYGOTE_ENV) != ray_zygote.OFF:
             # host actors forked from one process with PyTorch and the host code loaded
-            # (ray_zygote.py), for a run that will ask for host actors: one zygote per local Ray (it
-            # imports Ray with that Ray's settings), its socket in the environment the raylet and
-            # its workers inherit (never a zygote inherited from another process)
-            # The zygote imports while Ray starts, and the raylet boots no worker ahead: a worker
-            # it boots as the driver registers is waited for by ``ray.init`` (until it registers,
-            # which a forked worker does only once the zygote has imported everything: Ray's start
-            # took 3.1 to 3.4 s instead of 2.0); asked for when the hosts are, it is forked at once
+            # (ray_zygote.py), for a run that will ask for host actors: one zygote per local Ray
+            # (it imports Ray with that Ray's settings), its socket in the environment the raylet
+            # and its workers inherit (never a zygote inherited from another process)
             ray_zygote.stop(_ZYGOTE)
-            listening = ray_zygote.listen() if prestart > 0 else None
-            _ZYGOTE = ray_zygote.start(listening, PRELOAD) if listening else None
+            _ZYGOTE = ray_zygote.start(PRELOAD) if prestart > 0 else None
             if _ZYGOTE:
                 os.environ[ray_zygote.ZYGOTE_ENV] = _ZYGOTE[0]
+                # and no worker booted ahead: ``ray.init`` waits for such a worker to register,
+                # which a forked one does only once the zygote has imported everything (Ray's
+                # start took 3.1 to 3.4 s instead of 2.0); asked for with the hosts, it is forked
+                # at once
                 prestart = 0
             else:
                 os.environ.pop(ray_zygote.ZYGOTE_ENV, None)

@@ -56,14 +56,15 @@ def _die_with_parent() -> None:
 
 
 # -- the driver's side ---------------------------------------------------------------------------
-def listen() -> tuple[str, socket.socket] | None:
-    """The zygote's socket, listening: (its path, to be put in ``ZYGOTE_ENV`` before Ray
-    starts, the socket); None where forking workers is not available (not Linux). The socket
-    is in a folder of this user's only (0700), which goes at this process's exit: only this
-    user's processes can ask the zygote for a worker. Workers that ask before the zygote is
-    started (``start``) wait in the socket's queue."""
+def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
+    """Start the zygote: (its socket's path, to be put in ``ZYGOTE_ENV`` before Ray starts,
+    its process); None where forking workers is not available (not Linux). Call it from the
+    thread that starts the local Ray, which lives as long as the process: the zygote dies
+    with it. The socket is in a folder of this user's only (0700), which goes at this
+    process's exit: only this user's processes can ask the zygote for a worker."""
     import atexit
     import shutil
+    import subprocess
     import tempfile
     if sys.platform != "linux" or not hasattr(socket, "send_fds"):
         return None
@@ -73,15 +74,6 @@ def listen() -> tuple[str, socket.socket] | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    return path, listener
-
-
-def start(listening: tuple[str, socket.socket], preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"]:
-    """Start the zygote on a socket from ``listen``: (the socket's path, its process). Call it
-    from the thread that starts the local Ray, which lives as long as the process: the
-    zygote dies with it."""
-    import subprocess
-    path, listener = listening
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), _SERVE, str(listener.fileno()),
@@ -115,11 +107,10 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
     listener = socket.socket(fileno=fd)
     for name in EARLY:                  # what needs no Ray: most of the import, done while Ray starts
         importlib.import_module(name)
-    loaded = False                  # Ray and the rest imported
-    children: dict[int, socket.socket] = {}                  # pid -> its launcher's connection
-    by_conn: dict[socket.socket, int] = {}
+    loaded = False                                           # Ray and the rest imported
+    workers: dict[socket.socket, int] = {}                   # launcher's connection -> its worker's pid
     while True:
-        readable, _, _ = select.select([listener, *by_conn], [], [], 0.2)
+        readable, _, _ = select.select([listener, *workers], [], [], 0.2)
         for conn in readable:
             if conn is listener:
                 try:
@@ -139,34 +130,30 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
                     gc.collect()
                     gc.freeze()         # the imported objects out of the collector's passes: their pages stay shared
                 try:
-                    pid = _fork(new, request, fds, listener, by_conn)
+                    pid = _fork(new, request, fds, listener, workers)
                 except OSError:
                     pid = 0
                 if pid:
-                    children[pid] = new
-                    by_conn[new] = pid
+                    workers[new] = pid
                 else:
                     new.close()
-            else:                                        # the launcher is gone (or spoke): the worker goes
-                pid = by_conn.pop(conn)
+            else:                                        # the launcher is gone: its worker goes
+                pid = workers.pop(conn)
                 conn.close()
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        while children:                                  # reap; tell each launcher its worker's status
+        while True:                                      # reap; tell each launcher its worker's status
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
-            if conn is not None and by_conn.pop(conn, None) is not None:
-                try:
+            conn = next((c for c, p in workers.items() if p == pid), None)
+            if conn is not None:                         # (none where its launcher went first)
+                del workers[conn]
+                with contextlib.suppress(OSError):
                     conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
-                except OSError:
-                    pass
                 conn.close()
 
 
