@@ -1,10 +1,11 @@
-"""Host actors of raysim's local Ray forked from the zygote (raysim/engine/zygote.py): they
+"""Host actors of raysim's local Ray forked from the zygote (raysim/engine/ray_zygote.py): they
 share PyTorch's pages with it, run as Ray workers, and die with their launcher, their zygote
-and the driver."""
+and the driver; they serve their own user only and leave no file behind."""
 import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ class Host:
         import torch
         a = torch.randn(64, 64)
         return {"pid": os.getpid(), "sum": float((a @ a).sum() * 0 + 1), "threads": torch.get_num_threads(),
-                "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0))}
+                "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0)), "zygote": os.environ.get("RAYSIM_ZYGOTE")}
 
 h = Host.remote()
 print(json.dumps({"driver": os.getpid(), **ray.get(h.where.remote(), timeout=120)}), flush=True)
@@ -131,3 +132,51 @@ def test_the_driver_killed_takes_the_zygote_and_its_workers_with_it():
         proc.wait(timeout=30)
         assert gone(zygote.pid)
         assert gone(first["pid"])
+        # its socket went with it, and no file of it is left (an abstract socket has none)
+        assert first["zygote"].startswith("@raysim-zygote-")
+        with pytest.raises(ConnectionRefusedError):
+            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).connect("\0" + first["zygote"][1:])
+
+
+def as_other_user(name):
+    """In a child turned user 65534: connect to the zygote ``name``, send a request as a
+    launcher does and read the reply: "closed" where the zygote hangs up (before the request
+    is sent or after), "forked" where it
+    answers with a worker's pid."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                           # the child: only sockets, then leave
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            c.connect("\0" + name[1:])
+            request = {"argv": ["x"], "env": {}, "cwd": "/", "pgid": os.getpgrp(), "launcher": os.getpid()}
+            c.settimeout(30)
+            try:
+                socket.send_fds(c, [json.dumps(request).encode()], [0, 1, 2])
+                answer = c.recv(4)
+            except (BrokenPipeError, ConnectionResetError):   # hung up before or after the request came
+                answer = b""
+            os.write(write, b"closed" if answer == b"" else b"forked")
+        except BaseException as e:                     # noqa: BLE001 - reported to the parent
+            os.write(write, repr(e).encode()[:200])
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as f:
+        return f.read().decode()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to act as another user")
+def test_the_zygote_forks_nothing_for_another_user():
+    with driver() as (proc, first):
+        zygote = zygote_of(first["pid"])
+        before = {p.pid for p in zygote.children()}
+        assert as_other_user(first["zygote"]) == "closed"
+        assert {p.pid for p in zygote.children()} == before
+        proc.stdin.write("again\n")                   # and it still serves its own user's
+        proc.stdin.flush()
+        assert reply(proc)["pid"] == first["pid"]

@@ -8,8 +8,8 @@ static tables alone are about 90 MB, even on a machine without a GPU), beside th
 models it then holds. Forked from a process that has done the import once, a worker shares
 those pages with it, copy-on-write, until it writes them.
 
-How: the command that starts the local Ray opens a listening Unix socket in a folder of its
-user's only and starts the zygote (``start``), which imports PyTorch and the host code that
+How: the command that starts the local Ray opens a listening Unix socket (abstract: no file;
+only its user's processes are served) and starts the zygote (``start``), which imports PyTorch and the host code that
 needs no Ray while Ray starts, then Ray and the rest with the environment of the first worker
 that asks (Ray reads its settings, its authentication mode among them, as it is imported),
 and forks a child for each request. The raylet starts its Python workers with this file as
@@ -57,22 +57,20 @@ def _die_with_parent() -> None:
 
 # -- the driver's side ---------------------------------------------------------------------------
 def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
-    """Start the zygote: (its socket's path, to be put in ``ZYGOTE_ENV`` before Ray starts,
+    """Start the zygote: (its socket's name, to be put in ``ZYGOTE_ENV`` before Ray starts,
     its process); None where forking workers is not available (not Linux). Call it from the
     thread that starts the local Ray, which lives as long as the process: the zygote dies
-    with it. The socket is in a folder of this user's only (0700), which goes at this
-    process's exit: only this user's processes can ask the zygote for a worker."""
-    import atexit
-    import shutil
+    with it. The socket is in Linux's abstract namespace, under a random name: nothing on the
+    file system, so nothing is left behind however the run ends (a killed driver included),
+    and it goes when the zygote does. The zygote serves only processes of its own user (their
+    credentials as the kernel gives them, ``_same_user``)."""
+    import secrets
     import subprocess
-    import tempfile
     if sys.platform != "linux" or not hasattr(socket, "send_fds"):
         return None
-    folder = tempfile.mkdtemp(prefix="raysim-zygote-")
-    atexit.register(shutil.rmtree, folder, True)
-    path = os.path.join(folder, "s")
+    name = "@raysim-zygote-" + secrets.token_hex(16)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
+    listener.bind(_address(name))
     listener.listen(64)
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
@@ -80,17 +78,29 @@ def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
                              str(os.getpid()), *preload], pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL,
                             env=env)
     listener.close()
-    return path, proc
+    return name, proc
 
 
 def stop(zygote: tuple[str, "subprocess.Popen"] | None) -> None:
-    """Stop a zygote ``start`` returned (its workers go with it) and remove its socket."""
-    import shutil
+    """Stop a zygote ``start`` returned (its workers and its socket go with it)."""
     if zygote is not None:
-        path, proc = zygote
+        _, proc = zygote
         proc.kill()
         proc.wait()
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def _address(name: str) -> str:
+    """The socket address of a zygote's name ("@..." in the environment, which holds no NUL):
+    the abstract namespace's leading NUL."""
+    return "\0" + name[1:]
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the process at the other end of ``conn`` runs as this one's user (SO_PEERCRED:
+    pid, uid, gid as the kernel recorded them at connect). An abstract socket has no file
+    permissions: this is what keeps other users' processes from having workers forked."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.getuid()
 
 
 # -- the zygote ----------------------------------------------------------------------------------
@@ -115,6 +125,9 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
             if conn is listener:
                 try:
                     new, _ = listener.accept()
+                    if not _same_user(new):
+                        new.close()
+                        continue
                     data, fds, _, _ = socket.recv_fds(new, 1 << 22, 3)
                     request = json.loads(data.decode())
                 except (OSError, ValueError):
@@ -228,7 +241,7 @@ def launch() -> bool:
         return False
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        conn.connect(path)
+        conn.connect(_address(path))
         request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgrp(),
                    "launcher": os.getpid()}
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
