@@ -13,7 +13,9 @@ epoch of batch 10, plain SGD at lr 0.01, evaluation after the last round; FedAvg
 process each from exec to exit (raysim: `raysim run`, Ray's start, its host actors, MLflow);
 for each, this prints the wall seconds, the CPU seconds of every process of the run (Ray's
 included; the machine's busy time), the peak non-shared memory (USS summed over the
-processes) and the final accuracy, then raysim's figures over the bare loop's. Last, raysim's
+processes, and their PSS, which counts a page they share once: bench/proctree.py; both from a
+second run of each side, since sampling them slows a run), the final accuracy and raysim's
+median round, then raysim's figures over the bare loop's. Last, raysim's
 Ditto round against its FedAvg round (same model, rounds alternated, in three fresh processes
 one after another: ``--ratio-processes``). Run it on an
 otherwise idle machine; the measuring is bench/proctree.py. The first raysim run creates its
@@ -39,7 +41,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from proctree import measure  # noqa: E402
+from proctree import measure, measure_both  # noqa: E402
 
 WORKLOADS = {"fedavg-100": ("fedavg", [100]), "ditto-100": ("ditto", [100]),
              "fedavg-200-200": ("fedavg", [200, 200]), "ditto-200-200": ("ditto", [200, 200])}
@@ -65,32 +67,41 @@ def make_store(uri: str) -> None:
 
 
 def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False) -> dict:
+    """raysim's run of ``sc``, twice: timed (no sampling), then sampled for its memory
+    (proctree.py says why)."""
     path = tmp / f"{sc['name']}.yaml"
     path.write_text(yaml.safe_dump(sc))
     summary = tmp / f"{sc['name']}.json"
     store = tmp / "mlflow.db"
-    if new_store and store.exists():
-        store.unlink()
-    elif not new_store and not store.exists():
-        make_store(f"sqlite:///{store}")
     cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine.split("-")[0],
            "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{store}", "--set",
            f"checkpoint.dir={tmp}/ck"]
     if engine == "ray-actors":          # every host an actor of its own (host 0 not in this process)
         cmd += ["--set", "resources.driver_host=false"]
-    r = measure(cmd, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)})
-    if r["rc"]:
-        raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
-    s = json.loads(summary.read_text())
+    runs = []
+    for memory in (False, True):
+        if new_store and store.exists():
+            store.unlink()
+        elif not new_store and not store.exists():
+            make_store(f"sqlite:///{store}")
+        r = measure(cmd, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)}, memory=memory)
+        if r["rc"]:
+            raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
+        if not memory:
+            s = json.loads(summary.read_text())
+        runs.append(r)
+    r = {**runs[0], "uss_peak_mb": runs[1]["uss_peak_mb"], "pss_peak_mb": runs[1]["pss_peak_mb"]}
     r["accuracy"] = s["final"]["accuracy"]
-    r["round"] = statistics.median(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"])
+    # a round's time: the median over the rounds after the first (whose passes measure their widths)
+    r["round"] = statistics.median(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"][1:] or s["history"])
     return r
 
 
 def run_bare(method: str, hidden: list[int], rounds: int, root: str) -> dict:
+    """The bare loop's run, twice as raysim's: timed, then sampled for its memory."""
     cmd = [sys.executable, str(HERE / "bare_pfl.py"), method, ",".join(map(str, hidden)), "--rounds", str(rounds),
            "--root", root]
-    r = measure(cmd)
+    r = measure_both(cmd)
     if r["rc"]:
         raise SystemExit(f"bare loop failed ({r['rc']}):\n{r['stderr'][-3000:]}")
     r["accuracy"] = float(re.search(r"accuracy=([\d.]+)", r["stdout"]).group(1))
@@ -126,8 +137,9 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown workload {', '.join(unknown)}: choose from {', '.join(WORKLOADS)}")
     args.workloads = args.workloads or list(WORKLOADS)
-    print(f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'acc':>6} | "
-          f"{'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9}", flush=True)
+    print(f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'PSS MB':>7} {'acc':>6} "
+          f"{'round s':>7} | {'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9} {'PSS ratio':>9}", flush=True)
+    rounds = {}                       # (workload, engine) -> raysim's median round in its kept run
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             method, hidden = WORKLOADS[name]
@@ -144,15 +156,21 @@ def main() -> None:
             rows = [("bare", bare)] + [("raysim" if len(engines) == 1 else e, r) for e, r in ours.items()]
             for side, r in rows:
                 ratios = (f" {r['wall'] / bare['wall']:10.2f} {r['cpu'] / bare['cpu']:9.2f} "
-                          f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f}") if r is not bare else ""
+                          f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f} "
+                          f"{r['pss_peak_mb'] / bare['pss_peak_mb']:9.2f}") if r is not bare else ""
                 print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
-                      f"{r['accuracy']:6.3f} |{ratios}", flush=True)
+                      f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r['round'] if 'round' in r else float('nan'):7.3f} |{ratios}", flush=True)
+            rounds[(name, engines[0])] = ours[engines[0]]["round"]
     for size in ("100", "200-200"):
         if f"fedavg-{size}" in args.workloads and f"ditto-{size}" in args.workloads:
             ratios, fa, di = round_ratio(WORKLOADS[f"fedavg-{size}"][1], args.root, args.ratio_processes)
             print(f"Ditto round / FedAvg round, MLP {size}: {statistics.median(ratios):.2f}x, median of "
                   f"{len(ratios)} processes ({', '.join(f'{r:.2f}' for r in ratios)}), each 5 alternated pairs "
                   f"on the serial engine; CPU seconds a round: Ditto {di:.3f}, FedAvg {fa:.3f}")
+            e = next(iter(e for (n, e) in rounds if n == f"fedavg-{size}"))
+            print(f"  in the whole runs above ({e}, wall, median round after the first, less evaluation): Ditto "
+                  f"{rounds[(f'ditto-{size}', e)]:.3f} s / FedAvg {rounds[(f'fedavg-{size}', e)]:.3f} s = "
+                  f"{rounds[(f'ditto-{size}', e)] / rounds[(f'fedavg-{size}', e)]:.2f}x")
 
 
 def round_ratio(hidden: list[int], root: str, processes: int = 3) -> tuple[list[float], float, float]:
