@@ -31,7 +31,8 @@ class Host:
         import torch
         a = torch.randn(64, 64)
         return {"pid": os.getpid(), "sum": float((a @ a).sum() * 0 + 1), "threads": torch.get_num_threads(),
-                "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0)), "zygote": os.environ.get("RAYSIM_ZYGOTE")}
+                "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0)), "zygote": os.environ.get("RAYSIM_ZYGOTE"),
+                "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
 h = Host.remote()
 print(json.dumps({"driver": os.getpid(), **ray.get(h.where.remote(), timeout=120)}), flush=True)
@@ -96,6 +97,12 @@ def test_a_host_actor_is_forked_from_the_zygote_and_shares_pytorch_with_it():
                                 "print(psutil.Process().memory_full_info().uss)"],
                                capture_output=True, text=True, check=True)
         assert int(fresh.stdout) > 200 * 2**20
+
+
+def test_a_host_actor_runs_at_the_drivers_priority():
+    # Ray's workers default to niceness 15, below the MLflow helper (10) and host 0 in the driver (0)
+    with driver() as (proc, first):
+        assert first["nice"] == os.getpriority(os.PRIO_PROCESS, first["driver"]) == 0
 
 
 def test_without_the_zygote_a_host_actor_is_a_fresh_interpreter():

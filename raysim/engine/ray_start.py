@@ -41,6 +41,11 @@ AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_agent.py")
 # the script a worker of raysim's local Ray runs: the zygote's launcher, which runs Ray's own
 # worker script itself where no zygote serves (``ray_zygote.run_worker``)
 WORKER = ray_zygote.__file__
+# the niceness of a local Ray's workers (Ray's default: 15, below its daemons and the driver).
+# raysim's workers are its host actors, whose round the driver's host 0 waits for: at 15 they
+# lost the cores to the MLflow helper (niceness 10, ``tracker_process.NICE``) and to host 0,
+# and a round lasts as long as its slowest host
+WORKER_NICENESS = 0
 # a start begun by ``start_in_background``: (its thread, set when done, its error if any)
 _EARLY: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
 
@@ -95,7 +100,8 @@ def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
                 os.environ.pop(ray_zygote.ZYGOTE_ENV, None)
         kwargs.update(include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
                       _system_config={"preload_python_modules": list(PRELOAD),
-                                      "prestart_worker_first_driver": prestart > 0})
+                                      "prestart_worker_first_driver": prestart > 0,
+                                      "worker_niceness": WORKER_NICENESS})
         with _patched(_local_start_patches(verbose, prestart)):
             ray.init(address="local", **kwargs)
         _private_files(ray._private.worker._global_node)
