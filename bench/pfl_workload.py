@@ -41,7 +41,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from proctree import measure, measure_both  # noqa: E402
+from proctree import measure_both  # noqa: E402
 
 WORKLOADS = {"fedavg-100": ("fedavg", [100]), "ditto-100": ("ditto", [100]),
              "fedavg-200-200": ("fedavg", [200, 200]), "ditto-200-200": ("ditto", [200, 200])}
@@ -78,19 +78,19 @@ def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False
            f"checkpoint.dir={tmp}/ck"]
     if engine == "ray-actors":          # every host an actor of its own (host 0 not in this process)
         cmd += ["--set", "resources.driver_host=false"]
-    runs = []
-    for memory in (False, True):
+    timed = []                          # the timed run's summary: its rounds' seconds are unsampled
+
+    def before(memory: bool) -> None:
+        if memory:
+            timed.append(json.loads(summary.read_text()))
         if new_store and store.exists():
             store.unlink()
         elif not new_store and not store.exists():
             make_store(f"sqlite:///{store}")
-        r = measure(cmd, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)}, memory=memory)
-        if r["rc"]:
-            raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
-        if not memory:
-            s = json.loads(summary.read_text())
-        runs.append(r)
-    r = {**runs[0], "uss_peak_mb": runs[1]["uss_peak_mb"], "pss_peak_mb": runs[1]["pss_peak_mb"]}
+    r = measure_both(cmd, before=before, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    if r["rc"]:
+        raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
+    s = timed[0]
     r["accuracy"] = s["final"]["accuracy"]
     # a round's time: the median over the rounds after the first (whose passes measure their widths)
     r["round"] = statistics.median(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"][1:] or s["history"])
@@ -139,12 +139,11 @@ def main() -> None:
     args.workloads = args.workloads or list(WORKLOADS)
     print(f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'PSS MB':>7} {'acc':>6} "
           f"{'round s':>7} | {'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9} {'PSS ratio':>9}", flush=True)
-    rounds = {}                       # (workload, engine) -> raysim's median round in its kept run
+    engines = {"both": ("ray", "serial"), "all": ("ray", "ray-actors", "serial")}.get(args.engine, (args.engine,))
+    rounds = {}                       # workload -> raysim's median round in its kept run (first engine)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             method, hidden = WORKLOADS[name]
-            engines = {"both": ("ray", "serial"), "all": ("ray", "ray-actors", "serial")}.get(args.engine,
-                                                                                          (args.engine,))
             bares, ourss = [], {e: [] for e in engines}
             for _ in range(args.repeat):
                 bares.append(run_bare(method, hidden, args.rounds, args.root))
@@ -159,18 +158,17 @@ def main() -> None:
                           f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f} "
                           f"{r['pss_peak_mb'] / bare['pss_peak_mb']:9.2f}") if r is not bare else ""
                 print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
-                      f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r['round'] if 'round' in r else float('nan'):7.3f} |{ratios}", flush=True)
-            rounds[(name, engines[0])] = ours[engines[0]]["round"]
+                      f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r.get('round', float('nan')):7.3f} |{ratios}", flush=True)
+            rounds[name] = ours[engines[0]]["round"]
     for size in ("100", "200-200"):
         if f"fedavg-{size}" in args.workloads and f"ditto-{size}" in args.workloads:
             ratios, fa, di = round_ratio(WORKLOADS[f"fedavg-{size}"][1], args.root, args.ratio_processes)
             print(f"Ditto round / FedAvg round, MLP {size}: {statistics.median(ratios):.2f}x, median of "
                   f"{len(ratios)} processes ({', '.join(f'{r:.2f}' for r in ratios)}), each 5 alternated pairs "
                   f"on the serial engine; CPU seconds a round: Ditto {di:.3f}, FedAvg {fa:.3f}")
-            e = next(iter(e for (n, e) in rounds if n == f"fedavg-{size}"))
-            print(f"  in the whole runs above ({e}, wall, median round after the first, less evaluation): Ditto "
-                  f"{rounds[(f'ditto-{size}', e)]:.3f} s / FedAvg {rounds[(f'fedavg-{size}', e)]:.3f} s = "
-                  f"{rounds[(f'ditto-{size}', e)] / rounds[(f'fedavg-{size}', e)]:.2f}x")
+            di, fa = rounds[f"ditto-{size}"], rounds[f"fedavg-{size}"]
+            print(f"  in the whole runs above ({engines[0]}, wall, median round after the first, less "
+                  f"evaluation): Ditto {di:.3f} s / FedAvg {fa:.3f} s = {di / fa:.2f}x")
 
 
 def round_ratio(hidden: list[int], root: str, processes: int = 3) -> tuple[list[float], float, float]:

@@ -96,25 +96,30 @@ def measure(cmd: list[str], *, cwd: str | None = None, env: dict | None = None, 
             "stderr": err}
 
 
-def measure_both(cmd: list[str], **kw) -> dict:
+def measure_both(cmd: list[str], before=None, **kw) -> dict:
     """Time from a run without sampling, memory from a second run that samples: ``measure``'s
-    figures, uss_peak_mb (and cpu_tree) from the second run; rc is the first failing run's."""
-    timed = measure(cmd, memory=False, **kw)
-    if timed["rc"]:
-        return timed
-    sampled = measure(cmd, memory=True, **kw)
+    figures, with uss_peak_mb, pss_peak_mb and cpu_tree from the second run (and its wall,
+    sampled_wall); the first failing run's result where one fails. ``before(memory)``: called
+    before each run, False for the first (to put files as the run needs them, or to keep what
+    the timed run wrote)."""
+    runs = []
+    for memory in (False, True):
+        if before is not None:
+            before(memory)
+        runs.append(measure(cmd, memory=memory, **kw))
+        if runs[-1]["rc"]:
+            return runs[-1]
+    timed, sampled = runs
     return {**timed, "uss_peak_mb": sampled["uss_peak_mb"], "pss_peak_mb": sampled["pss_peak_mb"],
-            "cpu_tree": sampled["cpu_tree"],
-            "rc": sampled["rc"], "stderr": timed["stderr"] if not sampled["rc"] else sampled["stderr"],
-            "sampled_wall": sampled["wall"]}
+            "cpu_tree": sampled["cpu_tree"], "sampled_wall": sampled["wall"]}
 
 
 def main(argv: list[str]) -> int:
-    same = "--same-run" in argv[:argv.index("--")] if "--" in argv else False
-    if "--" not in argv or argv.index("--") == len(argv) - 1:
+    if "--" not in argv or argv[-1] == "--":
         print("usage: python bench/proctree.py [--same-run] -- CMD ARGS...", file=sys.stderr)
         return 2
-    cmd = argv[argv.index("--") + 1:]
+    split = argv.index("--")
+    same, cmd = "--same-run" in argv[:split], argv[split + 1:]
     r = measure(cmd) if same else measure_both(cmd)
     sys.stdout.write(r["stdout"])
     sys.stderr.write(r["stderr"])

@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from raysim.engine import ray_zygote
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.ray
@@ -142,14 +143,13 @@ def test_the_driver_killed_takes_the_zygote_and_its_workers_with_it():
         # its socket went with it, and no file of it is left (an abstract socket has none)
         assert first["zygote"].startswith("@raysim-zygote-")
         with pytest.raises(ConnectionRefusedError):
-            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).connect("\0" + first["zygote"][1:])
+            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).connect(ray_zygote._address(first["zygote"]))
 
 
 def as_other_user(name):
     """In a child turned user 65534: connect to the zygote ``name``, send a request as a
     launcher does and read the reply: "closed" where the zygote hangs up (before the request
-    is sent or after), "forked" where it
-    answers with a worker's pid."""
+    is sent or after), "forked" where it answers with a worker's pid."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:                                           # the child: only sockets, then leave
@@ -158,7 +158,7 @@ def as_other_user(name):
             os.setgid(65534)
             os.setuid(65534)
             c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            c.connect("\0" + name[1:])
+            c.connect(ray_zygote._address(name))
             request = {"argv": ["x"], "env": {}, "cwd": "/", "pgid": os.getpgrp(), "launcher": os.getpid()}
             c.settimeout(30)
             try:

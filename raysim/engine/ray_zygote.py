@@ -9,9 +9,9 @@ models it then holds. Forked from a process that has done the import once, a wor
 those pages with it, copy-on-write, until it writes them.
 
 How: the command that starts the local Ray opens a listening Unix socket (abstract: no file;
-only its user's processes are served) and starts the zygote (``start``), which imports PyTorch and the host code that
-needs no Ray while Ray starts, then Ray and the rest with the environment of the first worker
-that asks (Ray reads its settings, its authentication mode among them, as it is imported),
+only its user's processes are served) and starts the zygote (``start``), which imports PyTorch
+and the host code that needs no Ray while Ray starts, then Ray and the rest with the
+environment of the first worker that asks (Ray reads its settings, its authentication mode among them, as it is imported),
 and forks a child for each request. The raylet starts its Python workers with this file as
 their script (``ray_start``'s worker path); the worker it starts, the *launcher*, imports
 nothing heavy: it connects to the zygote (``ZYGOTE_ENV`` names the socket), sends its command
@@ -236,12 +236,12 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.s
 def launch() -> bool:
     """Have the zygote run this worker; False where there is none to ask (run it here then).
     On success, never returns: exits with the worker's status."""
-    path = os.environ.get(ZYGOTE_ENV)
-    if not path or path == OFF:
+    name = os.environ.get(ZYGOTE_ENV)
+    if not name or name == OFF:
         return False
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        conn.connect(_address(path))
+        conn.connect(_address(name))
         request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgrp(),
                    "launcher": os.getpid()}
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
