@@ -322,12 +322,14 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
         raise AssertionError("the stand-in outlived its parent")
 
 
-def test_the_runtime_env_agent_stand_in_listens_on_loopback_refuses_environments_and_answers_rays_other_calls(
+def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_refuses_packages_and_answers_rays_other_calls(
         tmp_path):
     """The raylet waits for its runtime-environment agent's port, then asks it over HTTP, in
     protobuf, for a task's runtime environment. The stand-in writes the port it listens on (as
-    Ray's persist_port writes it), refuses an environment with its reason and answers the two
-    other calls "nothing there": each reply read with Ray's own classes."""
+    Ray's persist_port writes it), serves an environment of variables with the context Ray's
+    agent makes (read back by Ray's RuntimeEnvContext: the variables, this interpreter),
+    refuses one with packages with its reason and answers the two other calls "nothing there":
+    each reply read with Ray's own classes."""
     import subprocess
     import sys
     import time
@@ -355,10 +357,20 @@ def test_the_runtime_env_agent_stand_in_listens_on_loopback_refuses_environments
             with urllib.request.urlopen(request, timeout=10) as reply:
                 assert reply.status == 200
                 return reply.read()
-        ask = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env='{"env_vars": {"A": "1"}}', job_id=b"\x01")
-        created = pb.GetOrCreateRuntimeEnvReply.FromString(post("/get_or_create_runtime_env", ask))
-        assert created.status == pb.AGENT_RPC_STATUS_FAILED
-        assert created.error_message == ray_agent.REFUSAL and "ray start --head" in created.error_message
+        from ray._private.runtime_env.context import RuntimeEnvContext
+        ask = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env='{"env_vars": {"A": "1", "B": "x y"}}',
+                                              job_id=b"\x01", source_process="raylet")
+        served = pb.GetOrCreateRuntimeEnvReply.FromString(post("/get_or_create_runtime_env", ask))
+        assert served.status == pb.AGENT_RPC_STATUS_OK and served.error_message == ""
+        context = RuntimeEnvContext.deserialize(served.serialized_runtime_env_context)
+        assert context.env_vars == {"A": "1", "B": "x y"} and context.command_prefix == []
+        assert context.py_executable == sys.executable and context.override_worker_entrypoint is None
+        for env in ('{"pip": ["numpy"]}', '{"env_vars": {"A": "1"}, "working_dir": "/tmp"}', '{"env_vars": {"A": 1}}'):
+            ask = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env=env, job_id=b"\x01")
+            refused = pb.GetOrCreateRuntimeEnvReply.FromString(post("/get_or_create_runtime_env", ask))
+            assert refused.status == pb.AGENT_RPC_STATUS_FAILED, env
+            assert refused.error_message == ray_agent.REFUSAL and "ray start --head" in refused.error_message
+            assert refused.serialized_runtime_env_context == ""
         deleted = pb.DeleteRuntimeEnvIfPossibleReply.FromString(
             post("/delete_runtime_env_if_possible", pb.DeleteRuntimeEnvIfPossibleRequest()))
         assert deleted.status == pb.AGENT_RPC_STATUS_OK
@@ -371,6 +383,16 @@ def test_the_runtime_env_agent_stand_in_listens_on_loopback_refuses_environments
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_protobuf_message_is_read_as_the_wire_format_says():
+    """By hand: 08 96 01 is field 1 = 150 (the varint 0x96 0x01 = 22 + 1·128); 12 02 'ab' is
+    field 2 = b"ab"; 1d and four bytes, a fixed32 field 3, is skipped; a field given twice is
+    kept twice; a length past the end is an error."""
+    from raysim.engine.ray_agent import _fields
+    assert _fields(b"\x08\x96\x01\x12\x02ab\x1d\x00\x00\x80\x3f\x12\x00") == {1: [150], 2: [b"ab", b""]}
+    with pytest.raises(ValueError, match="truncated"):
+        _fields(b"\x12\x05ab")
 
 
 def test_a_protobuf_field_is_written_as_the_wire_format_says():

@@ -35,13 +35,21 @@ class Host:
                 "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0)), "zygote": os.environ.get("RAYSIM_ZYGOTE"),
                 "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
+@ray.remote
+def variables(name):
+    return {"value": os.environ.get(name), "launcher": int(os.environ.get("RAYSIM_LAUNCHER", 0))}
+
 h = Host.remote()
 print(json.dumps({"driver": os.getpid(), **ray.get(h.where.remote(), timeout=120)}), flush=True)
 for line in sys.stdin:
     try:
-        print(json.dumps(ray.get(h.where.remote(), timeout=60)), flush=True)
+        if line.startswith("env "):       # a task with a runtime environment (JSON), as Tune's trials have
+            env = json.loads(line[4:])
+            print(json.dumps(ray.get(variables.options(runtime_env=env).remote("RAYSIM_T"), timeout=60)), flush=True)
+        else:
+            print(json.dumps(ray.get(h.where.remote(), timeout=60)), flush=True)
     except Exception as e:
-        print(json.dumps({"error": type(e).__name__}), flush=True)
+        print(json.dumps({"error": type(e).__name__, "message": str(e)}), flush=True)
 """
 
 
@@ -104,6 +112,21 @@ def test_a_host_actor_runs_at_the_drivers_priority():
     # Ray's workers default to niceness 15, below the MLflow helper (10) and host 0 in the driver (0)
     with driver() as (proc, first):
         assert first["nice"] == os.getpriority(os.PRIO_PROCESS, first["driver"]) == 0
+
+
+def test_a_task_with_environment_variables_gets_them_and_one_with_packages_is_refused_with_the_reason():
+    # Ray Tune gives every trial actor {"env_vars": {...}}: the runtime-environment agent's
+    # stand-in serves it (the worker, forked by the zygote too, sees the variable); a package
+    # it cannot install is refused, naming what to do instead
+    with driver() as (proc, first):
+        proc.stdin.write('env {"env_vars": {"RAYSIM_T": "x y"}}\n')
+        proc.stdin.flush()
+        got = reply(proc)
+        assert got["value"] == "x y" and got["launcher"] > 0, got
+        proc.stdin.write('env {"pip": ["raysim-no-such-package"]}\n')
+        proc.stdin.flush()
+        got = reply(proc)
+        assert got["error"] == "RuntimeEnvSetupError" and "ray start --head" in got["message"], got
 
 
 def test_without_the_zygote_a_host_actor_is_a_fresh_interpreter():

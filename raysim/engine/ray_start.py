@@ -177,8 +177,8 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     in Ray, ``prestart`` here: ``_with_prestart``); the writing of a new token file
     (``_write_token_privately``); the dashboard agent, which serves what the API server would
     show and the metrics: its stand-in (``ray_agent``) only says it serves nothing; and the
-    runtime-environment agent, never asked while nothing carries a ``runtime_env``: its
-    stand-in refuses one; with the dashboard agent's stand-in, Ray's check of its dashboard's
+    runtime-environment agent, asked only for a ``runtime_env``: its stand-in serves one of
+    environment variables (Ray Tune's trials carry one) and refuses any other; with the dashboard agent's stand-in, Ray's check of its dashboard's
     packages (``_agent_options_unread``)."""
     import importlib
     from ray._private.node import Node
@@ -258,25 +258,40 @@ def _with_prestart(start: Any, count: int) -> Any:
 
 def _env_stand_in_fits() -> bool:
     """Whether this Ray's runtime-environment agent is what ``ray_agent`` stands in for: the
-    same port name, the same three request paths in Ray's agent, and the stand-in's hand-written
-    replies reading, with Ray's own protobuf classes, as the messages meant (a refusal naming
-    its reason; an empty answer). Where not (another Ray), Ray's agent is started."""
+    same port name, the same three request paths in Ray's agent, and the stand-in's answers
+    read, with Ray's own protobuf classes, as the messages meant: to a request written by Ray's
+    classes for environment variables (as Ray Tune's trials carry), status OK and a context that
+    Ray's own RuntimeEnvContext reads back whole, as its agent would make it; to one for a
+    package, a refusal naming its reason; an empty answer to the two other calls. Where not
+    (another Ray), Ray's agent is started."""
     from raysim.engine import ray_agent
     try:
         from ray import _raylet
+        from ray._private.runtime_env.context import RuntimeEnvContext
         from ray.core.generated import runtime_env_agent_pb2 as pb
+        from ray.runtime_env import RuntimeEnv
         name = _raylet.RUNTIME_ENV_AGENT_PORT_NAME
         # read, not imported (its import puts its own folders on sys.path)
         source = Path(ray.__file__).parent.joinpath("_private", "runtime_env", "agent", "main.py").read_text()
-        create = pb.GetOrCreateRuntimeEnvReply.FromString(ray_agent.REPLIES["/get_or_create_runtime_env"])
-        delete = pb.DeleteRuntimeEnvIfPossibleReply.FromString(ray_agent.REPLIES["/delete_runtime_env_if_possible"])
-        info = pb.GetRuntimeEnvsInfoReply.FromString(ray_agent.REPLIES["/get_runtime_envs_info"])
+
+        def ask(env: RuntimeEnv) -> Any:
+            request = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env=env.serialize(), job_id=b"\x01",
+                                                      source_process="raylet")
+            return pb.GetOrCreateRuntimeEnvReply.FromString(
+                ray_agent.REPLIES["/get_or_create_runtime_env"](request.SerializeToString()))
+        variables = {"PL_DISABLE_FORK": "1", "RAYSIM_CHECK": "a b"}
+        served, refused = ask(RuntimeEnv(env_vars=variables)), ask(RuntimeEnv(pip=["numpy"]))
+        context = RuntimeEnvContext.deserialize(served.serialized_runtime_env_context)
+        delete = pb.DeleteRuntimeEnvIfPossibleReply.FromString(ray_agent.REPLIES["/delete_runtime_env_if_possible"](b""))
+        info = pb.GetRuntimeEnvsInfoReply.FromString(ray_agent.REPLIES["/get_runtime_envs_info"](b""))
         failed, ok = pb.AGENT_RPC_STATUS_FAILED, pb.AGENT_RPC_STATUS_OK
     except Exception:               # noqa: BLE001 - a Ray without these (or a reply it cannot read): its own agent
         return False
     return (name == ray_agent.ENV_PORT and all(f'"{path}"' in source for path in ray_agent.REPLIES)
-            and create.status == failed and create.error_message == ray_agent.REFUSAL
-            and not create.serialized_runtime_env_context and delete.status == ok
+            and served.status == ok and not served.error_message
+            and vars(context) == vars(RuntimeEnvContext(env_vars=variables))
+            and refused.status == failed and refused.error_message == ray_agent.REFUSAL
+            and not refused.serialized_runtime_env_context and delete.status == ok
             and not info.runtime_env_states and info.total == 0)
 
 
