@@ -258,9 +258,16 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
         # each agent's place: the stand-in, given Ray's agent script as an argument
         assert len(agents) == 2 and {a.cmdline()[2] for a in agents} == {ray_start.AGENT}, [a.cmdline() for a in agents]
         assert all(a.memory_full_info().uss < 30 * 2**20 for a in agents)
-        # a runtime environment is refused, with the reason (nothing raysim runs asks for one)
+        # environment variables are served (Ray Tune's trials carry some); any other runtime
+        # environment is refused, with the reason
+        assert ray.get(square.options(runtime_env={"env_vars": {"A": "1"}}).remote(3), timeout=60) == 9
         with pytest.raises(ray.exceptions.RuntimeEnvSetupError, match="not available on the local Ray"):
-            ray.get(square.options(runtime_env={"env_vars": {"A": "1"}}).remote(3), timeout=60)
+            ray.get(square.options(runtime_env={"pip": ["raysim-no-such-package"]}).remote(3), timeout=60)
+        # each of its processes in a session of its own: a signal to the command's process
+        # group (a SIGTERM from ``timeout``) reaches none of them
+        daemons = [p for p in psutil.Process().children() if p.name() in ("gcs_server", "raylet")]
+        assert len(daemons) == 2 and all(os.getsid(p.pid) == p.pid != os.getsid(0) for p in daemons)
+        assert all(os.getsid(a.pid) != os.getsid(0) for a in agents)          # the raylet's children
     finally:
         ray_start.shutdown()
     assert {name: Node.__dict__[name] for name in before} == before

@@ -1,6 +1,7 @@
 """SIGTERM, records that never lose or repeat a round, resume rules, and the checks made before
 Ray or training starts (tracking store reachable, output paths writable)."""
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -16,9 +17,11 @@ from tests.test_runs import DIGITS, mlflow_run, raysim, summary_of, tracked
 LONG = DIGITS.replace("rounds: 20", "rounds: 400").replace("eval: {every: 10}", "eval: {every: 400}")
 
 
-def _start(path, *extra):
+def _start(path, *extra, group=False):
+    """``raysim run path``; ``group``: in a process group of its own (as ``timeout`` or a job
+    runner starts it), which ``_terminate`` then signals whole."""
     return subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q", *extra], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
 
 
 def _wait_for_checkpoint(ck_root, timeout=180):
@@ -28,13 +31,16 @@ def _wait_for_checkpoint(ck_root, timeout=180):
     assert list(ck_root.glob("*/manifest.json")), "no checkpoint was written"
 
 
-def _terminate(tmp_path, proc, times=1, pause=0.5):
-    """SIGTERM ``times`` to a run once it has a checkpoint; (its run id, its standard error)
-    after it has exited 143 with its MLflow run KILLED."""
+def _terminate(tmp_path, proc, times=1, pause=0.5, group=False):
+    """SIGTERM ``times`` to a run once it has a checkpoint (``group``: to its whole process
+    group); (its run id, its standard error) after it has exited 143 with its MLflow run KILLED."""
     _wait_for_checkpoint(tmp_path / "ck")
     for _ in range(times):
         time.sleep(pause)
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     run_id = next((tmp_path / "ck").iterdir()).name
@@ -47,12 +53,15 @@ def _steps(tmp_path, run_id, key="train_loss"):
 
 
 @pytest.mark.ray
-def test_sigterm_finishes_the_round_checkpoints_marks_killed_and_exits_143(tmp_path):
-    """SIGTERM to the driver of a Ray run: the round in progress is finished and checkpointed,
-    its metrics are in the store, the run is KILLED, the resume command is printed, exit 143;
-    the resumed run then logs every round exactly once."""
+@pytest.mark.parametrize("group", [False, True], ids=["driver", "process-group"])
+def test_sigterm_finishes_the_round_checkpoints_marks_killed_and_exits_143(tmp_path, group):
+    """SIGTERM to the driver of a Ray run, or to its whole process group (``timeout``, a job
+    runner; the local Ray's processes are in sessions of their own, so only the driver gets
+    it): the round in progress is finished and checkpointed, its metrics are in the store, the
+    run is KILLED, the resume command is printed, exit 143; the resumed run then logs every
+    round exactly once."""
     path = tracked(tmp_path, LONG.replace("rounds: 400", "rounds: 300").replace("every: 400", "every: 300"))
-    run_id, err = _terminate(tmp_path, _start(path))
+    run_id, err = _terminate(tmp_path, _start(path, group=group), group=group)
     assert "terminated (SIGTERM): stopping after this round" in err
     assert f"continue it with: raysim run {path} --resume {run_id}" in err
     assert err.strip().splitlines()[-1] == "raysim: terminated (SIGTERM)"

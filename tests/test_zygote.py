@@ -144,7 +144,7 @@ def test_a_launcher_killed_takes_its_worker_with_it_and_ray_sees_the_actor_die()
         assert gone(first["pid"])
         proc.stdin.write("again\n")
         proc.stdin.flush()
-        assert reply(proc) == {"error": "ActorDiedError"}
+        assert reply(proc)["error"] == "ActorDiedError"
 
 
 def test_a_worker_killed_ends_its_launcher():

@@ -178,7 +178,8 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     (``_write_token_privately``); the dashboard agent, which serves what the API server would
     show and the metrics: its stand-in (``ray_agent``) only says it serves nothing; and the
     runtime-environment agent, asked only for a ``runtime_env``: its stand-in serves one of
-    environment variables (Ray Tune's trials carry one) and refuses any other; with the dashboard agent's stand-in, Ray's check of its dashboard's
+    environment variables (Ray Tune's trials carry one) and refuses any other; the session its
+    processes run in: one of their own (``_in_own_session``), not the command's; with the dashboard agent's stand-in, Ray's check of its dashboard's
     packages (``_agent_options_unread``)."""
     import importlib
     from ray._private.node import Node
@@ -197,6 +198,8 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     services = module("ray._private.services")
     if services is not None and prestart > 0 and "start_ray_process" in vars(services):
         patches.append((services, "start_ray_process", _with_prestart(vars(services)["start_ray_process"], prestart)))
+    if services is not None and isinstance(vars(services).get("ConsolePopen"), type):
+        patches.append((services, "ConsolePopen", _in_own_session(vars(services)["ConsolePopen"])))
     build = "_build_python_executable_command_memory_profileable"
     if services is not None and build in vars(services) and _agent_stand_in_fits():
         from ray._private import ray_constants
@@ -206,6 +209,23 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
         patches.append((services, build, _with_agent_stand_in(vars(services)[build], agents)))
         patches.append((module("ray._private.utils"), "get_dashboard_dependency_error", _agent_options_unread))
     return [(owner, name, new) for owner, name, new in patches if owner is not None]
+
+
+def _in_own_session(popen: type) -> type:
+    """Ray's class for starting its processes (``services.ConsolePopen``), each started in a
+    session (and process group) of its own. In the command's process group, a SIGTERM sent to
+    the group (``timeout``, ``kill -TERM -- -PGID``, a job runner stopping a process group) killed
+    the GCS and the raylet beside the driver, which was finishing its round: it then waited 60 s
+    for the GCS and died of Ray's fatal error, its MLflow run left RUNNING and no resume command
+    printed. Now the driver alone gets it and stops as for its own SIGTERM. (A Ctrl-C was never
+    the problem: Ray's processes block SIGINT.) They still die with the process that started
+    them (Ray's PR_SET_PDEATHSIG) and with ``stop_for_exit``."""
+    class InOwnSession(popen):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+    InOwnSession.__name__ = InOwnSession.__qualname__ = popen.__name__
+    return InOwnSession
 
 
 def _agent_options_unread() -> None:

@@ -26,7 +26,9 @@ environment does so for every worker.
 
 The zygote dies with the thread that started it (PR_SET_PDEATHSIG; ``ray_start`` starts it
 from the thread that starts Ray, which lives as long as the process), and its children die
-with it.
+with it. It runs in a session of its own, as the local Ray's other processes do: a signal sent
+to the command's process group (a SIGTERM from ``timeout``) reaches the driver only, which
+decides how the run stops.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), _SERVE, str(listener.fileno()),
                              str(os.getpid()), *preload], pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL,
-                            env=env)
+                            env=env, start_new_session=True)
     listener.close()
     return name, proc
 
