@@ -242,7 +242,7 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
         counter = Counter.remote()
         assert ray.get([counter.add.remote(2), counter.add.remote(3)]) == [2, 5]
         started = []              # what this process started for this Ray (its folder in the arguments)
-        agents = []
+        agents, daemons = [], []
         for p in psutil.Process().children(recursive=True):
             try:
                 args = p.cmdline()
@@ -250,6 +250,8 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
                 continue
             if any(ray_tmp in a for a in args):
                 started += [a.rsplit("/", 1)[-1] for a in args]
+                if p.name() in ("gcs_server", "raylet"):
+                    daemons.append(p)
                 if any(a.endswith(("dashboard/agent.py", "runtime_env/agent/main.py")) for a in args):
                     agents.append(p)
         assert "gcs_server" in started and "raylet" in started, started
@@ -265,7 +267,6 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
             ray.get(square.options(runtime_env={"pip": ["raysim-no-such-package"]}).remote(3), timeout=60)
         # each of its processes in a session of its own: a signal to the command's process
         # group (a SIGTERM from ``timeout``) reaches none of them
-        daemons = [p for p in psutil.Process().children() if p.name() in ("gcs_server", "raylet")]
         assert len(daemons) == 2 and all(os.getsid(p.pid) == p.pid != os.getsid(0) for p in daemons)
         assert all(os.getsid(a.pid) != os.getsid(0) for a in agents)          # the raylet's children
     finally:
