@@ -330,7 +330,7 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
         raise AssertionError("the stand-in outlived its parent")
 
 
-def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_refuses_packages_and_answers_rays_other_calls(
+def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_refuses_packages_and_answers_the_rest(
         tmp_path):
     """The raylet waits for its runtime-environment agent's port, then asks it over HTTP, in
     protobuf, for a task's runtime environment. The stand-in writes the port it listens on (as

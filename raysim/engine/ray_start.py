@@ -179,8 +179,9 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     show and the metrics: its stand-in (``ray_agent``) only says it serves nothing; and the
     runtime-environment agent, asked only for a ``runtime_env``: its stand-in serves one of
     environment variables (Ray Tune's trials carry one) and refuses any other; the session its
-    processes run in: one of their own (``_in_own_session``), not the command's; with the dashboard agent's stand-in, Ray's check of its dashboard's
-    packages (``_agent_options_unread``)."""
+    processes run in: one of their own (``_in_own_session``), not the command's; with the
+    dashboard agent's stand-in, Ray's check of its dashboard's packages
+    (``_agent_options_unread``)."""
     import importlib
     from ray._private.node import Node
 
@@ -302,7 +303,8 @@ def _env_stand_in_fits() -> bool:
         variables = {"PL_DISABLE_FORK": "1", "RAYSIM_CHECK": "a b"}
         served, refused = ask(RuntimeEnv(env_vars=variables)), ask(RuntimeEnv(pip=["numpy"]))
         context = RuntimeEnvContext.deserialize(served.serialized_runtime_env_context)
-        delete = pb.DeleteRuntimeEnvIfPossibleReply.FromString(ray_agent.REPLIES["/delete_runtime_env_if_possible"](b""))
+        delete = pb.DeleteRuntimeEnvIfPossibleReply.FromString(
+            ray_agent.REPLIES["/delete_runtime_env_if_possible"](b""))
         info = pb.GetRuntimeEnvsInfoReply.FromString(ray_agent.REPLIES["/get_runtime_envs_info"](b""))
         failed, ok = pb.AGENT_RPC_STATUS_FAILED, pb.AGENT_RPC_STATUS_OK
     except Exception:               # noqa: BLE001 - a Ray without these (or a reply it cannot read): its own agent
