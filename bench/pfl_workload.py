@@ -93,7 +93,8 @@ def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False
     s = timed[0]
     r["accuracy"] = s["final"]["accuracy"]
     # a round's time: the median over the rounds after the first (whose passes measure their widths)
-    r["round"] = statistics.median(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"][1:] or s["history"])
+    rounds = s["history"][1:] or s["history"]
+    r["round"] = statistics.median(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in rounds)
     return r
 
 
@@ -158,7 +159,8 @@ def main() -> None:
                           f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f} "
                           f"{r['pss_peak_mb'] / bare['pss_peak_mb']:9.2f}") if r is not bare else ""
                 print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
-                      f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r.get('round', float('nan')):7.3f} |{ratios}", flush=True)
+                      f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r.get('round', float('nan')):7.3f} |{ratios}",
+                      flush=True)
             rounds[name] = ours[engines[0]]["round"]
     for size in ("100", "200-200"):
         if f"fedavg-{size}" in args.workloads and f"ditto-{size}" in args.workloads:

@@ -11,8 +11,8 @@ those pages with it, copy-on-write, until it writes them.
 How: the command that starts the local Ray opens a listening Unix socket (abstract: no file;
 only its user's processes are served) and starts the zygote (``start``), which imports PyTorch
 and the host code that needs no Ray while Ray starts, then Ray and the rest with the
-environment of the first worker that asks (Ray reads its settings, its authentication mode among them, as it is imported),
-and forks a child for each request. The raylet starts its Python workers with this file as
+environment of the first worker that asks (Ray reads its settings, its authentication mode
+among them, as it is imported), and forks a child for each request. The raylet starts its Python workers with this file as
 their script (``ray_start``'s worker path); the worker it starts, the *launcher*, imports
 nothing heavy: it connects to the zygote (``ZYGOTE_ENV`` names the socket), sends its command
 line, environment and folder, with its standard input, output and error, and waits. The
