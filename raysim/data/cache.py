@@ -39,6 +39,8 @@ try:
 except ImportError:            # not POSIX: build without a lock
     fcntl = None
 
+from raysim.cachedir import user_cache
+
 from .base import DataError
 
 FORMAT = 2
@@ -95,10 +97,8 @@ def stat(path: Path) -> list[int]:
 
 def dirs(root: Path, name: str) -> list[Path]:
     """Candidate cache folders, preferred first: beside the data, then the user's cache."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
     key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
-    return [root / ".raysim-cache" / name, base / "raysim" / f"{name}-{key}"]
+    return [root / ".raysim-cache" / name, user_cache() / f"{name}-{key}"]
 
 
 def writable(path: Path) -> bool:
