@@ -228,7 +228,7 @@ def seed_store(uri: str) -> bool:
     copy, as it would in a store of its own making. Returns whether the store was seeded; where
     the cache cannot be written, MLflow makes the store as before. Called under ``store_lock``."""
     path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
-    if not path or path == ":memory:" or (os.path.exists(path) and os.path.getsize(path) > 0):
+    if not path or path == ":memory:" or "?" in path or (os.path.exists(path) and os.path.getsize(path) > 0):
         return False
     template = _template()
     try:
@@ -243,9 +243,13 @@ def seed_store(uri: str) -> bool:
                     con.execute("VACUUM")
                 os.replace(db, template)                                   # whole or not at all
         part = f"{path}.{os.getpid()}.part"
-        shutil.copyfile(template, part)
-        os.replace(part, path)
-    except (OSError, sqlite3.Error):
+        try:
+            shutil.copyfile(template, part)
+            os.replace(part, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+    except Exception:       # noqa: BLE001 - any failure leaves the store to MLflow, which says its own error
         return False
     return True
 

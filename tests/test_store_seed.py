@@ -62,6 +62,7 @@ def test_a_store_that_exists_or_is_not_sqlite_is_left_alone(tmp_path, monkeypatc
     assert not tracking.seed_store(uri)
     assert MlflowClient(uri).get_run(run.info.run_id).info.run_id == run.info.run_id
     assert not tracking.seed_store("sqlite:///:memory:")
+    assert not tracking.seed_store(f"sqlite:///{tmp_path}/other.db?timeout=30")     # options: MLflow's own way
     assert not tracking.seed_store(f"file://{tmp_path}/mlruns")
     assert not (tmp_path / "cache").exists()
 
@@ -79,7 +80,7 @@ def test_a_template_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
     def broken(uri):
-        raise sqlite3.OperationalError("disk I/O error")
+        raise OSError(28, "No space left on device")
     monkeypatch.setattr(tracking, "MlflowClient", broken)
     assert not tracking.seed_store(f"sqlite:///{tmp_path}/mlflow.db")
     assert list((tmp_path / "cache" / "raysim").iterdir()) == []
