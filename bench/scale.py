@@ -128,13 +128,14 @@ def run(sc: dict, engine: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
-    ap.add_argument("--cases", nargs="*", default=["star", "gossip-er", "gossip-ring"])
+    kinds = {"star": "star", "star-1000": "star1000", "gossip-er": "er", "gossip-ring": "ring"}
+    ap.add_argument("--cases", nargs="*", default=["star", "gossip-er", "gossip-ring"], choices=list(kinds))
     args = ap.parse_args()
     print(f"{'case':<22} {'engine':<6} {'rounds':>6} {'process s':>9} {'outside s':>10} {'s/round':>8} "
           f"{'driver MB':>9} {'hosts MB':>9}  vs serial (process, s/round)", flush=True)
     for n in args.sizes:
         for case in args.cases:
-            kind = {"star": "star", "star-1000": "star1000", "gossip-er": "er", "gossip-ring": "ring"}[case]
+            kind = kinds[case]
             lengths = (10, 100) if kind.startswith("star") else (10,)
             ref = run(scenario(kind, n, lengths[0]), "serial")
             for rounds in lengths:
