@@ -230,8 +230,8 @@ def seed_store(uri: str) -> bool:
     path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
     if not path or path == ":memory:" or "?" in path or (os.path.exists(path) and os.path.getsize(path) > 0):
         return False
-    template = _template()
     try:
+        template = _template()
         if not template.exists():
             template.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=template.parent) as tmp:
