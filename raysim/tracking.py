@@ -168,13 +168,19 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def sqlite_file(uri: str) -> str | None:
+    """The database file of a SQLite tracking URI; None for another store or an in-memory one."""
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    return path if path and path != ":memory:" else None
+
+
 @contextlib.contextmanager
 def store_lock(uri: str):
     """An exclusive lock beside a SQLite tracking database while it may be created: MLflow
     builds a new database's tables on first use, and two runs starting at once on the same
     new file would both do it and one fail ("table ... already exists")."""
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
-    if not path or path == ":memory:":
+    path = sqlite_file(uri)
+    if path is None:
         yield
         return
     lock = os.path.abspath(path) + ".lock"
@@ -191,9 +197,8 @@ def artifact_root(uri: str) -> str | None:
     """Where a new experiment keeps its artifacts: beside a SQLite store's file
     (``<folder of the .db>/mlruns``), so they do not land in whichever folder the first run
     was started from; None (MLflow's choice) for other stores."""
-    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
-        return str(Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns")
-    return None
+    path = sqlite_file(uri)
+    return None if path is None else str(Path(path).resolve().parent / "mlruns")
 
 
 def resolve_uri(uri: str | None, verbose: bool = False) -> str:
@@ -227,8 +232,8 @@ def seed_store(uri: str) -> bool:
     MLflow adds its Default experiment (its artifact folder as of this run) when it opens the
     copy, as it would in a store of its own making. Returns whether the store was seeded; where
     the cache cannot be written, MLflow makes the store as before. Called under ``store_lock``."""
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
-    if not path or path == ":memory:" or "?" in path or (os.path.exists(path) and os.path.getsize(path) > 0):
+    path = sqlite_file(uri)
+    if path is None or "?" in path or (os.path.exists(path) and os.path.getsize(path) > 0):
         return False
     try:
         template = _template()
