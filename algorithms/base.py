@@ -378,6 +378,12 @@ class Algorithm:
         task's loss, with at most a proximal pull (``dp_sgd``), which the loop's DP-SGD takes."""
         return cls.dp_sgd and cls.averages_one_model()
 
+    def private_epochs(self) -> int:
+        """The passes over a client's train split that one round's jobs take together, each
+        step DP-SGD's under ``privacy.level: sample``, whose accountant counts every one of them:
+        the local epochs (a method training a second model on the same data adds its epochs)."""
+        return self.hp.local_epochs
+
     @classmethod
     def averages_one_model(cls) -> bool:
         """Whether each client's reply is its trained copy of the one model the server sent and

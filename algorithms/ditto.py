@@ -54,6 +54,10 @@ class Ditto(FedAvg):
         return float((self.hp.local_epochs + (self.hp.personal_epochs or self.hp.local_epochs)) * n_train)
     personalized_is_global = False       # a personal model beside the global one
 
+    def private_epochs(self):
+        """Both models train on the client's data each round: w's epochs and v's (DP-SGD counts both)."""
+        return self.hp.local_epochs + (self.hp.personal_epochs or self.hp.local_epochs)
+
     def init_client(self, cid, rng):
         return None                         # v = the initial global model until the client trains
 

@@ -473,7 +473,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     privacy = None
     if raw.get("privacy") is not None:
         k = sampling.count if sampling.count is not None else max(1, int(round(sampling.fraction * train_clients)))
-        privacy = _privacy(ctx, raw["privacy"], method, algorithm, topology, systems, k)
+        privacy = _privacy(ctx, raw["privacy"], method, algorithm, topology, systems, k, ev)
     communication = None
     if raw.get("communication") is not None:
         communication = _communication(ctx, raw["communication"], method, algorithm, topology, systems, privacy)
@@ -505,13 +505,14 @@ def _upload_section(ctx: Ctx, key: str, cls, mapping, method, algorithm, what: s
     return cfg
 
 
-def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) -> PrivacyCfg:
+def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int, ev) -> PrivacyCfg:
     """The ``privacy`` section, and the runs it applies to: a server averaging one model from
     uniformly sampled clients."""
     from raysim import privacy
     if isinstance(mapping, dict) and mapping.get("level") == "sample":
-        return _sample_privacy(ctx, mapping, method, algorithm, topology, systems)
+        return _sample_privacy(ctx, mapping, method, algorithm, topology, systems, ev)
     cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
+    _check_noise(ctx, cfg)
     cfg = dataclasses.replace(cfg, accounting=cfg.accounting or "sampled")
     if topology is not None:
         ctx.fail("privacy", "client-level DP here bounds what a server learns from its clients' updates; "
@@ -527,15 +528,43 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int) ->
     return cfg
 
 
-def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems) -> PrivacyCfg:
+def _outside_dp_sgd(ctx: Ctx, method, algorithm, ev) -> None:
+    """Training on a client's data that the sample-level accountant would not count is refused:
+    the local update before evaluation (``eval.finetune``, fedavg+'s by default) trains without
+    DP-SGD, and an unseen client that personalizes by training runs steps no round counts."""
+    from raysim.algorithms import Algorithm
+    probe = method.__new__(method)            # the method's default local update, from its options
+    probe.hp = algorithm.params
+    epochs = ev.finetune.epochs if ev.finetune.epochs is not None else probe.default_finetune_epochs()
+    if epochs:
+        ctx.fail("eval.finetune", f"the local update before evaluation trains on each client's data outside "
+                 f"DP-SGD ({epochs} epoch{'s' * (epochs > 1)}), which privacy.level sample does not count; "
+                 f"set eval.finetune.epochs: 0, or use fedavg, fedprox or ditto")
+    if ev.unseen_fraction > 0 and method.personalize is not Algorithm.personalize:
+        ctx.fail("eval.unseen_fraction", f"'{algorithm.name}' personalizes unseen clients by training on their data, "
+                 f"which privacy.level sample does not count; leave eval.unseen_fraction at 0")
+
+
+def _check_noise(ctx: Ctx, cfg: PrivacyCfg) -> None:
+    """z is 0 (clipping alone) or at least ``privacy.MIN_NOISE``: the accountant has no finite
+    answer much below it, and what it gives there is no guarantee."""
+    from raysim.privacy import MIN_NOISE
+    if 0 < cfg.noise_multiplier < MIN_NOISE:
+        ctx.fail("privacy.noise_multiplier", f"{cfg.noise_multiplier:g} is 0 (clipping only) or at least {MIN_NOISE:g} "
+                 f"(below it ε exceeds 10^5 and the accountant overflows)")
+
+
+def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, ev) -> PrivacyCfg:
     """``privacy`` with ``level: sample``: DP-SGD in every local step of a method whose only use
     of a client's training data that leaves it is that training (``trains_with_dp_sgd``)."""
     import raysim.algorithms as algorithms
     cfg = load_dataclass(ctx, "privacy", PrivacyCfg, mapping)
+    _check_noise(ctx, cfg)
     if not method.trains_with_dp_sgd():
         fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.trains_with_dp_sgd())
         ctx.fail("algorithm.name", f"'{algorithm.name}' uses its clients' data beyond DP-SGD's steps on the task's "
                  f"loss (its own objective, or what it sends); with privacy.level sample use one of {fits}")
+    _outside_dp_sgd(ctx, method, algorithm, ev)
     if topology is not None:
         ctx.fail("privacy.level", "sample-level DP here runs on the star (its accountant counts a client's local "
                  "steps); leave the topology out")
@@ -692,7 +721,7 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
 
     try:
         source = make_source(sc)
-        source.client(0)
+        first = source.client(0)
     except DataError as e:
         ctx.fail("data", str(e))
     except MemoryError as e:
@@ -707,6 +736,13 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
         groups = groups_of(model)
     except ValueError as e:
         ctx.fail("model.head", str(e).removeprefix("model.head: "))
+    if sc.privacy is not None and sc.privacy.level == "sample":     # DP-SGD needs per-sample gradients
+        from raysim.privacy import per_sample_problem
+        decode = getattr(source, "pixels", None) or (lambda x: x)
+        why = per_sample_problem(model, decode(first.train_x[:4]) if first.num_train >= 2 else None)
+        if why:
+            ctx.fail("model.name", f"privacy.level sample needs each sample's own gradient, and '{sc.model.name}' {why} "
+                     f"(use group or layer norm and no dropout, or another model)")
     cls = plugins.algorithm(sc.algorithm.name)
     if sc.eval.unseen_fraction > 0 and not cls.unseen:
         ctx.fail("eval.unseen_fraction", f"{sc.algorithm.name} has no model for a client that never trained; "

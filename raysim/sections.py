@@ -190,25 +190,31 @@ class PrivacyCfg:
         "help": "client: one client's whole data is what is protected (DP-FedAvg: clipped updates, noise at the "
                 "server); sample: one training sample is (DP-SGD in every local step: per-sample clipping, noise "
                 "on the client)"})
-    clip: float = field(default=1.0, metadata={"gt": 0.0, "help": (
+    clip: float = field(default=1.0, metadata={"gt": 0.0, "max": 1e6, "help": (
         "C, the largest L2 norm of a client's update (level client: trained model minus the model it received, "
-        "all of its floating-point tensors as one vector; dp_update_norm, logged each round, helps choose it) "
+        "all of its floating-point tensors as one vector; target_quantile adapts it, or a run with "
+        "debug_exact_metrics logs the norms to choose it from) "
         "or of one sample's gradient (level sample)")})
-    noise_multiplier: float = field(default=1.0, metadata={"min": 0.0, "help": (
+    noise_multiplier: float = field(default=1.0, metadata={"min": 0.0, "max": 1e6, "help": (
         "z: the noise added to the sum of clipped updates (or of a batch's clipped gradients) has std z·C "
-        "(0: clipping only, no guarantee)")})
+        "(0: clipping only, no guarantee; else at least 0.01, below which ε is in the hundreds of thousands)")})
     delta: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
         "δ of the (ε, δ) reported; null: N^-1.1 for N training clients (level sample: n^-1.1 for the largest "
         "client's n training samples)")})
     target_quantile: float | None = field(default=None, metadata={"gt": 0.0, "lt": 1.0, "help": (
         "γ: adapt C each round towards the γ-quantile of the update norms (Andrew et al., NeurIPS 2021; "
         "they use 0.5), from a noisy count of the unclipped updates; null: C stays at clip")})
-    clip_lr: float = field(default=0.2, metadata={"gt": 0.0, "help": (
+    clip_lr: float = field(default=0.2, metadata={"gt": 0.0, "max": 10.0, "help": (
         "η_C, adaptive clipping's step: C ← C·exp(−η_C (b̃ − γ)), b̃ the noisy share of unclipped updates")})
     count_noise: float | None = field(default=None, metadata={"gt": 0.0, "help": (
         "σ_b, the std of the noise on the count of unclipped updates (adaptive clipping); null: K/20, the "
         "paper's; it takes a share of noise_multiplier's budget: the updates' noise is z_Δ·C with "
         "z_Δ = (z^-2 − (2σ_b)^-2)^-1/2")})
+    debug_exact_metrics: bool = field(default=False, metadata={"help": (
+        "debugging only: also log what privacy otherwise keeps on the hosts, each computed exactly from the "
+        "clients' training data: the mean training loss (train_loss), the share of updates clipped (dp_clipped) "
+        "and their mean norm before clipping (dp_update_norm); nothing logged then has a guarantee, so "
+        "dp_epsilon is inf (dp_epsilon_model: the model's own ε)")})
     accounting: str | None = field(default=None, metadata={
         "choices": ("sampled", "poisson"),
         "help": "level client: sampled (null's choice): K of N clients without replacement, one client's data "

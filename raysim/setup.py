@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import raysim.algorithms as algorithms
-from raysim import plugins, rng
+from raysim import plugins, privacy, rng
 from raysim.config import Scenario, ScenarioError
 from raysim.core.tasks import TASKS
 from raysim import models
@@ -34,12 +34,10 @@ def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
     algo.decode = getattr(source, "pixels", None)     # an image source's uint8 pixels -> inputs
     dp = sc.privacy
     if dp is not None and dp.level == "sample":         # DP-SGD in every job (raysim/core/loop.py)
-        model = algo.model_fn()
-        coupled = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.RNNBase, torch.nn.Dropout)
-        if any(True for _ in model.buffers()) or any(isinstance(m, coupled) for m in model.modules()):
-            raise ScenarioError(f"{sc.path}: privacy.level: sample needs each sample's own gradient, which batch "
-                                f"statistics (batch norm), dropout and recurrent layers do not give; model "
-                                f"'{sc.model.name}' has one (use group or layer norm, or another model)")
+        why = privacy.per_sample_problem(algo.model_fn())   # (validation also tries it on the data)
+        if why:
+            raise ScenarioError(f"{sc.path}: privacy.level: sample needs each sample's own gradient, and model "
+                                f"'{sc.model.name}' {why} (use group or layer norm and no dropout, or another model)")
         algo.dp_sgd_settings = (dp.clip, dp.noise_multiplier)
     return algo
 

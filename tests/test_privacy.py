@@ -19,27 +19,54 @@ def test_clip_scales_an_update_above_the_bound_to_norm_c_and_leaves_one_below_as
     shared = [torch.tensor([1.0, 2.0]), torch.tensor([0.5]), torch.tensor([3])]       # the last: not a float
     reply = Weighted([torch.tensor([4.0, 2.0]), torch.tensor([4.5]), torch.tensor([9])], 7.0)
     # Δ = (3, 0), (4): norm 5; clipped to 1: (0.6, 0), (0.8); the integer tensor sends nothing
-    out = privacy.clip(reply, shared, 1.0)
-    assert out.norm == 5.0 and out.clipped == 1.0 and out.update.weight == 1.0    # every client weighs the same
+    out = privacy.clip(reply, shared, 1.0, count=True, norm=True)
+    assert out.norm == 5.0 and out.below == -0.5 and out.update.weight == 1.0    # every client weighs the same
     assert torch.allclose(out.update.values[0], torch.tensor([0.6, 0.0]))
     assert torch.allclose(out.update.values[1], torch.tensor([0.8]))
     assert torch.equal(out.update.values[2], torch.zeros(1))
-    kept = privacy.clip(reply, shared, 10.0)                                       # within the bound
-    assert kept.clipped == 0.0 and kept.norm == 5.0
+    kept = privacy.clip(reply, shared, 10.0, count=True, norm=True)             # within the bound: b − ½ = +½
+    assert kept.below == 0.5 and kept.norm == 5.0
     assert torch.equal(kept.update.values[0], torch.tensor([3.0, 0.0])) and torch.equal(kept.update.values[1], torch.tensor([4.0]))
+    # by default only the clipped update leaves the host: no count, no norm
+    plain = privacy.clip(reply, shared, 1.0)
+    assert plain.below is None and plain.norm is None
+    assert torch.equal(plain.update.values[0], out.update.values[0])
+
+
+def test_a_clients_count_term_moves_the_sum_by_half_so_adaptive_epsilon_is_the_fixed_ones():
+    """Andrew et al.'s Theorem 1 holds for the centred count b_k − ½ (one client moves the sum by
+    ½); with raw b_k ∈ {0, 1} it moves by 1 and the two mechanisms together are weaker than z."""
+    from raysim.sections import PrivacyCfg
+    shared, reply = [torch.zeros(2)], Weighted([torch.tensor([3.0, 4.0])], 1.0)
+    terms = {privacy.clip(reply, shared, c, count=True).below for c in (1.0, 10.0)}
+    assert max(terms) - min(terms) == 1.0 and terms == {-0.5, 0.5}    # |term| = ½: add/remove moves it by ½
+    cfg = PrivacyCfg(noise_multiplier=1.0, target_quantile=0.5, count_noise=0.6)
+    # by hand: z_Δ = (1 − 1.2^-2)^-1/2 = 1.8091; (z_Δ^-2 + (0.6/0.5)^-2)^-1/2 = 1
+    assert privacy.update_multiplier(cfg, 10) == pytest.approx(1.80907, abs=1e-5)
+    assert privacy.accountant_multiplier(cfg, 10) == pytest.approx(1.0, abs=1e-12)
+    # the issue's example: raw counts (sensitivity 1) would make it (1.8091^-2 + 0.6^-2)^-1/2 = 0.569,
+    # ε ≈ 26 against 7.9 at q = 0.1, 100 rounds, δ = 1e-5
+    raw = (privacy.update_multiplier(cfg, 10) ** -2 + 0.6 ** -2) ** -0.5
+    assert raw == pytest.approx(0.5695, abs=1e-4)
+    assert privacy.epsilon(100, 100, 10, 1.0, 1e-5, "poisson") == pytest.approx(7.9, abs=0.1)
+    assert privacy.epsilon(100, 100, 10, raw, 1e-5, "poisson") == pytest.approx(26, abs=1.5)
+    assert privacy.accountant_multiplier(PrivacyCfg(noise_multiplier=1.3), 10) == 1.3      # fixed C: z
 
 
 def test_the_server_adds_noise_of_std_z_times_c_to_the_sum_and_divides_by_the_sampled_count():
     # three clients' clipped updates summed by the reduction, as hosts and server do
     acc = Accumulator()
     for delta, norm in ((0.25, 0.5), (0.5, 2.0), (0.5, 3.5)):
-        acc.add(privacy.ClippedUpdate(Weighted([torch.full((20000,), delta)], 1.0), float(norm > 0.5), norm))
+        acc.add(privacy.ClippedUpdate(Weighted([torch.full((20000,), delta)], 1.0), 0.5 - float(norm > 0.5), norm))
     reduced = acc.result()
     shared = [torch.ones(20000)]
     k, bound, z = 4, 0.5, 2.0                    # K = 4 sampled: a fixed denominator, whoever replied
     quiet, metrics = privacy.privatize(reduced, shared, k, bound, 0.0, seed=0, round_=3)
     assert torch.equal(quiet.mean()[0], torch.full((20000,), 1 + 1.25 / 4))       # 1 + (0.25 + 0.5 + 0.5) / 4
-    assert metrics == {"dp_clipped": 2 / 3, "dp_update_norm": 2.0}
+    assert metrics == {"dp_clipped": float(np.float32(2 / 3)), "dp_update_norm": 2.0}    # in float32
+    plain = Accumulator()
+    plain.add(privacy.ClippedUpdate(Weighted([torch.full((20000,), 0.25)], 1.0)))
+    assert privacy.privatize(plain.result(), shared, k, bound, 0.0, seed=0, round_=3)[1] == {}   # nothing exact
     noisy, _ = privacy.privatize(reduced, shared, k, bound, z, seed=0, round_=3)
     noise = (noisy.values[0] - 1) * k - 1.25                                       # back to the noise on the sum
     assert abs(float(noise.mean())) < 0.03 and abs(float(noise.std()) - z * bound) < 0.02    # std z·C = 1
@@ -97,7 +124,8 @@ def test_dp_fedavg_learns_digits_logs_epsilon_each_round_and_noise_costs_accurac
     n = 50                                                   # all 50 clients train, 25 a round
     want = [privacy.epsilon(h["round"], n, 25, 3.0, n ** -1.1, "sampled") for h in hist]
     assert [h["dp_epsilon"] for h in hist] == pytest.approx(want, rel=1e-12)
-    assert all(0.0 <= h["dp_clipped"] <= 1.0 and h["dp_update_norm"] > 0 for h in hist)
+    # nothing computed exactly from the clients' training data is logged beside the private model
+    assert not any({"train_loss", "dp_clipped", "dp_update_norm"} & set(h) for h in hist), hist[-1]
     assert "dp_epsilon" not in clip_only["history"][-1]      # no noise: no guarantee to report
 
 
@@ -115,13 +143,18 @@ def one_host_and_three(tmp_path, privacy_section: str) -> dict:
                          "--summary", str(summary)]) == 0
         out[hosts] = json.loads(summary.read_text())
     assert out[1]["final"] == out[3]["final"]
-    assert [h["train_loss"] for h in out[1]["history"]] == [h["train_loss"] for h in out[3]["history"]]
+    def logged(h):             # every metric but the timings and the bytes each host sends the server
+        return {k: v for k, v in h.items() if not k.endswith("_seconds") and k != "bytes_up"}
+    assert [logged(h) for h in out[1]["history"]] == [logged(h) for h in out[3]["history"]]
     return out
 
 
-def test_a_private_run_is_the_same_on_one_host_or_three(tmp_path):
-    out = one_host_and_three(tmp_path, "{clip: 0.05, noise_multiplier: 0.7}")
-    assert out[1]["history"][-1]["dp_clipped"] > 0           # the bound bites: clipping is exercised
+def test_a_private_run_is_the_same_on_one_host_or_three_every_logged_metric_included(tmp_path):
+    out = one_host_and_three(tmp_path, "{clip: 0.05, noise_multiplier: 0.7, debug_exact_metrics: true}")
+    last = out[1]["history"][-1]
+    assert last["dp_clipped"] > 0 and last["dp_update_norm"] > 0     # the bound bites: clipping is exercised
+    assert math.isinf(last["dp_epsilon"]) and 0 < last["dp_epsilon_model"] < math.inf   # ε says it is debugging
+    assert all(math.isfinite(h["train_loss"]) for h in out[1]["history"])
 
 
 @pytest.mark.parametrize("extra,key,says", [
@@ -162,7 +195,7 @@ def test_a_private_run_crashed_after_round_two_resumes_to_the_uninterrupted_runs
     failed = proc.stderr.split("--resume ")[-1].split()[0]
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", failed, name="resumed.json")
     assert resumed["final"] == full["final"]                 # the noise of rounds 3..5 drawn again, the same
-    keys = ("train_loss", "dp_epsilon", "dp_clipped", "dp_update_norm", "dp_clip")   # C adapted, restored
+    keys = ("dp_epsilon", "dp_unclipped_share", "dp_clip")          # C adapted, restored
     assert [{k: h[k] for k in keys} for h in resumed["history"]] == [{k: h[k] for k in keys} for h in full["history"]]
 
 
@@ -170,10 +203,15 @@ def test_adaptive_clipping_moves_c_geometrically_towards_the_target_share_of_unc
     from raysim.sections import PrivacyCfg
     cfg = PrivacyCfg(clip=1.0, target_quantile=0.5, clip_lr=0.2, count_noise=1e-12)
     # 3 of K = 4 within C: b = 0.75 > γ, C shrinks by exp(-0.2 · 0.25)
-    c, share = privacy.next_clip(1.0, 3.0, 4, cfg, seed=0, round_=0)
+    # (the hosts sum b_k − ½: 3 · ½ − ½ = 1)
+    c, share = privacy.next_clip(1.0, 1.0, 4, cfg, seed=0, round_=0)
     assert share == pytest.approx(0.75) and c == pytest.approx(math.exp(-0.05))
-    c, share = privacy.next_clip(2.0, 0.0, 4, cfg, seed=0, round_=0)           # all clipped: C grows
+    c, share = privacy.next_clip(2.0, -2.0, 4, cfg, seed=0, round_=0)          # all clipped: C grows
     assert c == pytest.approx(2.0 * math.exp(0.1))
+    # a count noise far above K cannot overflow the step: log C moves by at most MAX_LOG_STEP
+    huge = PrivacyCfg(clip=1.0, target_quantile=0.5, clip_lr=10.0, count_noise=1e9)
+    c, _ = privacy.next_clip(1.0, 0.0, 4, huge, seed=0, round_=0)
+    assert 0 < c < math.inf and abs(math.log(c)) == privacy.MAX_LOG_STEP
     # the count's noise takes a share of z's budget: z_Δ = (z^-2 - (2σ_b)^-2)^-1/2
     both = PrivacyCfg(noise_multiplier=1.0, target_quantile=0.5, count_noise=2.0)
     assert privacy.update_multiplier(both, 40) == pytest.approx((1 - 1 / 16) ** -0.5)
@@ -186,12 +224,13 @@ def test_adaptive_clipping_moves_c_geometrically_towards_the_target_share_of_unc
 def test_adaptive_clipping_finds_the_update_norms_from_a_c_far_below_them_and_learns_at_the_same_epsilon(tmp_path):
     extra = ["privacy.clip=0.05", "privacy.noise_multiplier=1.0", "sampling.fraction=1.0", "rounds=40"]
     fixed = private_run(tmp_path, "f", *extra)
-    adaptive = private_run(tmp_path, "a", *extra, "privacy.target_quantile=0.5")
+    adaptive = private_run(tmp_path, "a", *extra, "privacy.target_quantile=0.5", "privacy.debug_exact_metrics=true")
     last = adaptive["history"][-1]
     # seed 0: C grows from 0.05 to 0.44, the mean norm being 0.42; accuracy 0.55 fixed, 0.84 adaptive
     assert 0.5 * last["dp_update_norm"] < last["dp_clip"] < 2 * last["dp_update_norm"]
     assert adaptive["final"]["accuracy"] > fixed["final"]["accuracy"] + 0.15
-    assert last["dp_epsilon"] == fixed["history"][-1]["dp_epsilon"]     # the count's noise is inside z's budget
+    # the count's noise is inside z's budget: the two sums' multiplier is z (to rounding)
+    assert last["dp_epsilon_model"] == pytest.approx(fixed["history"][-1]["dp_epsilon"], rel=1e-9)
     assert all(h["dp_clip"] == 0.05 for h in fixed["history"])
 
 

@@ -341,7 +341,7 @@ class RoundDriver:
                 upload_metrics.update(clipping, dp_clip=self.dp_clip)
                 if dp.target_quantile is not None:          # adaptive clipping: C for the next round
                     self.dp_clip, upload_metrics["dp_unclipped_share"] = privacy.next_clip(
-                        self.dp_clip, clipped.update.weight - clipped.clipped, k, dp, self.sc.seed, r)
+                        self.dp_clip, clipped.below, k, dp, self.sc.seed, r)
             before = self.server_state
             with server_math():
                 self.server_state = self.algo.aggregate(self.server_state, reduced, r)
@@ -350,10 +350,11 @@ class RoundDriver:
         self.round = r + 1
         if self.sc.privacy is not None and self.sc.privacy.noise_multiplier > 0:
             upload_metrics.update(self._epsilon(self.round))
+        withheld = self.sc.privacy is not None and not self.sc.privacy.debug_exact_metrics
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(assignment)),
-            "train_loss": mean_train_loss(losses),
+            **({} if withheld else {"train_loss": mean_train_loss(losses)}),   # privacy keeps it on the hosts
             "bytes_down": float(self.transport.message_nbytes(message, by_host)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
             **fleet,
@@ -364,17 +365,23 @@ class RoundDriver:
 
     def _epsilon(self, rounds: int) -> dict[str, float]:
         """ε spent after ``rounds`` rounds (privacy's accountant, at the scenario's δ): the
-        metrics ``dp_epsilon`` and, at the sample level, ``dp_epsilon_median``."""
+        metrics ``dp_epsilon`` and, at the sample level, ``dp_epsilon_median`` (each client's ε
+        counts every DP-SGD epoch its rounds take, ``Algorithm.private_epochs``)."""
         dp, n = self.sc.privacy, len(self.train_ids)
         if dp.level == "sample":           # each client's record-level ε, over the rounds it trained in
             sizes = self.n_train(self.train_ids).astype(np.int64)
-            eps = privacy.client_epsilons(self.dp_rounds, sizes, self.sc.algorithm.params.local_epochs,
+            eps = privacy.client_epsilons(self.dp_rounds, sizes, self.algo.private_epochs(),
                                           self.sc.algorithm.params.batch_size, dp.noise_multiplier,
                                           dp.delta if dp.delta is not None else privacy.default_delta(int(sizes.max())))
-            return {"dp_epsilon": float(eps.max()), "dp_epsilon_median": float(np.median(eps))}
-        return {"dp_epsilon": privacy.epsilon(rounds, n, sample_size(self.sc, n), dp.noise_multiplier,
-                                              dp.delta if dp.delta is not None else privacy.default_delta(n),
-                                              dp.accounting)}
+            out = {"dp_epsilon": float(eps.max()), "dp_epsilon_median": float(np.median(eps))}
+        else:
+            k = sample_size(self.sc, n)
+            out = {"dp_epsilon": privacy.epsilon(rounds, n, k, privacy.accountant_multiplier(dp, k),
+                                                 dp.delta if dp.delta is not None else privacy.default_delta(n),
+                                                 dp.accounting)}
+        if dp.debug_exact_metrics:        # the exact metrics logged beside the model have no guarantee
+            out = {"dp_epsilon": math.inf, **{name.replace("dp_epsilon", "dp_epsilon_model"): v for name, v in out.items()}}
+        return out
 
     # -- the simulated fleet (``systems``) ------------------------------------------------------
     def _invite(self, r: int) -> tuple[np.ndarray, int, float]:

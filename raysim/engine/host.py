@@ -194,7 +194,9 @@ class Host:
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
             if dp is not None and dp.level == "client":      # the update leaves the client clipped (raysim/privacy.py)
-                reply = privacy.clip(reply, shared, dp.clip if clip is None else clip)
+                reply = privacy.clip(reply, shared, dp.clip if clip is None else clip,
+                                     count=dp.target_quantile is not None or dp.debug_exact_metrics,
+                                     norm=dp.debug_exact_metrics)
             if comm is not None:                 # ... or compressed (raysim/compression.py)
                 reply, remainder = compression.upload(reply, shared, comm, self.residuals.get(cid), self.sc.seed,
                                                       round_, cid)
@@ -205,7 +207,7 @@ class Host:
                 acc[cid].add(reply)
             else:
                 acc.add(reply)
-            losses[cid] = (float(loss), self.data(cid).num_train)
+            losses[cid] = privacy.reported_loss(float(loss), self.data(cid).num_train, dp)
         release_freed_memory(collect=False)
         return acc, losses, time.perf_counter() - t0
 
@@ -295,7 +297,7 @@ class Host:
                 self._half[cid] = self._flat[cid]
                 self._flat[cid] = self.residuals[cid] = compression.gossip_estimate(
                     self._flat[cid], self.residuals[cid], comm, self.sc.seed, round_, cid)
-            losses[cid] = (float(loss), self.data(cid).num_train)
+            losses[cid] = (float(loss), self.data(cid).num_train)       # gossip runs without privacy
         bundles = {h: {j: self._flat[j] for j in wanted} for h, wanted in outbox.items() if wanted}
         return bundles, losses, time.perf_counter() - t0
 
