@@ -253,3 +253,154 @@ def test_a_model_dp_sgd_cannot_take_per_sample_norms_of_is_refused_in_one_line(t
 def test_sample_level_privacy_goes_with_compressed_uploads(tmp_path):
     sc = config.load(write_scenario(tmp_path, TINY + "privacy: {level: sample}\ncommunication: {compress: qsgd}\n"))
     assert sc.privacy.level == "sample" and sc.privacy.accounting == "poisson" and sc.communication.compress == "qsgd"
+
+
+PLUGIN_MODELS = '''
+"""Models a user might bring to DP-SGD: each built on the features' shape."""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from raysim.models import ModelParams, ModelSpec
+
+
+@dataclass(frozen=True)
+class P(ModelParams):
+    pass
+
+
+class Centred(nn.Module):
+    """Each sample minus its batch's mean: one sample's output depends on the others."""
+    def __init__(self, d, k):
+        super().__init__()
+        self.lin = nn.Linear(d, k)
+
+    def forward(self, x):
+        return self.lin(x - x.mean(0, keepdim=True))
+
+
+class Gated(nn.Module):
+    """A random mask of its own (no dropout class): two passes differ."""
+    def __init__(self, d, k):
+        super().__init__()
+        self.lin = nn.Linear(d, k)
+
+    def forward(self, x):
+        return self.lin(x * (torch.rand_like(x) > 0.5))
+
+
+class Scaled(nn.Module):
+    """Deterministic and sample by sample (a layer norm of its own): DP-SGD takes it."""
+    def __init__(self, d, k):
+        super().__init__()
+        self.lin = nn.Linear(d, k)
+
+    def forward(self, x):
+        return self.lin((x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + 1e-5))
+
+
+ALPHA = ModelSpec("alpha", "linear with alpha dropout", P,
+                  lambda p, shape, k: nn.Sequential(nn.AlphaDropout(0.2), nn.Linear(shape[0], k)))
+CENTRED = ModelSpec("centred", "batch-centred linear", P, lambda p, shape, k: Centred(shape[0], k))
+GATED = ModelSpec("gated", "randomly gated linear", P, lambda p, shape, k: Gated(shape[0], k))
+SCALED = ModelSpec("scaled", "per-sample normalised linear", P, lambda p, shape, k: Scaled(shape[0], k))
+'''
+
+
+@pytest.mark.parametrize("spec,says", [("ALPHA", "a layer of type AlphaDropout"),
+                                       ("CENTRED", "depend on the other samples of its batch"),
+                                       ("GATED", "different outputs in two passes over the same batch")])
+def test_a_plugin_model_dp_sgd_cannot_train_sample_by_sample_is_refused_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                                    spec, says):
+    (tmp_path / "dpmodels.py").write_text(PLUGIN_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write_scenario(tmp_path, TINY.replace("model: {name: linear}", f'model: {{name: "dpmodels:{spec}"}}')
+                          + "privacy: {level: sample, clip: 1.0}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert ": model.name: " in line and says in line and "own gradient" in line, line
+
+
+def test_a_plugin_model_dp_sgd_accepts_has_the_one_sample_loops_per_sample_gradients(tmp_path, monkeypatch):
+    """The loop's per-sample clipped sum (torch.func's path for a model that is not a chain of
+    linear layers) against each sample's gradient taken alone with autograd, clipped by hand."""
+    (tmp_path / "dpmodels.py").write_text(PLUGIN_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import dpmodels
+    from raysim.core.loop import Trainer
+    from raysim.core.tasks import TASKS
+    torch.manual_seed(0)
+    model = dpmodels.Scaled(5, 3)
+    x, y = torch.randn(4, 5), torch.tensor([0, 2, 1, 2])
+    assert privacy.per_sample_problem(model, x) is None
+    task = TASKS["classification"]
+    trainer = Trainer(model, gradients="autograd")
+    params = [p.detach().unsqueeze(0) for p in model.parameters()]
+    valid = torch.tensor([[1.0, 1.0, 1.0, 0.0]])                 # the last row is padding
+    clip = 0.3
+    _, sums, clipped = trainer._private_step(task, params, x.unsqueeze(0), y.unsqueeze(0), valid, clip, (True, True))
+    want = [torch.zeros_like(p) for p in model.parameters()]
+    hits = 0
+    for i in range(3):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum").backward()
+        g = [p.grad.clone() for p in model.parameters()]
+        norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+        hits += int(norm > clip)
+        for w, t in zip(want, g):
+            w += t * min(1.0, clip / float(norm))
+    for got, w in zip(sums, want):
+        assert torch.allclose(got[0], w, atol=1e-6)
+    assert int(clipped[0]) == hits
+
+
+def test_noise_and_clipping_options_that_would_overflow_are_refused_before_any_run(tmp_path, capsys):
+    for option, key, says in (("noise_multiplier: 1e-200", "privacy.noise_multiplier", "at least 0.01"),
+                              ("clip_lr: 1e6, target_quantile: 0.5", "privacy.clip_lr", "<= 10"),
+                              ("clip: 1e300", "privacy.clip", "<= 1000000")):
+        path = write_scenario(tmp_path, TINY + f"privacy: {{{option}}}\n")
+        line = run_refused(capsys, tmp_path, path)
+        assert f": {key}: " in line and says in line, line
+    path = write_scenario(tmp_path, TINY + "privacy: {level: sample, noise_multiplier: 0.001}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert ": privacy.noise_multiplier: " in line and "at least 0.01" in line, line
+
+
+@pytest.mark.parametrize("extra,key,says", [
+    ("algorithm: {name: fedavg+, lr: 0.1}", "eval.finetune", "outside DP-SGD (1 epoch)"),
+    ("algorithm: {name: fedavg, lr: 0.1}\neval: {every: 1, finetune: {epochs: 2}}", "eval.finetune", "(2 epochs)"),
+    ("algorithm: {name: ditto, lr: 0.1}\neval: {every: 1, unseen_fraction: 0.25}", "eval.unseen_fraction",
+     "personalizes unseen clients by training"),
+])
+def test_training_the_sample_level_accountant_would_not_count_is_refused(tmp_path, capsys, extra, key, says):
+    text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}\n", "")
+    if "eval:" in extra:
+        text = text.replace("eval: {every: 1}\n", "")
+    path = write_scenario(tmp_path, text + extra + "\nprivacy: {level: sample, clip: 1.0}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert f": {key}: " in line and says in line, line
+    # the same methods without that training run under DP-SGD
+    config.load(write_scenario(tmp_path, TINY.replace("name: fedavg,", "name: fedavg+,")
+                               + "eval: {every: 1, finetune: {epochs: 0}}\nprivacy: {level: sample}\n"))
+
+
+def test_dittos_epsilon_counts_the_personal_models_dp_sgd_steps_too(tmp_path):
+    """Ditto trains w and v on the same samples, both with DP-SGD: each client's ε composes
+    rounds · (E_w + E_v) · ⌈n/B⌉ steps (dp_accounting's own composition of that many)."""
+    import dp_accounting as dpa
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    from tests.test_runs import summary_of, tracked
+    text = TINY.replace("rounds: 3", "rounds: 2").replace("sampling: {fraction: 0.5}", "sampling: {fraction: 1.0}").replace(
+        "algorithm: {name: fedavg, lr: 0.1, batch_size: 16}", "algorithm: {name: ditto, lr: 0.1, batch_size: 16, personal_epochs: 2}")
+    path = tracked(tmp_path, text + "privacy: {level: sample, clip: 0.5, noise_multiplier: 1.2, delta: 1e-4}\n")
+    out = summary_of(tmp_path, path, "--engine", "serial", name="d.json")
+    sc = config.load(path)
+    from raysim.engine.serial import serial_driver
+    sizes = serial_driver(sc).n_train(list(range(12))).astype(int)
+    worst = []
+    for n in sorted(set(sizes.tolist())):
+        acc = rdp.RdpAccountant()
+        steps = 2 * (1 + 2) * -(-n // 16)                     # 2 rounds, w's 1 epoch and v's 2
+        acc.compose(dpa.PoissonSampledDpEvent(min(1.0, 16 / n), dpa.GaussianDpEvent(1.2)), steps)
+        worst.append(acc.get_epsilon(1e-4))
+    assert out["history"][-1]["dp_epsilon"] == pytest.approx(max(worst), rel=1e-9)
