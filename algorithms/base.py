@@ -198,7 +198,8 @@ class Algorithm:
         self.objective = Supervised(task)
         self._trainer: Trainer | None = None
         self.finetune = None       # eval.finetune's options (raysim.config.FinetuneCfg), set by setup
-        self.dp_sgd_settings: tuple[float, float] | None = None   # privacy.level sample's (C, z), set by setup
+        # privacy.level sample's (C, z, Poisson batches), set by setup
+        self.dp_sgd_settings: tuple[float, float, bool] | None = None
         # stored inputs -> model inputs (an image source's uint8 pixels: raysim.core.data.Pixels), set by
         # setup; the trainer applies it to every batch and every evaluated block
         self.decode: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -218,7 +219,8 @@ class Algorithm:
         (see ``raysim.core.loop.make_job`` for weights, consts, opt_state, orders)."""
         settings = self.hp.settings(ctx.round, ctx.rounds, epochs)
         if self.dp_sgd_settings is not None:          # every step DP-SGD's (privacy.level: sample)
-            settings = dataclasses.replace(settings, dp_clip=self.dp_sgd_settings[0], dp_noise=self.dp_sgd_settings[1])
+            clip, noise, poisson = self.dp_sgd_settings
+            settings = dataclasses.replace(settings, dp_clip=clip, dp_noise=noise, poisson=poisson)
         return make_job(params, data, ctx, settings, objective or self.objective, **kw)
 
     @property

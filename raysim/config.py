@@ -514,6 +514,8 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int, ev
     cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
     _check_noise(ctx, cfg)
     cfg = dataclasses.replace(cfg, accounting=cfg.accounting or "sampled")
+    if cfg.batches is not None:
+        ctx.fail("privacy.batches", "is how DP-SGD forms its batches (level sample); leave it out with level client")
     if topology is not None:
         ctx.fail("privacy", "client-level DP here bounds what a server learns from its clients' updates; "
                  "leave the topology out")
@@ -581,7 +583,7 @@ def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, ev)
     if cfg.accounting == "sampled":
         ctx.fail("privacy.accounting", "level sample counts each batch as Poisson-sampled (poisson, or leave it out); "
                  "sampled is the clients' sampling of level client")
-    return dataclasses.replace(cfg, accounting="poisson")
+    return dataclasses.replace(cfg, accounting="poisson", batches=cfg.batches or "shuffle")
 
 
 def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, privacy) -> CommunicationCfg:

@@ -215,6 +215,13 @@ class PrivacyCfg:
         "clients' training data: the mean training loss (train_loss), the share of updates clipped (dp_clipped) "
         "and their mean norm before clipping (dp_update_norm); nothing logged then has a guarantee, so "
         "dp_epsilon is inf (dp_epsilon_model: the model's own ε)")})
+    batches: str | None = field(default=None, metadata={
+        "choices": ("shuffle", "poisson"),
+        "help": "level sample: how DP-SGD forms a step's batch. shuffle (null's choice): fixed-size batches of "
+                "each shuffled epoch, accounted as if Poisson-sampled, as most DP-SGD papers and libraries report "
+                "(for shuffling that figure can under-state ε); poisson: each sample joins each step with "
+                "probability B/n, independently, what the accountant assumes, so ε is exact (batch sizes vary; "
+                "rows are padded to a fixed width, 2-4x the work of a batch of B)"})
     accounting: str | None = field(default=None, metadata={
         "choices": ("sampled", "poisson"),
         "help": "level client: sampled (null's choice): K of N clients without replacement, one client's data "

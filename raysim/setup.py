@@ -38,7 +38,7 @@ def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
         if why:
             raise ScenarioError(f"{sc.path}: privacy.level: sample needs each sample's own gradient, and model "
                                 f"'{sc.model.name}' {why} (use group or layer norm and no dropout, or another model)")
-        algo.dp_sgd_settings = (dp.clip, dp.noise_multiplier)
+        algo.dp_sgd_settings = (dp.clip, dp.noise_multiplier, dp.batches == "poisson")
     return algo
 
 

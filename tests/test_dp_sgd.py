@@ -404,3 +404,73 @@ def test_dittos_epsilon_counts_the_personal_models_dp_sgd_steps_too(tmp_path):
         acc.compose(dpa.PoissonSampledDpEvent(min(1.0, 16 / n), dpa.GaussianDpEvent(1.2)), steps)
         worst.append(acc.get_epsilon(1e-4))
     assert out["history"][-1]["dp_epsilon"] == pytest.approx(max(worst), rel=1e-9)
+
+
+def test_poisson_batches_take_each_sample_with_probability_b_over_n_in_rows_of_one_width():
+    """``draw_poisson``: every sample joins each step independently with probability B/n (all of
+    them when n ≤ B), a step's samples first in index order, -1 after them, in W columns for any
+    n; W is the smallest w with P(Poisson(B) > w) ≤ 1e-12 (scipy's tail, a second library)."""
+    from scipy.stats import poisson
+    from raysim.core.loop import POISSON_TAIL, draw_poisson, poisson_width
+    w = poisson_width(10)
+    assert poisson.sf(w - 1, 10) <= POISSON_TAIL < poisson.sf(w - 2, 10)      # P(X > w−1) ≤ tail < P(X > w−2)
+    g = torch.Generator().manual_seed(0)
+    every = draw_poisson(g, 6, 4, 10)                       # n ≤ B: q = 1
+    assert every.shape == (4, w) and torch.equal(every[:, :6], torch.arange(6).expand(4, 6)) and (every[:, 6:] == -1).all()
+    steps = draw_poisson(g, 200, 4000, 10)                  # q = 0.05
+    assert steps.shape == (4000, w)
+    joined = torch.zeros(4000, 200)
+    for t, row in enumerate(steps):
+        taken = row[row >= 0]
+        assert torch.equal(taken, taken.sort().values) and (row[len(taken):] == -1).all()
+        joined[t, taken] = 1
+    rate = joined.mean(0)                                   # each sample's share of steps: 0.05 ± 3.4 sd
+    assert float((rate - 0.05).abs().max()) < 3.4 * (0.05 * 0.95 / 4000) ** 0.5 * 1.6
+    sizes = joined.sum(1)
+    assert float(sizes.mean()) == pytest.approx(10, abs=0.15) and float(sizes.var()) == pytest.approx(9.5, rel=0.1)
+
+
+def test_a_poisson_step_is_the_clipped_sum_of_the_samples_it_drew_over_b():
+    """One DP-SGD step without noise on Poisson batches, by hand: the samples the job's generator
+    drew, each gradient clipped to C by autograd alone, summed and divided by B (not by the
+    batch's size, which varies), times −lr."""
+    model = linear(LinearParams(), (4,), 3)
+    start = fwd.params_of(model)
+    s = Settings(lr=0.5, epochs=1, batch_size=4, dp_clip=0.2, dp_noise=0.0, poisson=True)
+    data = client(16, dim=4)
+    job = make_job(start, data, ctx(3), s, CE)
+    assert job.orders.shape[0] == 4                          # ⌈16/4⌉ steps an epoch
+    first = job.orders[0][job.orders[0] >= 0]
+    one = make_job(start, data, ctx(3), s, CE)
+    one.max_steps = 1                                         # only the first step
+    got = Trainer(model).fit([one])[0]
+    want = [p.clone() for p in start]
+    grads = [torch.zeros_like(p) for p in start]
+    for i in first.tolist():
+        ps = [p.clone().requires_grad_(True) for p in start]
+        out = torch.func.functional_call(model, dict(zip([n for n, _ in model.named_parameters()], ps)),
+                                         data.train_x[i:i + 1])
+        g = torch.autograd.grad(F.cross_entropy(out, data.train_y[i:i + 1]), ps)
+        norm = float(torch.sqrt(sum((t * t).sum() for t in g)))
+        for acc, t in zip(grads, g):
+            acc += t * min(1.0, 0.2 / norm)
+    for w, g in zip(want, grads):
+        w -= 0.5 * g / 4
+    assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(got.params, want))
+
+
+def test_a_run_with_poisson_batches_learns_is_the_same_on_one_host_or_three_and_keeps_its_epsilon(tmp_path):
+    from tests.test_privacy import one_host_and_three
+    out = one_host_and_three(tmp_path, "{level: sample, clip: 0.5, noise_multiplier: 1.1, batches: poisson}")
+    (tmp_path / "s").mkdir()
+    shuffled = one_host_and_three(tmp_path / "s", "{level: sample, clip: 0.5, noise_multiplier: 1.1}")
+    assert [h["dp_epsilon"] for h in out[1]["history"]] == [h["dp_epsilon"] for h in shuffled[1]["history"]]
+    assert out[1]["final"] != shuffled[1]["final"]           # other batches
+    assert out[1]["final"]["accuracy"] > 0.55                 # two classes: chance is 0.5
+
+
+def test_poisson_batches_are_level_samples_and_its_default_stays_shuffle(tmp_path, capsys):
+    assert config.load(write_scenario(tmp_path, TINY + "privacy: {level: sample}\n")).privacy.batches == "shuffle"
+    path = write_scenario(tmp_path, TINY + "privacy: {batches: poisson}\n")
+    line = run_refused(capsys, tmp_path, path)
+    assert ": privacy.batches: " in line and "level sample" in line, line

@@ -65,6 +65,8 @@ class Settings:
     eps: float = 1e-8
     dp_clip: float = 0.0            # DP-SGD (privacy.level: sample): each sample's gradient clipped to
     dp_noise: float = 0.0           # this L2 norm, Gaussian noise of std dp_noise·dp_clip on their sum
+    poisson: bool = False           # DP-SGD's batches Poisson-sampled: each sample joins each step with
+    #                                 probability B/n (``draw_poisson``), the sum divided by B all the same
 
 
 @dataclass
@@ -72,7 +74,8 @@ class Job:
     params: list[torch.Tensor]          # the starting point (not modified)
     x: torch.Tensor                     # the client's train inputs and targets
     y: torch.Tensor
-    orders: torch.Tensor                # (epochs, n): sample order of each epoch
+    orders: torch.Tensor                # (epochs, n): sample order of each epoch; Poisson batches
+    #                                     (``Settings.poisson``): (steps, W), each step's samples, -1 after them
     settings: Settings
     objective: Objective
     weights: torch.Tensor | None = None  # (n,) per-sample loss weights
@@ -104,9 +107,10 @@ def make_job(params: list[torch.Tensor], data: ClientData, ctx: Context, setting
     client's subregion)."""
     n = data.num_train
     g = ctx.generator
-    if orders is None:
-        orders = draw_orders(g, n, settings.epochs)
     steps = settings.epochs * -(-n // settings.batch_size)
+    if orders is None:
+        orders = (draw_poisson(g, n, steps, settings.batch_size) if settings.poisson
+                  else draw_orders(g, n, settings.epochs))
     draws = (draws or objective.draws)(g, steps) if steps else None
     cap = None if ctx.work >= 1.0 else max(1, int(ctx.work * steps))     # a straggler's share, at least a step
     noise_seed = int(torch.randint(2**62, (1,), generator=g)) if settings.dp_clip > 0 else None
@@ -174,6 +178,36 @@ def draw_orders(generator: torch.Generator, n: int, epochs: int) -> torch.Tensor
     if n == 0:
         return torch.zeros(epochs, 0, dtype=torch.long)
     return torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)])
+
+
+# the chance that one step's Poisson batch overflows ``poisson_width`` slots: never seen in practice
+POISSON_TAIL = 1e-12
+
+
+def poisson_width(batch: int) -> int:
+    """Slots of a Poisson batch of expected size B, the same for every client and job (so a job's
+    shapes, hence its numbers, do not depend on the others): the smallest w with
+    P(Poisson(B) > w) ≤ ``POISSON_TAIL``, which bounds Binomial(n, B/n) for any n. A step that
+    draws more (probability below that) widens its jobs' rows: still exact, only then its numbers
+    may depend on which jobs share its pass."""
+    from scipy.stats import poisson
+    return max(batch, int(poisson.isf(POISSON_TAIL, batch)) + 1)
+
+
+def draw_poisson(generator: torch.Generator, n: int, steps: int, batch: int) -> torch.Tensor:
+    """Poisson-sampled batches (DP-SGD's, Abadi et al.): for each of ``steps`` steps every one of
+    the n samples joins with probability q = min(1, B/n), independently; (steps, W): each step's
+    samples in ascending order, then -1 (W: ``poisson_width``, or the largest batch drawn)."""
+    width = poisson_width(batch)
+    if steps == 0 or n == 0:
+        return torch.full((steps, width), -1, dtype=torch.long)
+    joined = torch.rand(steps, n, generator=generator) < min(1.0, batch / n)
+    width = max(width, int(joined.sum(1).max()))
+    # each step's samples first, in index order, the others after them as -1, in W columns
+    keys = torch.where(joined, torch.arange(n), n + torch.arange(n)).sort(dim=1).values
+    picked = torch.full((steps, width), -1, dtype=torch.long)
+    picked[:, :min(n, width)] = torch.where(keys < n, keys, -1)[:, :width]
+    return picked
 
 
 class Trainer:
@@ -320,14 +354,18 @@ class Trainer:
         rows = [epochs * -(-n // bs) for n in ns]     # each job's batches in the schedule
         steps = rows if caps is None else caps
         t_max = steps[0]
-        IDX, WT, VAL, val_cpu = _schedule(orders, weights, starts, ns, epochs, bs, device)
+        if s.poisson:                                 # each step's own samples, in rows of W slots
+            IDX, WT, VAL, val_cpu = _poisson_schedule(orders, weights, starts, device)
+        else:
+            IDX, WT, VAL, val_cpu = _schedule(orders, weights, starts, ns, epochs, bs, device)
+        slots = IDX.shape[1]                          # a row's entries: B, or a Poisson batch's W
         neg = [-n for n in steps]                     # ascending: jobs with a step t are a prefix
         active = [bisect.bisect_left(neg, -t) for t in range(t_max)]
         # every job's batches one after another (no padding to the longest job): job i of the
         # sorted order has its step t at row first[i] + t
         first_cpu = torch.tensor([0] + rows[:-1]).cumsum(0)
         first = _to(first_cpu, device)
-        if caps is None or caps == rows:
+        if (caps is None or caps == rows) and not s.poisson:
             seen = torch.tensor([float(epochs * n) for n in ns], dtype=torch.float64)
         else:                                         # the samples of the steps each job takes
             seen = torch.stack([val_cpu[f:f + c].sum() for f, c in zip(first_cpu.tolist(), steps)]).to(torch.float64)
@@ -337,7 +375,7 @@ class Trainer:
             a and b for a, b in zip(obj.trainable, self._mask(len(P))))
         trained = [p for p, t in zip(P, train_mask) if t]
         opt = optim.Stacked(s.optimizer, s.lr, s.momentum, s.weight_decay, s.betas, s.eps, trained, opt_states)
-        widths = val_cpu[:t_max].sum(dim=1).long().tolist() if exact else [bs] * t_max
+        widths = val_cpu[:t_max].sum(dim=1).long().tolist() if exact else [slots] * t_max
         private = s.dp_clip > 0
         by_hand = (self.chain is not None and type(obj) is Supervised          # not a subclass's own loss
                    and self.chain.supports(obj.task, len(P), consts))
@@ -638,6 +676,22 @@ def _schedule(orders: list[torch.Tensor] | torch.Tensor, weights: list | None, o
         weight[pos_d] = ws[pick_d].to(weight.dtype)
         weight = weight.view(-1, bs) / _to(per_row, device)
     return _to(idx, device).view(-1, bs), weight, _to(valid, device), valid
+
+
+def _poisson_schedule(orders: list[torch.Tensor], weights: list | None, offsets: list[int], device
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_schedule`` for Poisson batches (``draw_poisson``): job after job, one row per step of W
+    slots (the widest job's), its samples first (validity 1, loss weight 1 / the batch's size)
+    and padding after them (index 0, weight 0)."""
+    if weights is not None and any(w is not None for w in weights):
+        raise ValueError("Poisson batches (DP-SGD) take no sample weights")
+    width = max(int(o.shape[1]) for o in orders)
+    picked = torch.cat([torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]), value=-1) for o in orders])
+    base = torch.repeat_interleave(torch.tensor(offsets), torch.tensor([int(o.shape[0]) for o in orders]))
+    valid = (picked >= 0).to(torch.float32)
+    idx = torch.where(picked >= 0, picked + base[:, None], torch.zeros_like(picked))
+    weight = valid / valid.sum(dim=1, keepdim=True).clamp_min(1)
+    return _to(idx, device), _to(weight, device), _to(valid, device), valid
 
 
 def _pad_jobs(pad: int, P, starts, ns, orders, weights, opt_states, caps, consts, draws, noise_seeds, epochs: int):
