@@ -190,6 +190,8 @@ def test_every_bad_argument_raises_scenario_error_a_value_error_naming_it(tmp_pa
         (lambda: raysim.run(path, verbose=1), "verbose: 1: give True or False"),
         (lambda: raysim.load(5), "run_id: 5: give the MLflow run's id, a string"),
         (lambda: raysim.load("abc", 5), "tracking_uri: 5: give an MLflow tracking URI"),
+        (lambda: raysim.load("abc", "nosuch://x"), "tracking_uri: nosuch://x: MLflow has no tracking store for the "
+                                                   "scheme 'nosuch'; give a file path or a URI of scheme "),
         (lambda: raysim.SweepResult("p", {}, pd.DataFrame(), "").compare(metrics=5),
          "metrics: 5: give metrics the runs logged"),
     ]
