@@ -293,6 +293,25 @@ def test_an_entry_point_that_fails_to_load_names_its_distribution(tmp_path, on_p
         config.load(write_scenario(tmp_path, TINY.replace("{name: linear}", "{name: resmpl}")))
 
 
+@pytest.mark.parametrize("name", ["quitter", "quitmod:Thing"])
+def test_a_plugin_that_calls_sys_exit_as_it_imports_is_its_failure_not_raysims_exit_0(tmp_path, name):
+    """`raysim run` exited 0 having run nothing: SystemExit passed the plugin loader's `except
+    Exception`. Now the plugin's failure: one line, exit 2, naming the entry point, its
+    distribution and the exit."""
+    site = dist_info(tmp_path / "site", "quitplug", "0.2", "[raysim.algorithms]\nquitter = quitmod:Thing\n")
+    (site / "quitmod.py").write_text("import sys\nsys.exit(0)\n")
+    path = tracked(tmp_path, TINY.replace("{name: fedavg,", f'{{name: "{name}",'))
+    line = one_line_error(raysim("run", path, "-q", "--engine", "serial", path=[site], cwd=tmp_path, check=False))
+    if name == "quitter":
+        assert line == (f"raysim: {path}: algorithm.name: 'quitter': entry point quitter = quitmod:Thing (group "
+                        "raysim.algorithms) of distribution quitplug 0.2 fails to load: SystemExit: it called "
+                        "sys.exit(0)")
+    else:
+        assert line.startswith(f"raysim: {path}: algorithm.name: 'quitmod:Thing': module quitmod does not import "
+                               "(SystemExit: it called sys.exit(0)); "), line
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_a_plugin_with_a_built_in_name_is_refused_naming_both(tmp_path):
     shadow = dist_info(tmp_path / "site", "shadow", "1.0", "[raysim.models]\nmlp = shadow:MLP\n")
     line = one_line_error(raysim("list", path=[shadow], cwd=tmp_path, check=False))
