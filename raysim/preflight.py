@@ -151,15 +151,21 @@ def tracking_schemes() -> set[str]:
 
 def _schemes_mlflow_loads() -> set[str]:
     import importlib.metadata
+    return {*_own_stores(), *(ep.name for ep in importlib.metadata.entry_points(group=_PLUGIN_STORES))}
+
+
+def _own_stores() -> tuple[str, ...]:
     import importlib.util
-    databases = _DATABASES if importlib.util.find_spec("sqlalchemy") else ()
-    return {*_MLFLOW_STORES, *databases, *(ep.name for ep in importlib.metadata.entry_points(group=_PLUGIN_STORES))}
+    return _MLFLOW_STORES + (_DATABASES if importlib.util.find_spec("sqlalchemy") else ())
 
 
 def unknown_store(uri: str) -> str | None:
     """What is wrong with a tracking URI whose scheme MLflow has no store for (the message,
-    without the key), else None."""
+    without the key), else None. MLflow's own schemes are taken without reading the installed
+    distributions' entry points."""
     scheme = store_scheme(uri)
+    if scheme in _own_stores():
+        return None
     schemes = tracking_schemes()
     if scheme in schemes:
         return None
