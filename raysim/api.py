@@ -282,7 +282,7 @@ def load(run_id: str, tracking_uri: str | None = None) -> Result | SweepResult:
     """
     _text("run_id", run_id, "the MLflow run's id, a string")
     _text("tracking_uri", tracking_uri, "an MLflow tracking URI, e.g. sqlite:///mlflow.db")
-    from raysim.preflight import unknown_store
+    from raysim.stores import unknown_store
     if tracking_uri is not None and (unknown := unknown_store(tracking_uri)):
         raise ScenarioError(f"tracking_uri: {unknown}")
     from raysim import report

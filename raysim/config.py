@@ -415,7 +415,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if not tracking.experiment.strip():
         ctx.fail("tracking.experiment", "empty; give the MLflow experiment's name, e.g. raysim")
     if tracking.uri:
-        from raysim.preflight import unknown_store
+        from raysim.stores import unknown_store
         if unknown := unknown_store(tracking.uri):
             ctx.fail("tracking.uri", unknown)
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
