@@ -12,8 +12,8 @@ again = raysim.load(result.run_id)     # the same run, read back from MLflow
 ```
 
 ``raysim.run`` is what ``raysim run`` does (the same validation, MLflow record, checkpoints and
-numbers) without the command's process exit: errors are raised (a bad scenario as
-``ScenarioError``), and the local Ray instance started by the first run on the ``ray`` engine
+numbers) without the command's process exit: errors are raised (a bad scenario, override or
+argument as ``ScenarioError``, a ``ValueError``), and the local Ray instance started by the first run on the ``ray`` engine
 is kept and reused by the next runs of the same Python process (``shutdown`` stops it).
 
 Nothing heavy is imported with this module (torch, Ray, MLflow and pandas are imported by the
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import os
 import re
 import tempfile
 import warnings
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from raysim.cli import parse_run_id, parse_run_ids
 from raysim.schema import ScenarioError
 
 if TYPE_CHECKING:           # pragma: no cover - for type checkers and the API reference only
@@ -140,10 +143,18 @@ class SweepResult:
             The table as a DataFrame, as ``table``.
 
         Raises:
+            ScenarioError: ``metrics`` is not a metric's name or a list of them, or
+                ``select`` not a metric's name.
             raysim.compare.CompareError: None of the runs logged these metrics, ``over``
                 is neither ``"seeds"`` nor ``"clients"``, or ``select`` is not a validation
                 metric the runs logged.
         """
+        metrics = [metrics] if isinstance(metrics, str) else metrics
+        if metrics is not None and not (isinstance(metrics, (list, tuple))
+                                        and all(isinstance(m, str) and m for m in metrics)):
+            raise ScenarioError(f"metrics: {metrics!r}: give metrics the runs logged, e.g. "
+                                "['accuracy', 'global_accuracy']")
+        _text("select", select, "a validation metric the runs logged, e.g. 'val_accuracy'")
         _, client = _client(self.tracking_uri)
         return _table(client, self.parent_run_id, list(metrics) if metrics else None, over, strict=True,
                       select=select)[0]
@@ -209,10 +220,18 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
             MLflow, with the way to resume it printed), once every other run has finished.
         KeyboardInterrupt: The run was interrupted (its MLflow run is marked KILLED).
     """
+    if not isinstance(scenario, (str, os.PathLike, Mapping)):
+        raise ScenarioError(f"scenario: {scenario!r}: give a scenario YAML file's path or a dict of its keys")
     if engine not in ENGINES:
         raise ScenarioError(f"engine: {engine!r}: choose one of {', '.join(ENGINES)}")
     if concurrent is not None and (isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1):
         raise ScenarioError(f"concurrent: {concurrent!r}: give a whole number >= 1 (1: one run after another)")
+    _text("address", address, "'auto' or HOST:PORT of a Ray cluster")
+    _text("variant", variant, "a variant's name or a shell-style pattern of names")
+    resume = _option("resume", resume, parse_run_id)
+    best_of = _option("best_of", best_of, parse_run_ids)
+    _flag("progress", progress)
+    _flag("verbose", verbose)
     label = DICT_LABEL if isinstance(scenario, Mapping) else str(scenario)
     items = _override_items(overrides, label)
     with tempfile.TemporaryDirectory(prefix="raysim-api-") as tmp:
@@ -256,9 +275,16 @@ def load(run_id: str, tracking_uri: str | None = None) -> Result | SweepResult:
         recorded), or for a parent run a ``SweepResult`` of its finished runs.
 
     Raises:
+        ScenarioError: ``run_id`` is not a non-empty string, or ``tracking_uri`` is neither
+            None nor a tracking URI MLflow can open.
         raysim.report.ReportError: No such run in the store, or a run that did not finish
             (no summary; a failed or killed run can be continued with ``resume``).
     """
+    _text("run_id", run_id, "the MLflow run's id, a string")
+    _text("tracking_uri", tracking_uri, "an MLflow tracking URI, e.g. sqlite:///mlflow.db")
+    from raysim.stores import unknown_store
+    if tracking_uri is not None and (unknown := unknown_store(tracking_uri)):
+        raise ScenarioError(f"tracking_uri: {unknown}")
     from raysim import report
     uri, client = _client(tracking_uri)
     runs = report.expand(client, [run_id])          # ReportError for an unknown id
@@ -291,6 +317,36 @@ def shutdown() -> None:
 # arguments
 
 
+def _text(name: str, value: Any, what: str) -> None:
+    """An optional text argument is None or a non-empty string; ScenarioError naming the
+    argument and ``what`` it must be otherwise."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ScenarioError(f"{name}: {value!r}: give {what}")
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{name}: {value!r}: give True or False")
+
+
+def _option(name: str, value: Any, parse) -> str | None:
+    """An optional text argument read by ``parse``, the type of the command's option of the
+    same name (``--resume``, ``--best-of``): the same rule, as a ScenarioError naming the
+    argument."""
+    import argparse
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ScenarioError(f"{name}: {value!r}: give a run id, a string")
+    try:
+        return parse(value)
+    except argparse.ArgumentTypeError as e:
+        raise ScenarioError(f"{name}: {e}") from None
+
+
+_OVERRIDES = "give a dict of dotted keys and values, e.g. {'algorithm.lr': 0.01}, or a list of KEY=VALUE strings"
+
+
 def _override_items(overrides: Mapping[str, Any] | Sequence[str] | None, label: str) -> list[str]:
     """``overrides`` as ``--set`` items: a dict's values written as YAML that reads back as
     the same value (a float stays a float, a string a string)."""
@@ -302,14 +358,15 @@ def _override_items(overrides: Mapping[str, Any] | Sequence[str] | None, label: 
         import yaml
         items = []
         for key, value in overrides.items():
+            if not isinstance(key, str):
+                raise ScenarioError(f"{label}: overrides: key {key!r} is not a string; {_OVERRIDES}")
             value = _plain(value, f"{label}: overrides: {key}")
             text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
             text = text.removesuffix("\n...").strip()
             items.append(f"{key}={text}")
         return items
-    if not all(isinstance(item, str) for item in overrides):
-        raise ScenarioError(f"{label}: overrides: give a dict of dotted keys and values, e.g. "
-                            "{'algorithm.lr': 0.01}, or KEY=VALUE strings")
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(item, str) for item in overrides):
+        raise ScenarioError(f"{label}: overrides: {overrides!r}: {_OVERRIDES}")
     return list(overrides)
 
 
@@ -343,14 +400,20 @@ def _scenario_file(scenario: Mapping[str, Any], folder: str) -> str:
 
 
 def _seeds_text(seeds: Sequence[int] | str | int | None) -> str | None:
+    """``seeds`` as the command's ``--seeds`` text (whose ranges ``config.seeds_of`` checks);
+    ScenarioError for anything but a string, an integer or a non-empty list of integers."""
     if seeds is None or isinstance(seeds, str):
         return seeds
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
+    if _integer(seeds):
         return str(seeds)
-    try:
+    if isinstance(seeds, (list, tuple, range)) and seeds and all(_integer(s) for s in seeds):
         return ",".join(str(s) for s in seeds)
-    except TypeError:
-        raise ScenarioError(f"seeds: {seeds!r}: give a list of distinct integers >= 0, e.g. [0, 1, 2]") from None
+    raise ScenarioError(f"seeds: {seeds!r}: give a list of distinct integers >= 0, e.g. [0, 1, 2]")
+
+
+def _integer(value: Any) -> bool:
+    """An integer, numpy's included, but not True or False."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _api_words(message: str, file: str, label: str) -> str:

@@ -21,13 +21,15 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_INPUT)
 
 
-def _run_id(text: str) -> str:
+def parse_run_id(text: str) -> str:
+    """``--resume``'s run id (and the Python API's ``resume``): not empty, stripped."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty run id; give the id of the MLflow run to continue")
     return text.strip()
 
 
-def _run_ids(text: str) -> str:
+def parse_run_ids(text: str) -> str:
+    """``--best-of``'s comma-separated parent run ids (and the Python API's ``best_of``)."""
     ids = [t.strip() for t in text.split(",")]
     if not all(ids):
         raise argparse.ArgumentTypeError(f"{text!r}: give sweep parent run ids, separated by commas")
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", choices=("ray", "serial"), default="ray",
                    help="ray (default) or serial: every host in this process, the reference engine")
     r.add_argument("--summary", default=None, metavar="PATH", help="write the run summary as JSON")
-    r.add_argument("--resume", default=None, metavar="RUN_ID", type=_run_id,
+    r.add_argument("--resume", default=None, metavar="RUN_ID", type=parse_run_id,
                    help="continue the MLflow run RUN_ID from its last checkpoint; with a sweep (or --seeds), RUN_ID "
                         "is its parent run: finished runs are kept, the others continue, the unstarted start")
     r.add_argument("--variant", default=None, metavar="NAME",
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", default=None, metavar="LIST",
                    help="run each variant once per seed, e.g. 0,1,2 (or the file's seeds: [0, 1, 2]); the runs "
                         "are nested under one parent MLflow run and compared at the end")
-    r.add_argument("--best-of", default=None, metavar="PARENT_ID", type=_run_ids,
+    r.add_argument("--best-of", default=None, metavar="PARENT_ID", type=parse_run_ids,
                    help="of a sweep file's variants, run only those the sweep PARENT_ID chose on validation (per "
                         "method and dataset, the grid point of best mean val_accuracy or val_mse over its seeds; "
                         "several parents, comma-separated, choose together): tune a grid at one seed, then repeat "

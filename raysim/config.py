@@ -414,6 +414,10 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     tracking = load_dataclass(ctx, "tracking", TrackingCfg, raw.get("tracking"))
     if not tracking.experiment.strip():
         ctx.fail("tracking.experiment", "empty; give the MLflow experiment's name, e.g. raysim")
+    if tracking.uri:
+        from raysim.stores import unknown_store
+        if unknown := unknown_store(tracking.uri):
+            ctx.fail("tracking.uri", unknown)
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
     if ev.clients is not None and ev.clients > 1 and ev.clients != int(ev.clients):
         ctx.fail("eval.clients", f"{ev.clients:g}: a count (above 1) must be a whole number; a fraction is at most 1")

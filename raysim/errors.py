@@ -1,6 +1,7 @@
 """Exit codes, and an error as the one line the command prints."""
 from __future__ import annotations
 
+import re
 import traceback
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
@@ -30,8 +31,24 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
     if verbose:
         traceback.print_exception(e)
     msg = str(cause).strip().splitlines()
+    at = raised_at(str(e)) if cause is not e else None          # Ray's text of the host's traceback
     return EXIT_FAILED, (f"run failed: {type(cause).__name__}: {msg[-1] if msg else ''}"
+                         + (f" (raised on a Ray host at {at})" if at else "")
                          + ("" if verbose else " (rerun with -v for the traceback)"))
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+
+
+def raised_at(text: str) -> str | None:
+    """Where a traceback in ``text`` (Python's format, which Ray's error of a task or of an actor's
+    creation quotes from the process it ran in) says its exception was raised: the innermost
+    frame, ``FILE:LINE, in FUNCTION``; None when the text quotes no traceback."""
+    frames = _FRAME.findall(text)
+    if not frames:
+        return None
+    file, line, function = frames[-1]
+    return f"{file}:{line}, in {function}"
 
 
 def _root_cause(e: BaseException) -> BaseException:

@@ -142,7 +142,9 @@ def _from_entry_point(kind: Kind, name: str) -> Any:
         raise PluginError(f"{name!r} is not one of the choices; choose one of {', '.join(choices)}")
     try:
         obj = ep.load()
-    except Exception as e:      # noqa: BLE001 - whatever the plugin's import raises
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - whatever the plugin's import raises, sys.exit() too
         raise PluginError(f"{name!r}: entry point {ep.name} = {ep.value} (group {kind.group}) of distribution "
                           f"{source(ep)} fails to load: {_first_line(e)}") from None
     if not kind.fits(obj):
@@ -159,7 +161,9 @@ def _from_module(kind: Kind, name: str) -> Any:
                           f"of {kind.what} in it), e.g. mypkg.things:Thing")
     try:
         mod = importlib.import_module(module)
-    except Exception as e:      # noqa: BLE001 - whatever the user's module raises
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - whatever the user's module raises, sys.exit() too
         raise PluginError(f"{name!r}: module {module} does not import ({_first_line(e)}); it must be importable "
                           f"by raysim and, on a cluster, on every node: installed, or on PYTHONPATH") from None
     obj: Any = mod
@@ -185,6 +189,10 @@ def _describe(obj: Any) -> str:
 
 
 def _first_line(e: BaseException) -> str:
+    """The exception's type and first line; a SystemExit says it is the plugin's own
+    ``sys.exit``, which would otherwise end raysim with the plugin's exit code, having run nothing."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit: it called sys.exit({e.code!r})"
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from raysim.config import CheckpointCfg, ScenarioError, absolute_uri, apply_override, read_yaml
 from raysim.sections import ResourcesCfg
+from raysim.stores import store_scheme, unknown_store
 
 STORE_TIMEOUT_S = 5.0       # how long a tracking server has to answer
 
@@ -76,10 +77,15 @@ def host_actors(raw: dict) -> int:
 
 
 def check_store(uri: str, where: str) -> None:
-    """A tracking URI's store can be reached: a SQLite file's folder is writable and the file,
-    if there, is a database; an HTTP(S) server answers within ``STORE_TIMEOUT_S``; a file
-    store's folder is writable. Other schemes (databricks, ...) are left to MLflow."""
-    scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    """A tracking URI's store can be reached: its scheme is one MLflow has a store for
+    (``raysim.stores.unknown_store``); a SQLite file's folder is writable and the file, if
+    there, is a database; an HTTP(S) server answers within ``STORE_TIMEOUT_S``; a file store's
+    folder is writable. The other stores (databricks, postgresql, a plugin's, ...) are left to
+    MLflow."""
+    unknown = unknown_store(uri)
+    if unknown:
+        raise ScenarioError(f"{where}: {unknown}")
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else store_scheme(uri)
     if scheme == "sqlite":
         path = uri[len("sqlite:///"):]
         if not path or path == ":memory:":

@@ -29,8 +29,9 @@ _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
-class ScenarioError(Exception):
-    """Invalid scenario, override or data; the message is one line naming file and key."""
+class ScenarioError(ValueError):
+    """Invalid scenario, override, data or argument; the message is one line naming file and
+    key. A ValueError, so that ``except ValueError`` catches it too (the command: exit 2)."""
 
 
 @dataclass(frozen=True)

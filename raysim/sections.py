@@ -107,7 +107,10 @@ class ResourcesCfg:
 
 @dataclass(frozen=True)
 class TrackingCfg:
-    uri: str | None = field(default=None, metadata={"help": "MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"})
+    uri: str | None = field(default=None, metadata={"help": (
+        "MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db): a file path, or a URI of a "
+        "scheme MLflow has a store for (file, sqlite, postgresql, mysql, mssql, http, https, databricks, or an "
+        "installed MLflow store plugin's); any other scheme is refused before the run")})
     experiment: str = field(default="raysim", metadata={
         "help": "MLflow experiment the runs are logged under (created when missing; not empty)"})
 

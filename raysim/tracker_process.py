@@ -116,8 +116,14 @@ def import_tracking() -> None:
 
 
 def _send(conn, kind: str, value: Any, said: str) -> None:
-    """A reply; an exception that does not pickle goes as a RuntimeError with its text."""
+    """A reply; an exception that does not pickle, or does not unpickle (one whose ``__init__``
+    takes other arguments than its ``args``, as MLflow's UnsupportedModelRegistryStoreURIException:
+    the run would get a TypeError instead), goes as a RuntimeError with its text. A copy is
+    made as unpickling makes one (the class called with ``args``), so it tells."""
+    import copy
     try:
+        if isinstance(value, BaseException):
+            copy.copy(value)
         conn.send((kind, value, said))
     except Exception:               # noqa: BLE001
         conn.send((kind, RuntimeError(f"{type(value).__name__}: {value}"), said))

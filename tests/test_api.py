@@ -112,6 +112,7 @@ def test_seeds_give_a_sweep_result_with_the_mean_and_std_over_seeds(setup):
     client = MlflowClient(uri)
     assert all(client.get_run(r.run_id).data.tags["mlflow.parentRunId"] == s.parent_run_id for r in s.runs.values())
     assert len(s.history) == 6 and s.history.loc[(None, 1, 3), "accuracy"] == acc[1]
+    pd.testing.assert_frame_equal(s.compare("accuracy"), s.table)          # one metric, by name
     # the parent read back: the same runs and table
     back = raysim.load(s.parent_run_id, uri)
     assert isinstance(back, raysim.SweepResult) and list(back.runs) == list(s.runs)
@@ -168,3 +169,35 @@ def test_the_tutorial_notebook_runs_twice_on_one_ray_in_one_kernel(tmp_path, mon
     assert len(client.get_metric_history(run_id, "accuracy")) == 10
     summary = json.loads(open(client.download_artifacts(run_id, "summary.json", str(tmp_path))).read())
     assert summary["final"]["accuracy"] == fedem.data.metrics["accuracy"]
+
+
+def test_every_bad_argument_raises_scenario_error_a_value_error_naming_it(tmp_path):
+    path = write_scenario(tmp_path, TINY + f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\n")
+    sweep = write_scenario(tmp_path, TINY + "sweep:\n  a: {algorithm.lr: 0.1}\n  b: {algorithm.lr: 0.2}\n", "w.yaml")
+    dicts = "give a dict of dotted keys and values, e.g. {'algorithm.lr': 0.01}, or a list of KEY=VALUE strings"
+    cases = [
+        (lambda: raysim.run(42), "scenario: 42: give a scenario YAML file's path or a dict of its keys"),
+        (lambda: raysim.run(path, 42), f"{path}: overrides: 42: {dicts}"),
+        (lambda: raysim.run(path, {1: 2}), f"{path}: overrides: key 1 is not a string; {dicts}"),
+        (lambda: raysim.run(path, resume=123), "resume: 123: give a run id, a string"),
+        (lambda: raysim.run(path, resume=" "), "resume: an empty run id; give the id of the MLflow run to continue"),
+        (lambda: raysim.run(sweep, variant=5), "variant: 5: give a variant's name or a shell-style pattern of names"),
+        (lambda: raysim.run(sweep, best_of=7), "best_of: 7: give a run id, a string"),
+        (lambda: raysim.run(sweep, best_of="a,,b"), "best_of: 'a,,b': give sweep parent run ids, separated by commas"),
+        (lambda: raysim.run(path, address=5), "address: 5: give 'auto' or HOST:PORT of a Ray cluster"),
+        (lambda: raysim.run(path, seeds=[0, True]), "seeds: [0, True]: give a list of distinct integers >= 0"),
+        (lambda: raysim.run(path, progress="no"), "progress: 'no': give True or False"),
+        (lambda: raysim.run(path, verbose=1), "verbose: 1: give True or False"),
+        (lambda: raysim.load(5), "run_id: 5: give the MLflow run's id, a string"),
+        (lambda: raysim.load("abc", 5), "tracking_uri: 5: give an MLflow tracking URI"),
+        (lambda: raysim.load("abc", "nosuch://x"), "tracking_uri: nosuch://x: MLflow has no tracking store for the "
+                                                   "scheme 'nosuch'; give a file path or a URI of scheme "),
+        (lambda: raysim.SweepResult("p", {}, pd.DataFrame(), "").compare(metrics=5),
+         "metrics: 5: give metrics the runs logged"),
+    ]
+    assert issubclass(raysim.ScenarioError, ValueError)
+    for call, message in cases:
+        with pytest.raises(ValueError) as caught:           # what a Python user catches
+            call()
+        assert type(caught.value) is ScenarioError and str(caught.value).startswith(message), str(caught.value)
+    assert not (tmp_path / "m.db").exists()                 # nothing ran

@@ -169,3 +169,53 @@ def test_seeds_beyond_32_bits_are_refused(tmp_path, capsys):
 def test_other_hostile_values(tmp_path, capsys, override, line):
     path = write_scenario(tmp_path, TINY)
     assert run_refused(capsys, tmp_path, path, "--set", override).startswith(f"raysim: {path}: {line}")
+
+
+def raysim_command(*argv, cwd, env=None):
+    """The ``raysim`` command in a fresh process (MLflow not imported yet, as for a user)."""
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "raysim.cli", *argv], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_a_tracking_uri_of_no_mlflow_store_is_refused_before_ray_starts_a_plugins_is_taken(tmp_path):
+    """``nosuch://x`` was a TypeError traceback after training (exit 1). Refused now at the
+    preflight, before Ray starts (no "starting a local Ray" line), and by ``validate``; a scheme an
+    installed MLflow store plugin declares (entry point group mlflow.tracking_store) validates."""
+    path = write_scenario(tmp_path, TINY + "tracking: {uri: 'nosuch://x'}\n")
+    for argv in (("run", path), ("validate", path)):
+        proc = raysim_command(*argv, cwd=tmp_path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"raysim: {path}: tracking.uri: nosuch://x: MLflow has no tracking store for the "
+                                   "scheme 'nosuch'; give a file path or a URI of scheme databricks, "), lines[0]
+        assert "postgresql, sqlite" in lines[0]
+    plugin = tmp_path / "site" / "fakestore-1.0.dist-info"
+    plugin.mkdir(parents=True)
+    (plugin / "METADATA").write_text("Metadata-Version: 2.1\nName: fakestore\nVersion: 1.0\n")
+    (plugin / "entry_points.txt").write_text("[mlflow.tracking_store]\nfakestore = fakestore_mod:Store\n")
+    fake = write_scenario(tmp_path, TINY + "tracking: {uri: 'fakestore://bucket'}\n", "f.yaml")
+    proc = raysim_command("validate", fake, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///a/b.db", "postgresql+psycopg2://u@h/db", "mysql://h/db", "/abs/path",
+                                 "rel/path", "file:///x", "databricks", "databricks://profile", "https://h:5000",
+                                 "nosuch://x", "C:\\runs"])
+def test_the_scheme_of_a_tracking_uri_is_the_one_mlflow_picks_its_store_by(uri):
+    from mlflow.utils.uri import get_uri_scheme
+
+    from raysim.stores import store_scheme
+    expected = uri if uri == "databricks" else get_uri_scheme(uri)
+    assert store_scheme(uri) == expected
+
+
+def test_the_schemes_known_without_mlflow_are_mlflows_registry():
+    """Without MLflow imported, the schemes are read as MLflow's registry reads them when it loads."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    from raysim.stores import _schemes_mlflow_loads
+    assert _schemes_mlflow_loads() == set(_tracking_store_registry._registry)
+    assert {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"} <= _schemes_mlflow_loads()

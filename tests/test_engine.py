@@ -231,3 +231,17 @@ print(json.dumps(before - after))
     monkeypatch.setattr(host_mod, "release_freed_memory", lambda collect=True: calls.append(collect))
     run_serial(scenario(tmp_path), 1)      # one host: 3 rounds, each trained and evaluated
     assert calls.count(False) == 3 + 3
+
+
+def test_an_actor_that_could_not_be_created_is_reported_with_its_error_not_as_a_sigkill():
+    """Ray's error for an actor whose creation raised (here: its plugin's module does not import
+    on that node) named it a process killed by SIGKILL or the OOM killer."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from raysim.engine.ray_engine import _cause
+    tb = ('Traceback (most recent call last):\n  File "/srv/plug/mymodels.py", line 7, in <module>\n'
+          "    import missing_dep\nModuleNotFoundError: No module named 'missing_dep'")
+    cause = ModuleNotFoundError("No module named 'missing_dep'")
+    err = ActorDiedError(RayTaskError("RayHost.__init__", tb, cause, pid=42, ip="10.0.0.2"))
+    assert _cause(err) == ("its actor could not be created (pid 42 on 10.0.0.2): ModuleNotFoundError: No module "
+                           "named 'missing_dep' (raised at /srv/plug/mymodels.py:7, in <module>)")

@@ -293,6 +293,25 @@ def test_an_entry_point_that_fails_to_load_names_its_distribution(tmp_path, on_p
         config.load(write_scenario(tmp_path, TINY.replace("{name: linear}", "{name: resmpl}")))
 
 
+@pytest.mark.parametrize("name", ["quitter", "quitmod:Thing"])
+def test_a_plugin_that_calls_sys_exit_as_it_imports_is_its_failure_not_raysims_exit_0(tmp_path, name):
+    """`raysim run` exited 0 having run nothing: SystemExit passed the plugin loader's `except
+    Exception`. Now the plugin's failure: one line, exit 2, naming the entry point, its
+    distribution and the exit."""
+    site = dist_info(tmp_path / "site", "quitplug", "0.2", "[raysim.algorithms]\nquitter = quitmod:Thing\n")
+    (site / "quitmod.py").write_text("import sys\nsys.exit(0)\n")
+    path = tracked(tmp_path, TINY.replace("{name: fedavg,", f'{{name: "{name}",'))
+    line = one_line_error(raysim("run", path, "-q", "--engine", "serial", path=[site], cwd=tmp_path, check=False))
+    if name == "quitter":
+        assert line == (f"raysim: {path}: algorithm.name: 'quitter': entry point quitter = quitmod:Thing (group "
+                        "raysim.algorithms) of distribution quitplug 0.2 fails to load: SystemExit: it called "
+                        "sys.exit(0)")
+    else:
+        assert line.startswith(f"raysim: {path}: algorithm.name: 'quitmod:Thing': module quitmod does not import "
+                               "(SystemExit: it called sys.exit(0)); "), line
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_a_plugin_with_a_built_in_name_is_refused_naming_both(tmp_path):
     shadow = dist_info(tmp_path / "site", "shadow", "1.0", "[raysim.models]\nmlp = shadow:MLP\n")
     line = one_line_error(raysim("list", path=[shadow], cwd=tmp_path, check=False))
@@ -309,3 +328,59 @@ def test_built_in_names_never_read_the_entry_points(tmp_path, monkeypatch):
     monkeypatch.setattr(plugins, "_SCANS", {})
     sc = config.load(write_scenario(tmp_path, TINY))
     assert (sc.algorithm.name, sc.model.name, sc.data.dataset.name) == ("fedavg", "linear", "synthetic")
+
+
+# ----------------------------------------------------------------------------- on Ray hosts
+FAILING = '''"""A model and an algorithm that raise on a Ray host actor, never in the driver's process."""
+import dataclasses
+
+import ray
+
+from raysim.algorithms.fedavg import FedAvg
+from raysim.models import MODELS
+
+
+def on_actor():
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
+def build(params, input_shape, num_classes):
+    if on_actor():
+        raise ValueError("no model here")
+    return MODELS["linear"].build(params, input_shape, num_classes)
+
+
+MODEL = dataclasses.replace(MODELS["linear"], name="failing", build=build)
+
+
+class Failing(FedAvg):
+    def reply(self, params, received, n):
+        if on_actor():
+            raise KeyError("no reply here")
+        return super().reply(params, received, n)
+'''
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("model, algorithm, raised", [
+    ("failing:MODEL", "fedavg", ("ValueError: no model here", "build")),             # at the host's start
+    ("linear", "failing:Failing", ("KeyError: 'no reply here'", "reply")),          # in training
+])
+def test_a_plugin_raising_on_a_ray_host_is_reported_as_its_error_where_it_was_raised(tmp_path, model, algorithm,
+                                                                                      raised):
+    """A host's construction error was reported as its death ("killed (SIGKILL: the kernel's OOM
+    killer ...)"), the host replaced: now, as in training, the plugin's exception, its message and
+    the file and line that raised it; nothing is replaced."""
+    (tmp_path / "failing.py").write_text(FAILING)
+    text = (TINY.replace("rounds: 3", "rounds: 2").replace("clients: 12", "clients: 4")
+            .replace("{name: linear}", f'{{name: "{model}"}}').replace("{name: fedavg,", f'{{name: "{algorithm}",')
+            .replace("cpus_per_host: 0.5}", "cpus_per_host: 0.5, driver_host: false}"))
+    proc = raysim("run", tracked(tmp_path, text), "-q", path=[tmp_path], cwd=tmp_path, check=False)
+    error, function = raised
+    kind = error.split(":")[0]
+    line = next(i for i, text in enumerate(FAILING.splitlines(), 1) if text.strip().startswith(f"raise {kind}("))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"raysim: run failed: {error} (raised on a Ray host at {tmp_path}/failing.py:{line}, in {function}) "
+        "(rerun with -v for the traceback)")
+    assert "SIGKILL" not in proc.stderr and "new hosts started" not in proc.stderr

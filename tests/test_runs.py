@@ -307,6 +307,22 @@ def test_the_tracking_helper_runs_ten_steps_nicer_than_the_run_and_leaves_when_i
     assert proc.wait(timeout=60) == 0
 
 
+def test_an_error_that_does_not_unpickle_reaches_the_run_as_its_text():
+    """MLflow's UnsupportedModelRegistryStoreURIException pickles but does not unpickle (its
+    ``__init__`` takes two arguments): sent as it is, the run got a TypeError instead of it."""
+    from multiprocessing import Pipe
+
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    from raysim import tracker_process
+    here, there = Pipe()
+    tracker_process._send(there, "error", UnsupportedModelRegistryStoreURIException("nosuch://x", ["file"]), "said")
+    kind, value, said = here.recv()
+    assert (kind, type(value), said) == ("error", RuntimeError, "said")
+    assert str(value).startswith("UnsupportedModelRegistryStoreURIException:  Model registry functionality is "
+                                 "unavailable; got unsupported URI 'nosuch://x'")
+
+
 def test_a_run_the_tracking_helper_cannot_create_fails_with_the_stores_error_and_no_resume_command(tmp_path):
     """The helper creates a new run while the rounds start; a store that refuses it (here: the
     experiment deleted) stops the run at the next round with the store's error in one line, exit

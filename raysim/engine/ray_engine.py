@@ -10,6 +10,8 @@
 - A host that dies (SIGKILL, the OOM killer, its node leaving) or does not answer within
   ``resources.host_timeout_s`` raises ``HostLost``; the server then starts a fresh set of
   hosts and rolls back to the last checkpoint (``recover``), and ``raysim.runner`` goes on.
+  An exception raised on a host (its construction included: ``RayHost``) is no loss: it reaches
+  the driver as the exception itself, and the run fails with it.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from raysim import testing
 from raysim.engine.ray_start import embedded
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
+from raysim.errors import raised_at
 
 PLACEMENT_TIMEOUT_S = 120      # a local Ray (checked to fit beforehand)
 
@@ -101,11 +104,13 @@ def _fetch(parts: dict[int, Any]) -> dict[int, Any]:
 
 def _cause(err: BaseException) -> str:
     """Ray's several-hundred-character reason, as a few words: out of memory (Ray's memory
-    monitor, with its figures), the node gone, or the process dead (a SIGKILL — the kernel's
-    OOM killer or a kill — or a crash; Ray cannot tell these apart)."""
+    monitor, with its figures), the node gone, an actor that could not be created (its class or
+    arguments do not load in that process: the error and where it was raised), or the process
+    dead (a SIGKILL — the kernel's OOM killer or a kill — or a crash; Ray cannot tell these
+    apart)."""
     text = str(err)
     low = text.lower()
-    pid, ip = re.search(r"pid: (\d+)", text), re.search(r"ip: ([\w.:-]+)", text)
+    pid, ip = re.search(r"pid[:=] ?(\d+)", text), re.search(r"ip[:=] ?([\w.:-]+)", text)
     where = f" (pid {pid.group(1)} on {ip.group(1)})" if pid and ip else ""
     if isinstance(err, ray.exceptions.OutOfMemoryError) or "low on memory" in low or "memory pressure" in low:
         figures = next((ln.strip() for ln in text.splitlines() if "memory" in ln.lower() and any(
@@ -113,15 +118,35 @@ def _cause(err: BaseException) -> str:
         return f"out of memory{where}: {figures[:240]}" if figures else f"out of memory{where}"
     if getattr(err, "preempted", False) or re.search(r"node (has )?died|node .* (is dead|was removed)", low):
         return f"its node left the cluster{where}"
+    if getattr(err, "actor_init_failed", False):         # e.g. a plugin that does not import there
+        at = raised_at(text)
+        last = text.strip().splitlines()[-1].strip()
+        return f"its actor could not be created{where}: {last}" + (f" (raised at {at})" if at else "")
     return f"its process died{where}: killed (SIGKILL: the kernel's OOM killer or a kill) or crashed"
 
 
 class RayHost(Host):
-    """A Host as a Ray actor: tensors cross the process boundary as numpy arrays."""
+    """A Host as a Ray actor: tensors cross the process boundary as numpy arrays.
+
+    What the host's construction raises (a plugin's model, dataset or algorithm refusing, say)
+    is raised again by its first call, ``prefetch``: Ray keeps an actor's creation error only as
+    text, and reports it as the actor's death (read as a SIGKILL, the host replaced, the same
+    error again), while a call's error reaches the driver as the exception itself, its type
+    (a ScenarioError is still exit 2), message and traceback."""
 
     def __init__(self, index: int, *args, **kwargs):
         self.index = index
-        super().__init__(*args, **kwargs)
+        self._failed: Exception | None = None
+        try:
+            super().__init__(*args, **kwargs)
+        except Exception as e:      # noqa: BLE001 - raised again by the first call
+            self._failed = e
+
+    def prefetch(self) -> None:
+        """Host's, the first call of every transport: the construction's error, if any, first."""
+        if self._failed is not None:
+            raise self._failed
+        super().prefetch()
 
     def reset(self, index: int, *args, **kwargs) -> None:
         """Become host ``index`` of another run (``reuse_hosts``): everything of the previous
