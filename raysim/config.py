@@ -626,7 +626,10 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
             cfg = replace(cfg, **{key: os.path.abspath(path)})
             from raysim import systems           # the file read now, so a bad row stops the run before it starts
             try:
-                (systems.read_devices if key == "device_trace" else systems.read_windows)(path, clients)
+                if key == "device_trace":
+                    systems.read_devices(path, clients)
+                else:
+                    systems.read_windows(path, clients, cfg.period_s if cfg.trace_repeats else None)
             except systems.TraceError as e:
                 ctx.fail(f"systems.{key}", str(e))
     if cfg.availability == "trace" and cfg.availability_trace is None:

@@ -89,19 +89,45 @@ def read_devices(path: str, clients: int) -> Profiles:
     return Profiles(out["speed"], out["down_mbps"] * MBIT, out["up_mbps"] * MBIT, out["latency_s"])
 
 
-def read_windows(path: str, clients: int) -> list[list[tuple[float, float]]]:
-    """An availability trace: CSV with a header ``client,start_s,end_s``: the intervals of
-    virtual seconds in which each client is online (several rows a client allowed; a client
-    without rows is never online)."""
+@dataclass(frozen=True)
+class Windows:
+    """An availability trace: each client's online intervals (sorted by start) and the period
+    its trace repeats with (inf: it plays once)."""
+
+    intervals: list[list[tuple[float, float]]]
+    period: np.ndarray
+
+
+def read_windows(path: str, clients: int, period_s: float | None = None) -> Windows:
+    """An availability trace: CSV with a header ``client,start_s,end_s`` and optionally
+    ``period_s``: the intervals of virtual seconds in which each client is online (several
+    rows a client allowed; a client without rows is never online). The trace repeats every
+    ``period_s`` (None: it plays once), or with a client's own period where its rows give one
+    (FedScale's traces repeat with each client's ``finish_time``); one client's rows must agree
+    on it."""
     out: list[list[tuple[float, float]]] = [[] for _ in range(clients)]
+    period = np.full(clients, math.inf if period_s is None else float(period_s))
+    given: dict[int, tuple[int, float]] = {}          # client: (line, its period_s)
     for line, row in _rows(path, ("client", "start_s", "end_s")):
         cid = _number(path, line, "client", row["client"], integer=True)
         a, b = _number(path, line, "start_s", row["start_s"]), _number(path, line, "end_s", row["end_s"])
         if b <= a:
             raise TraceError(f"{path}: line {line}: end_s {b} must be > start_s {a}")
+        if row.get("period_s"):
+            p = _number(path, line, "period_s", row["period_s"])
+            if p <= 0:
+                raise TraceError(f"{path}: line {line}: period_s: {p} must be > 0")
+            first = given.setdefault(cid, (line, p))
+            if first[1] != p:
+                raise TraceError(f"{path}: line {line}: period_s {p} for client {cid}, but line {first[0]} "
+                                 f"gives it {first[1]}; a client's trace repeats with one period")
         if 0 <= cid < clients:
             out[cid].append((a, b))
-    return [sorted(w) for w in out]
+    if period_s is not None:
+        for cid, (_, p) in given.items():
+            if 0 <= cid < clients:
+                period[cid] = p
+    return Windows([sorted(w) for w in out], period)
 
 
 def _rows(path: str, need: tuple[str, ...]):
@@ -145,8 +171,9 @@ class Fleet:
             self.profiles = Profiles(draw(cfg.speed, clients, g), draw(cfg.down, clients, g) * MBIT,
                                      draw(cfg.up, clients, g) * MBIT, draw(cfg.latency, clients, g))
         self.windows = None
-        if cfg.availability == "trace":
-            self.windows = read_windows(cfg.availability_trace, clients)
+        if cfg.availability == "trace":        # each client's intervals, and the period they repeat with
+            trace = read_windows(cfg.availability_trace, clients, cfg.period_s if cfg.trace_repeats else None)
+            self.windows, self.period = trace.intervals, trace.period
         elif cfg.availability == "diurnal":     # an online window of online·period at a seeded phase
             self.phase = rng.generator(seed, "systems", "phase").uniform(0.0, cfg.period_s, clients)
 
@@ -160,9 +187,9 @@ class Fleet:
             return u[cids] < self.cfg.available_p
         if kind == "diurnal":
             return ((t - self.phase[cids]) % self.cfg.period_s) < self.cfg.online * self.cfg.period_s
-        period = self.cfg.period_s if self.cfg.trace_repeats else None
-        tt = t % period if period else t
-        return np.array([any(a <= tt < b for a, b in self.windows[c]) for c in cids.tolist()], dtype=bool)
+        into = (t % self.period[cids]).tolist()          # the time into each client's own period
+        return np.array([any(a <= x < b for a, b in self.windows[c]) for c, x in zip(cids.tolist(), into)],
+                        dtype=bool)
 
     def online_until(self, cids: np.ndarray, t: float) -> np.ndarray:
         """When each of ``cids`` (online at ``t``) goes offline: inf where it stays on."""
@@ -172,14 +199,12 @@ class Fleet:
             into = (t - self.phase[cids]) % p
             return t + self.cfg.online * p - into
         if kind == "trace":
-            period = self.cfg.period_s if self.cfg.trace_repeats else None
-            tt = t % period if period else t
-            base = t - tt
+            into = t % self.period[cids]
             out = np.full(len(cids), np.inf)
-            for i, c in enumerate(cids.tolist()):
+            for i, (c, x) in enumerate(zip(cids.tolist(), into.tolist())):
                 for a, b in self.windows[c]:
-                    if a <= tt < b:
-                        out[i] = base + b
+                    if a <= x < b:
+                        out[i] = t - x + b
                         break
             return out
         return np.full(len(cids), np.inf)
@@ -192,13 +217,15 @@ class Fleet:
             return t
         if kind == "diurnal":
             return t + float(((self.phase - t) % self.cfg.period_s).min())
-        period = self.cfg.period_s if self.cfg.trace_repeats else None
-        tt = t % period if period else t
-        starts = [a for w in self.windows for a, _ in w]
-        later = [a for a in starts if a > tt]
-        if later:
-            return t - tt + min(later)
-        return t - tt + period + min(starts) if period and starts else math.inf
+        best = math.inf
+        for c, p in zip(range(self.clients), self.period.tolist()):
+            starts = [a for a, _ in self.windows[c]]
+            if not starts:
+                continue
+            x = t % p                                  # the time into its period
+            later = [a for a in starts if a > x]
+            best = min(best, t - x + (min(later) if later else p + starts[0]))
+        return best
 
     def staleness(self, tau: int) -> float:
         """s(τ), the weight of a reply τ server steps stale."""

@@ -14,8 +14,9 @@ objects is refused with the opcode named.
         --clients 1000 --out traces/
 
 writes ``traces/devices.csv`` (``systems.device_trace``) and ``traces/windows.csv``
-(``systems.availability_trace``) for raysim's clients 0..N−1, taken from the traces' clients in
-ascending id order.
+(``systems.availability_trace``, with each client's ``finish_time`` as its ``period_s``, the
+period FedScale replays its trace with) for raysim's clients 0..N−1, taken from the traces'
+clients in ascending id order.
 """
 from __future__ import annotations
 
@@ -160,16 +161,20 @@ def devices_csv(src: str | Path, out: str | Path, clients: int) -> int:
     return clients
 
 
-def windows_csv(src: str | Path, out: str | Path, clients: int) -> int:
+def windows_csv(src: str | Path, out: str | Path, clients: int, own_period: bool = True) -> int:
     """FedScale's ``client_behave_trace`` as raysim's availability trace: each ``active[i]``
     paired with the next ``inactive`` time after it (or ``finish_time``) as an interval in
-    which the client is online. Returns the intervals written."""
+    which the client is online. With ``own_period`` each row also carries the client's
+    ``finish_time`` as its ``period_s``: FedScale replays a client's trace with that period
+    (``norm_time = cur_time % finish_time`` in its ``ClientMetadata.is_active``), so an interval
+    is cut at it and one starting after it, which FedScale never reaches, is left out. Returns
+    the intervals written."""
     src = Path(src)
     trace = literal(src)
     rows = 0
     with open(out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["client", "start_s", "end_s"])
+        w.writerow(["client", "start_s", "end_s"] + (["period_s"] if own_period else []))
         for cid, key in enumerate(_clients(trace, src, clients)):
             rec = trace[key]
             try:
@@ -180,7 +185,9 @@ def windows_csv(src: str | Path, out: str | Path, clients: int) -> int:
                 raise TraceError(f"{src}: client {key!r}: expected {{'active': [...], 'inactive': [...]}}") from None
             for a in active:
                 end = next((b for b in inactive if b > a), finish)
+                if own_period:
+                    end = min(end, finish)
                 if end > a:
-                    w.writerow([cid, repr(a), repr(end)])
+                    w.writerow([cid, repr(a), repr(end)] + ([repr(finish)] if own_period else []))
                     rows += 1
     return rows

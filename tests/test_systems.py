@@ -94,7 +94,7 @@ def test_availability_always_probability_and_diurnal():
 def test_an_availability_trace_and_a_client_going_offline_mid_round(tmp_path):
     path = tmp_path / "windows.csv"
     path.write_text("client,start_s,end_s\n0,0,100\n1,50,60\n1,80,200\n2,10,20\n")
-    windows = read_windows(str(path), 4)
+    windows = read_windows(str(path), 4).intervals
     assert windows == [[(0.0, 100.0)], [(50.0, 60.0), (80.0, 200.0)], [(10.0, 20.0)], []]
     f = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), period_s=1000.0), 4, 0)
     assert f.available(np.arange(4), 55.0, 0).tolist() == [True, True, False, False]
@@ -104,6 +104,26 @@ def test_an_availability_trace_and_a_client_going_offline_mid_round(tmp_path):
     assert out.kept.tolist() == [True, False] and out.offline.tolist() == [False, True]
     once = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), trace_repeats=False), 4, 0)
     assert not once.available(np.arange(4), 1055.0, 0).any()
+
+
+def test_a_clients_own_period_in_the_trace_repeats_its_windows(tmp_path):
+    # client 0 repeats every 100 s (its period_s), client 1 every period_s = 1000 s (its cell empty):
+    # at 205 s client 0 is 5 s into its period (online 0-10), client 1 205 s into its own (offline)
+    path = tmp_path / "windows.csv"
+    path.write_text("client,start_s,end_s,period_s\n0,0,10,100\n0,40,45,100\n1,0,10,\n")
+    f = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), period_s=1000.0), 2, 0)
+    assert f.period.tolist() == [100.0, 1000.0]
+    assert f.available(np.arange(2), 205.0, 0).tolist() == [True, False]
+    assert f.available(np.arange(2), 1005.0, 0).tolist() == [True, True]
+    assert f.online_until(np.array([0]), 205.0).tolist() == [210.0]
+    # at 50 s: client 0's next window opens at 100 + 0, client 1's at 1000
+    assert f.next_online(50.0) == 100.0 and f.next_online(30.0) == 40.0
+    once = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), trace_repeats=False), 2, 0)
+    assert once.period.tolist() == [np.inf, np.inf] and not once.available(np.arange(2), 205.0, 0).any()
+    path.write_text("client,start_s,end_s,period_s\n0,0,10,100\n0,40,45,90\n")
+    with pytest.raises(TraceError, match=r"windows.csv: line 3: period_s 90.0 for client 0, but line 2 gives it "
+                                         r"100.0; a client's trace repeats with one period"):
+        read_windows(str(path), 1, 1000.0)
 
 
 def test_device_trace_and_its_errors(tmp_path):

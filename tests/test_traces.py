@@ -49,7 +49,24 @@ def test_fedscale_traces_become_raysims_csvs_by_hand(tmp_path):
     p = read_devices(str(tmp_path / "out" / "devices.csv"), 3)
     assert p.speed.tolist() == pytest.approx([1000 / 300, 1000 / 330, 1000 / 360])
     assert p.down.tolist() == pytest.approx([5e6 / 8, 5.001e6 / 8, 5.002e6 / 8]) and p.latency.tolist() == [0, 0, 0]
-    w = read_windows(str(tmp_path / "out" / "windows.csv"), 3)
+    w = read_windows(str(tmp_path / "out" / "windows.csv"), 3, 86400.0).intervals
     assert w[0] == [(0.0, 500.0), (1000.0, 2000.0)] and w[2] == [(0.0, 500.0), (1002.0, 2000.0)]
     assert cli.main(["data", "fedscale", "--devices", str(tmp_path / "cap"), "--clients", "9",
                      "--out", str(tmp_path / "o2")]) == 2
+
+
+def test_fedscale_availability_repeats_with_each_clients_finish_time(tmp_path):
+    # FedScale replays a client's trace every finish_time: client 0 (finish 200) is online 0-50 and
+    # 100-150 of every 200 s; client 1 (finish 60) 0-30 and 40-65 cut at 60, its interval 70-90 past the
+    # finish left out; with --repeat global no period is written and period_s (1000) applies to both
+    behave = {0: {"active": [0, 100], "inactive": [50, 150], "finish_time": 200},
+              1: {"active": [0, 40, 70], "inactive": [30, 65, 90], "finish_time": 60}}
+    (tmp_path / "behave").write_bytes(pickle.dumps(behave))
+    args = ["data", "fedscale", "--availability", str(tmp_path / "behave"), "--clients", "2", "--out"]
+    assert cli.main(args + [str(tmp_path / "own")]) == 0
+    own = read_windows(str(tmp_path / "own" / "windows.csv"), 2, 1000.0)
+    assert own.intervals == [[(0.0, 50.0), (100.0, 150.0)], [(0.0, 30.0), (40.0, 60.0)]]
+    assert own.period.tolist() == [200.0, 60.0]
+    assert cli.main(args + [str(tmp_path / "glob"), "--repeat", "global"]) == 0
+    glob = read_windows(str(tmp_path / "glob" / "windows.csv"), 2, 1000.0)
+    assert glob.intervals[1] == [(0.0, 30.0), (40.0, 65.0), (70.0, 90.0)] and glob.period.tolist() == [1000.0] * 2
