@@ -21,7 +21,9 @@ clients in ascending id order.
 from __future__ import annotations
 
 import csv
+import os
 import pickletools
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from raysim.systems import TraceError
@@ -138,56 +140,108 @@ def _clients(trace: object, path: Path, clients: int) -> list:
     return keys[:clients]
 
 
-def devices_csv(src: str | Path, out: str | Path, clients: int) -> int:
-    """FedScale's ``client_device_capacity`` as raysim's device trace: speed = 1000 / (3 ×
-    computation) training samples a second (FedScale charges a sample's forward and backward
-    pass three times its ``computation`` milliseconds), down = up = communication / 1000 Mbit/s,
-    no latency. Returns the rows written."""
+def device_rows(src: str | Path, clients: int) -> Iterator[list]:
+    """FedScale's ``client_device_capacity`` as the rows of raysim's device trace, its header
+    first: speed = 1000 / (3 × computation) training samples a second (FedScale charges a
+    sample's forward and backward pass three times its ``computation`` milliseconds), down = up
+    = communication / 1000 Mbit/s, no latency."""
     src = Path(src)
     trace = literal(src)
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["client", "speed", "down_mbps", "up_mbps", "latency_s"])
-        for cid, key in enumerate(_clients(trace, src, clients)):
-            rec = trace[key]
-            try:
-                comp, comm = float(rec["computation"]), float(rec["communication"])
-            except (TypeError, KeyError, ValueError):
-                raise TraceError(f"{src}: client {key!r}: expected {{'computation': ms, 'communication': kbit/s}}, "
-                                 f"got {rec!r}"[:300]) from None
-            if comp <= 0 or comm <= 0:
-                raise TraceError(f"{src}: client {key!r}: computation and communication must be above 0")
-            w.writerow([cid, repr(1000.0 / (3.0 * comp)), repr(comm / 1000.0), repr(comm / 1000.0), 0])
-    return clients
+    yield ["client", "speed", "down_mbps", "up_mbps", "latency_s"]
+    for cid, key in enumerate(_clients(trace, src, clients)):
+        rec = trace[key]
+        try:
+            comp, comm = float(rec["computation"]), float(rec["communication"])
+        except (TypeError, KeyError, ValueError):
+            raise TraceError(f"{src}: client {key!r}: expected {{'computation': ms, 'communication': kbit/s}}, "
+                             f"got {rec!r}"[:300]) from None
+        if comp <= 0 or comm <= 0:
+            raise TraceError(f"{src}: client {key!r}: computation and communication must be above 0")
+        yield [cid, repr(1000.0 / (3.0 * comp)), repr(comm / 1000.0), repr(comm / 1000.0), 0]
 
 
-def windows_csv(src: str | Path, out: str | Path, clients: int, own_period: bool = True) -> int:
-    """FedScale's ``client_behave_trace`` as raysim's availability trace: each ``active[i]``
-    paired with the next ``inactive`` time after it (or ``finish_time``) as an interval in
-    which the client is online. With ``own_period`` each row also carries the client's
-    ``finish_time`` as its ``period_s``: FedScale replays a client's trace with that period
-    (``norm_time = cur_time % finish_time`` in its ``ClientMetadata.is_active``), so an interval
-    is cut at it and one starting after it, which FedScale never reaches, is left out. Returns
-    the intervals written."""
+def window_rows(src: str | Path, clients: int, own_period: bool = True) -> Iterator[list]:
+    """FedScale's ``client_behave_trace`` as the rows of raysim's availability trace, its
+    header first: each ``active[i]`` paired with the next ``inactive`` time after it (or
+    ``finish_time``) as an interval in which the client is online. With ``own_period`` each
+    row also carries the client's ``finish_time`` as its ``period_s``: FedScale replays a
+    client's trace with that period (``norm_time = cur_time % finish_time`` in its
+    ``ClientMetadata.is_active``), so an interval is cut at it and one starting after it, which
+    FedScale never reaches, is left out."""
     src = Path(src)
     trace = literal(src)
-    rows = 0
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["client", "start_s", "end_s"] + (["period_s"] if own_period else []))
-        for cid, key in enumerate(_clients(trace, src, clients)):
-            rec = trace[key]
-            try:
-                active = sorted(float(t) for t in rec["active"])
-                inactive = sorted(float(t) for t in rec["inactive"])
-                finish = float(rec.get("finish_time", max(active + inactive, default=0.0)))
-            except (TypeError, KeyError, ValueError, AttributeError):
-                raise TraceError(f"{src}: client {key!r}: expected {{'active': [...], 'inactive': [...]}}") from None
-            for a in active:
-                end = next((b for b in inactive if b > a), finish)
-                if own_period:
-                    end = min(end, finish)
-                if end > a:
-                    w.writerow([cid, repr(a), repr(end)] + ([repr(finish)] if own_period else []))
-                    rows += 1
-    return rows
+    yield ["client", "start_s", "end_s"] + (["period_s"] if own_period else [])
+    for cid, key in enumerate(_clients(trace, src, clients)):
+        rec = trace[key]
+        try:
+            active = sorted(float(t) for t in rec["active"])
+            inactive = sorted(float(t) for t in rec["inactive"])
+            finish = float(rec.get("finish_time", max(active + inactive, default=0.0)))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise TraceError(f"{src}: client {key!r}: expected {{'active': [...], 'inactive': [...]}}") from None
+        for a in active:
+            end = next((b for b in inactive if b > a), finish)
+            if own_period:
+                end = min(end, finish)
+            if end > a:
+                yield [cid, repr(a), repr(end)] + ([repr(finish)] if own_period else [])
+
+
+def write_tables(folder: str | Path, tables: dict[str, Iterable[list]]) -> dict[Path, int]:
+    """Each table (a file name: its rows, header first) as a CSV in ``folder``, with the rows
+    written after its header counted. Every table goes to a temporary file beside its target,
+    and only when all of them are complete are they moved into place (``os.replace``): a
+    refused input (a TraceError while the rows are made) leaves the folder as it was, the
+    folder itself too where this made it."""
+    folder = Path(folder)
+    made = _make_folder(folder)
+    parts: list[tuple[Path, Path]] = []
+    counts: dict[Path, int] = {}
+    try:
+        for name, rows in tables.items():
+            target = folder / name
+            if target.exists() and not target.is_file():
+                raise TraceError(f"{target}: exists and is not a file; raysim writes its {name} there")
+            part = folder / f".{name}.{os.getpid()}.part"
+            parts.append((part, target))
+            with open(part, "w", newline="") as f:
+                w = csv.writer(f)
+                counts[target] = -1              # (the header)
+                for row in rows:
+                    w.writerow(row)
+                    counts[target] += 1
+        for part, target in parts:
+            os.replace(part, target)
+    except OSError as e:
+        _discard(parts, made)
+        raise TraceError(f"{folder}: cannot write the traces there ({e.strerror or e})") from None
+    except BaseException:
+        _discard(parts, made)
+        raise
+    return counts
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Make ``folder`` (and its missing parents); the folders made, deepest first."""
+    missing, p = [], folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    if not p.is_dir():
+        raise TraceError(f"{folder}: --out must be a folder, but {p} is a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TraceError(f"{folder}: cannot make the folder ({e.strerror or e})") from None
+    return missing
+
+
+def _discard(parts: list[tuple[Path, Path]], made: list[Path]) -> None:
+    """Remove the temporary files and the folders ``write_tables`` made."""
+    for part, _ in parts:
+        part.unlink(missing_ok=True)
+    for d in made:
+        try:
+            d.rmdir()
+        except OSError:
+            break

@@ -70,3 +70,26 @@ def test_fedscale_availability_repeats_with_each_clients_finish_time(tmp_path):
     assert cli.main(args + [str(tmp_path / "glob"), "--repeat", "global"]) == 0
     glob = read_windows(str(tmp_path / "glob" / "windows.csv"), 2, 1000.0)
     assert glob.intervals[1] == [(0.0, 30.0), (40.0, 65.0), (70.0, 90.0)] and glob.period.tolist() == [1000.0] * 2
+
+
+def test_a_refused_trace_leaves_the_output_folder_as_it_was(tmp_path):
+    # good devices but a behaviour trace whose client 2 has no 'inactive': neither CSV is touched
+    # (the devices one is complete, but the command refuses as a whole), no part file is left, and
+    # a folder the command made for them is gone again
+    (tmp_path / "cap").write_bytes(pickle.dumps(DEVICES))
+    (tmp_path / "behave").write_bytes(pickle.dumps({**BEHAVIOUR, 2: {"active": [0]}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "devices.csv").write_text("mine\n")
+    (out / "windows.csv").write_text("mine too\n")
+    args = ["data", "fedscale", "--devices", str(tmp_path / "cap"), "--availability", str(tmp_path / "behave"),
+            "--clients", "3", "--out"]
+    assert cli.main(args + [str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["devices.csv", "windows.csv"]
+    assert (out / "devices.csv").read_text() == "mine\n" and (out / "windows.csv").read_text() == "mine too\n"
+    assert cli.main(args + [str(tmp_path / "new" / "deeper")]) == 2
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "behave").write_bytes(pickle.dumps(BEHAVIOUR))
+    assert cli.main(args + [str(out)]) == 0
+    assert (out / "windows.csv").read_text().splitlines()[:2] == ["client,start_s,end_s,period_s", "0,0.0,500.0,3000.0"]
+    assert sorted(p.name for p in out.iterdir()) == ["devices.csv", "windows.csv"]
