@@ -71,13 +71,18 @@ def draw(dist, n: int, g: np.random.Generator) -> np.ndarray:
 def read_devices(path: str, clients: int) -> Profiles:
     """A device trace: CSV with a header ``client,speed,down_mbps,up_mbps,latency_s`` (any
     column order), one row per client 0..N−1 (speed in training samples a second). Clients
-    missing from the file are an error, extra ones are ignored."""
+    missing from the file and a client's second row are errors; rows for ids N and above are
+    ignored (a trace of a larger fleet serves a smaller one)."""
     cols = ("speed", "down_mbps", "up_mbps", "latency_s")
     out = {c: np.full(clients, np.nan) for c in cols}
-    rows = _rows(path, ("client",) + cols)
-    for line, row in rows:
-        cid = _number(path, line, "client", row["client"], integer=True)
-        if 0 <= cid < clients:
+    first = np.zeros(clients, dtype=np.int64)         # each client's row's line (0: none yet)
+    for line, row in _rows(path, ("client",) + cols):
+        cid = _client(path, line, row["client"])
+        if cid < clients:
+            if first[cid]:
+                raise TraceError(f"{path}: line {line}: a second row for client {cid} (the first is line "
+                                 f"{first[cid]}); give one row a client")
+            first[cid] = line
             for c in cols:
                 v = _number(path, line, c, row[c])
                 if v < 0 or (v == 0 and c != "latency_s"):
@@ -101,15 +106,16 @@ class Windows:
 def read_windows(path: str, clients: int, period_s: float | None = None) -> Windows:
     """An availability trace: CSV with a header ``client,start_s,end_s`` and optionally
     ``period_s``: the intervals of virtual seconds in which each client is online (several
-    rows a client allowed; a client without rows is never online). The trace repeats every
+    rows a client allowed; a client without rows is never online; rows for ids N and above are
+    ignored). The trace repeats every
     ``period_s`` (None: it plays once), or with a client's own period where its rows give one
     (FedScale's traces repeat with each client's ``finish_time``); one client's rows must agree
     on it."""
     out: list[list[tuple[float, float]]] = [[] for _ in range(clients)]
     period = np.full(clients, math.inf if period_s is None else float(period_s))
     given: dict[int, tuple[int, float]] = {}          # client: (line, its period_s)
-    for line, row in _rows(path, ("client", "start_s", "end_s")):
-        cid = _number(path, line, "client", row["client"], integer=True)
+    for line, row in _rows(path, ("client", "start_s", "end_s"), ("period_s",)):
+        cid = _client(path, line, row["client"])
         a, b = _number(path, line, "start_s", row["start_s"]), _number(path, line, "end_s", row["end_s"])
         if b <= a:
             raise TraceError(f"{path}: line {line}: end_s {b} must be > start_s {a}")
@@ -121,30 +127,46 @@ def read_windows(path: str, clients: int, period_s: float | None = None) -> Wind
             if first[1] != p:
                 raise TraceError(f"{path}: line {line}: period_s {p} for client {cid}, but line {first[0]} "
                                  f"gives it {first[1]}; a client's trace repeats with one period")
-        if 0 <= cid < clients:
+        if cid < clients:
             out[cid].append((a, b))
     if period_s is not None:
         for cid, (_, p) in given.items():
-            if 0 <= cid < clients:
+            if cid < clients:
                 period[cid] = p
     return Windows([sorted(w) for w in out], period)
 
 
-def _rows(path: str, need: tuple[str, ...]):
+def _rows(path: str, need: tuple[str, ...], optional: tuple[str, ...] = ()):
+    """A CSV trace's rows, one at a time (a trace of a million rows is never held whole), as
+    (line, {column: text}) for the columns ``need``, which the header must have, and those of
+    ``optional`` it has; a UTF-8 byte-order mark before the header (spreadsheets write one) is
+    skipped, and blank lines too."""
+    reader = None
     try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
             lack = [c for c in need if c not in header]
             if lack:
                 raise TraceError(f"{path}: the header lacks column '{lack[0]}'; it needs {', '.join(need)}")
-            reader.fieldnames = header
-            return [(i + 2, {k: (v or "").strip() for k, v in row.items() if k is not None})
-                    for i, row in enumerate(reader)]
+            cols = [(c, header.index(c)) for c in need + tuple(c for c in optional if c in header)]
+            for row in reader:
+                if row:
+                    yield reader.line_num, {c: row[i].strip() if i < len(row) else "" for c, i in cols}
     except OSError as e:
         raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text (CSV) file") from None
+    except csv.Error as e:           # e.g. a field past csv's limit of 128 KiB
+        raise TraceError(f"{path}: line {reader.line_num}: not a CSV row raysim can read ({e})") from None
+
+
+def _client(path: str, line: int, text: str) -> int:
+    """A row's client id: a whole number, at least 0."""
+    cid = _number(path, line, "client", text, integer=True)
+    if cid < 0:
+        raise TraceError(f"{path}: line {line}: client: {cid} is negative; client ids run from 0 to N-1")
+    return cid
 
 
 def _number(path: str, line: int, col: str, text: str, integer: bool = False):

@@ -145,6 +145,45 @@ def test_device_trace_and_its_errors(tmp_path):
         read_devices(str(bad), 1)
 
 
+def test_trace_rows_a_reader_refuses_or_accepts_by_hand(tmp_path):
+    head = "client,speed,down_mbps,up_mbps,latency_s\n"
+    bad = tmp_path / "devices.csv"
+    bad.write_text(head + "0,10,1,1,0\n1,20,1,1,0\n\n0,30,1,1,0\n")        # (a blank line: line 4)
+    with pytest.raises(TraceError, match=r"devices.csv: line 5: a second row for client 0 \(the first is line 2\)"):
+        read_devices(str(bad), 2)
+    bad.write_text(head + "0,10,1,1,0\n1," + "9" * 200_000 + ",1,1,0\n")
+    with pytest.raises(TraceError, match=r"devices.csv: line 3: not a CSV row raysim can read \(field larger than "
+                                         r"field limit \(131072\)\)"):
+        read_devices(str(bad), 2)
+    bad.write_text(head + "0,10,1,1,0\n-1,20,1,1,0\n")
+    with pytest.raises(TraceError, match=r"devices.csv: line 3: client: -1 is negative; client ids run from 0"):
+        read_devices(str(bad), 1)
+    windows = tmp_path / "windows.csv"
+    windows.write_text("client,start_s,end_s\n0,0,5\n-1,0,5\n")
+    with pytest.raises(TraceError, match=r"windows.csv: line 3: client: -1 is negative"):
+        read_windows(str(windows), 1)
+    # a spreadsheet's byte-order mark before the header; client 5 of a larger fleet is ignored
+    bad.write_bytes("\ufeff".encode() + (head + "1,20,8,4,0.1\n0,10,16,2,0\n5,1,1,1,0\n").encode())
+    assert read_devices(str(bad), 2).speed.tolist() == [10.0, 20.0]
+    windows.write_bytes("\ufeffclient,start_s,end_s\n1,3,4\n5,0,1\n".encode())
+    assert read_windows(str(windows), 2).intervals == [[], [(3.0, 4.0)]]
+
+
+def test_a_trace_is_read_row_by_row_not_held_whole(tmp_path):
+    """20 000 clients' rows: the reader's peak allocation stays near its four result arrays
+    (640 kB), where a list of every row as a dict took about 14 MB."""
+    import tracemalloc
+    path = tmp_path / "devices.csv"
+    path.write_text("client,speed,down_mbps,up_mbps,latency_s\n"
+                    + "".join(f"{i},{10 + i % 7}.5,8.25,4.125,0.0{i % 9}\n" for i in range(20_000)))
+    tracemalloc.start()
+    p = read_devices(str(path), 20_000)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert p.speed[:3].tolist() == [10.5, 11.5, 12.5] and p.latency[8] == 0.08
+    assert peak < 3_000_000
+
+
 def test_scenario_errors_name_the_key(tmp_path):
     with pytest.raises(ScenarioError, match=r"systems.speed.value: 0: a speed must be above 0"):
         load(tmp_path, TINY, "systems={speed: {value: 0}}")
