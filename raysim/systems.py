@@ -23,6 +23,7 @@ costs a few array operations a round on the driver.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from raysim import rng
 
 MBIT = 1e6 / 8          # bytes a second in one Mbit/s
 DAY = 86400.0
+MAX_WAITS = 1000        # openings first_online tries (a window narrower than a float step at the clock's time never opens)
 
 
 class TraceError(ValueError):
@@ -102,38 +104,51 @@ class Windows:
     intervals: list[list[tuple[float, float]]]
     period: np.ndarray
 
+    def openings(self) -> list[list[float]]:
+        """Each client's times into its period at which a window opens, ascending: of its
+        windows those that can open at all (start before the period, end after 0), a start
+        before 0 as 0. A client with none is never online."""
+        return [sorted(max(a, 0.0) for a, b in w if a < p and b > 0)
+                for w, p in zip(self.intervals, self.period.tolist())]
+
 
 def read_windows(path: str, clients: int, period_s: float | None = None) -> Windows:
     """An availability trace: CSV with a header ``client,start_s,end_s`` and optionally
     ``period_s``: the intervals of virtual seconds in which each client is online (several
     rows a client allowed; a client without rows is never online; rows for ids N and above are
-    ignored). The trace repeats every
-    ``period_s`` (None: it plays once), or with a client's own period where its rows give one
-    (FedScale's traces repeat with each client's ``finish_time``); one client's rows must agree
-    on it."""
+    ignored). The trace repeats every ``period_s`` (None: it plays once), or with a client's own
+    period where its rows give one (FedScale's traces repeat with each client's
+    ``finish_time``); one client's rows must agree on it. Where the trace repeats, a window
+    must start before its period (one starting later would never open)."""
     out: list[list[tuple[float, float]]] = [[] for _ in range(clients)]
     period = np.full(clients, math.inf if period_s is None else float(period_s))
-    given: dict[int, tuple[int, float]] = {}          # client: (line, its period_s)
+    given: dict[int, tuple[int, float | None]] = {}          # client: (its first line, its period_s there)
     for line, row in _rows(path, ("client", "start_s", "end_s"), ("period_s",)):
         cid = _client(path, line, row["client"])
         a, b = _number(path, line, "start_s", row["start_s"]), _number(path, line, "end_s", row["end_s"])
         if b <= a:
             raise TraceError(f"{path}: line {line}: end_s {b} must be > start_s {a}")
-        if row.get("period_s"):
-            p = _number(path, line, "period_s", row["period_s"])
-            if p <= 0:
-                raise TraceError(f"{path}: line {line}: period_s: {p} must be > 0")
-            first = given.setdefault(cid, (line, p))
-            if first[1] != p:
-                raise TraceError(f"{path}: line {line}: period_s {p} for client {cid}, but line {first[0]} "
-                                 f"gives it {first[1]}; a client's trace repeats with one period")
+        own = _number(path, line, "period_s", row["period_s"]) if row.get("period_s") else None
+        if own is not None and own <= 0:
+            raise TraceError(f"{path}: line {line}: period_s: {own} must be > 0")
+        first = given.setdefault(cid, (line, own))
+        if first[1] != own:
+            raise TraceError(f"{path}: line {line}: period_s {_or_none(own)} for client {cid}, but line {first[0]} "
+                             f"gives it {_or_none(first[1])}; a client's trace repeats with one period")
+        p = own if own is not None else period_s
+        if period_s is not None and a >= p:
+            where = "its period_s" if own is not None else "systems.period_s"
+            raise TraceError(f"{path}: line {line}: start_s {a:g} is not before the period {p:g} s the trace repeats "
+                             f"with ({where}), so this window never opens; give start_s within the period")
         if cid < clients:
             out[cid].append((a, b))
-    if period_s is not None:
-        for cid, (_, p) in given.items():
-            if cid < clients:
-                period[cid] = p
+            if period_s is not None and own is not None:
+                period[cid] = own
     return Windows([sorted(w) for w in out], period)
+
+
+def _or_none(value: float | None) -> str:
+    return "none" if value is None else str(value)
 
 
 def _rows(path: str, need: tuple[str, ...], optional: tuple[str, ...] = ()):
@@ -196,6 +211,7 @@ class Fleet:
         if cfg.availability == "trace":        # each client's intervals, and the period they repeat with
             trace = read_windows(cfg.availability_trace, clients, cfg.period_s if cfg.trace_repeats else None)
             self.windows, self.period = trace.intervals, trace.period
+            self.starts = trace.openings()
         elif cfg.availability == "diurnal":     # an online window of online·period at a seeded phase
             self.phase = rng.generator(seed, "systems", "phase").uniform(0.0, cfg.period_s, clients)
 
@@ -231,23 +247,40 @@ class Fleet:
             return out
         return np.full(len(cids), np.inf)
 
-    def next_online(self, t: float) -> float:
-        """The first time after ``t`` at which some client comes online (inf: never; for
+    def next_online(self, cids: np.ndarray, t: float) -> float:
+        """The first time after ``t`` at which one of ``cids`` comes online (inf: never; for
         availability by probability, ``t``: the next server step draws again)."""
         kind = self.cfg.availability
         if kind in ("always", "probability"):
             return t
+        if not len(cids):
+            return math.inf
         if kind == "diurnal":
-            return t + float(((self.phase - t) % self.cfg.period_s).min())
+            return t + float(((self.phase[cids] - t) % self.cfg.period_s).min())
         best = math.inf
-        for c, p in zip(range(self.clients), self.period.tolist()):
-            starts = [a for a, _ in self.windows[c]]
-            if not starts:
-                continue
-            x = t % p                                  # the time into its period
-            later = [a for a in starts if a > x]
-            best = min(best, t - x + (min(later) if later else p + starts[0]))
+        for c in cids.tolist():
+            starts, p = self.starts[c], float(self.period[c])
+            if starts:
+                x = t % p                                  # the time into its period
+                i = bisect.bisect_right(starts, x)
+                best = min(best, t - x + (starts[i] if i < len(starts) else p + starts[0]))
         return best
+
+    def first_online(self, cids: np.ndarray, t: float, round_: int) -> float:
+        """The first time from ``t`` on at which one of ``cids`` is online: ``t`` where one is
+        (and for availability by probability, whose next draw decides); inf where none ever
+        will be (no window at all, or a trace played once and over)."""
+        if self.cfg.availability in ("always", "probability"):
+            return t
+        for _ in range(MAX_WAITS):
+            if self.available(cids, t, round_).any():
+                return t
+            # on to the next opening, and by one float step at least (a window's start plus its
+            # period's multiple may round to just before the window)
+            t = max(self.next_online(cids, t), float(np.nextafter(t, math.inf)))
+            if t == math.inf:
+                break
+        return math.inf
 
     def staleness(self, tau: int) -> float:
         """s(τ), the weight of a reply τ server steps stale."""

@@ -7,7 +7,7 @@ from raysim import rng
 from raysim.config import ScenarioError
 from raysim.engine.serial import serial_driver
 from raysim.sections import DistCfg, SystemsCfg
-from raysim.systems import MBIT, Fleet, Profiles, TraceError, read_devices, read_windows
+from raysim.systems import MBIT, Fleet, Profiles, TraceError, Windows, read_devices, read_windows
 from tests.conftest import TINY
 from tests.test_gossip import DFEDEM, load, resumed, run
 from tests.test_gossip import strip as strip_timings
@@ -117,13 +117,133 @@ def test_a_clients_own_period_in_the_trace_repeats_its_windows(tmp_path):
     assert f.available(np.arange(2), 1005.0, 0).tolist() == [True, True]
     assert f.online_until(np.array([0]), 205.0).tolist() == [210.0]
     # at 50 s: client 0's next window opens at 100 + 0, client 1's at 1000
-    assert f.next_online(50.0) == 100.0 and f.next_online(30.0) == 40.0
+    assert f.next_online(np.arange(2), 50.0) == 100.0 and f.next_online(np.arange(2), 30.0) == 40.0
     once = Fleet(SystemsCfg(availability="trace", availability_trace=str(path), trace_repeats=False), 2, 0)
     assert once.period.tolist() == [np.inf, np.inf] and not once.available(np.arange(2), 205.0, 0).any()
     path.write_text("client,start_s,end_s,period_s\n0,0,10,100\n0,40,45,90\n")
     with pytest.raises(TraceError, match=r"windows.csv: line 3: period_s 90.0 for client 0, but line 2 gives it "
                                          r"100.0; a client's trace repeats with one period"):
         read_windows(str(path), 1, 1000.0)
+
+
+def _windows(tmp_path, rows, name="windows.csv") -> str:
+    path = tmp_path / name
+    path.write_text("client,start_s,end_s\n" + "".join(f"{c},{a},{b}\n" for c, a, b in rows))
+    return str(path)
+
+
+def test_a_trace_that_opens_no_training_clients_window_is_refused(tmp_path):
+    """Without a window for a training client every round would train nobody; refused up front:
+    rows only for ids past the fleet, only for the unseen clients, or (played once) only before 0."""
+    past = _windows(tmp_path, [(20, 0, 100)])
+    with pytest.raises(ScenarioError, match=r"systems.availability_trace: .*windows.csv gives none of the 12 training "
+                                            r"clients of ids 0 to 11 a window that opens: no round could train anyone"):
+        load(tmp_path, TINY, f"systems={{availability: trace, availability_trace: {past}}}")
+    from raysim.engine.driver import split_unseen
+    _, unseen = split_unseen(load(tmp_path, TINY, "eval.unseen_fraction=0.25"))
+    only_unseen = _windows(tmp_path, [(c, 0, 100) for c in unseen.tolist()], "unseen.csv")
+    with pytest.raises(ScenarioError, match=r"gives none of the 9 training clients of ids 0 to 11 a window that opens "
+                                            r"\(the unseen clients do not train\)"):
+        load(tmp_path, TINY, "eval.unseen_fraction=0.25",
+             f"systems={{availability: trace, availability_trace: {only_unseen}}}")
+    before = _windows(tmp_path, [(c, -50, -10) for c in range(12)], "before.csv")
+    with pytest.raises(ScenarioError, match=r"before.csv gives none of the 12 training clients"):
+        load(tmp_path, TINY, f"systems={{availability: trace, availability_trace: {before}, trace_repeats: false}}")
+
+
+def test_a_round_with_nobody_online_waits_for_the_next_window(tmp_path):
+    # everyone comes online at 100 s: the first round starts then (it used to start at 0 with nobody,
+    # the clock frozen); the wait counts in the round's virtual time
+    path = _windows(tmp_path, [(c, 100, 10 ** 6) for c in range(12)])
+    sc = load(tmp_path, TINY, "rounds=2", f"systems={{availability: trace, availability_trace: {path}}}")
+    h = run(sc, 1).history
+    assert h[0]["available"] == 12 and h[0]["clients"] == 6 and 100 < h[0]["virtual_time_s"] < 105
+    assert h[0]["round_virtual_s"] == h[0]["virtual_time_s"] and h[1]["clients"] == 6
+
+
+def test_a_trace_played_once_and_over_stops_the_run_with_an_error(tmp_path):
+    # online 0-0.05 s only: the first round's clients (0.05 s latency each way alone) go offline before
+    # they report; at the second round nobody ever comes online again
+    path = _windows(tmp_path, [(c, 0, 0.05) for c in range(12)])
+    sc = load(tmp_path, TINY, f"systems={{availability: trace, availability_trace: {path}, trace_repeats: false}}")
+    d = serial_driver(sc, 1)
+    rec = d.step()
+    assert rec["clients"] == 0 and rec["dropped_out"] == 6
+    with pytest.raises(ScenarioError, match=rf"s.yaml: systems.availability_trace: round 2: no training client is "
+                                            rf"online at virtual time {d.clock:g} s or after \(.*windows.csv plays "
+                                            rf"once \(trace_repeats: false\) and no training client's window opens "
+                                            rf"after it\); 1 of the 3 rounds ran"):
+        d.step()
+
+
+def test_next_online_is_never_for_windows_that_cannot_open(tmp_path):
+    f = Fleet(SystemsCfg(availability="trace", availability_trace=_windows(tmp_path, [(0, 10, 20)]),
+                         period_s=100.0), 2, 0)
+    assert f.next_online(np.arange(2), 50.0) == 110.0 and f.first_online(np.arange(2), 50.0, 0) == 110.0
+    assert f.first_online(np.arange(2), 15.0, 0) == 15.0 and f.next_online(np.array([1]), 50.0) == np.inf
+    f.starts = Windows([[(150.0, 160.0)], []], np.array([100.0, 100.0])).openings()   # past its period: never
+    assert f.next_online(np.arange(2), 50.0) == np.inf and f.first_online(np.arange(2), 50.0, 0) == np.inf
+    once = Fleet(SystemsCfg(availability="trace", availability_trace=_windows(tmp_path, [(0, 10, 20), (1, -9, -1)]),
+                            trace_repeats=False), 2, 0)
+    assert once.next_online(np.arange(2), 5.0) == 10.0 and once.next_online(np.arange(2), 10.0) == np.inf
+
+
+def test_a_window_starting_past_its_period_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "windows.csv"
+    path.write_text("client,start_s,end_s,period_s\n0,10,20,\n1,60,70,50\n")
+    with pytest.raises(TraceError, match=r"windows.csv: line 3: start_s 60 is not before the period 50 s the trace "
+                                         r"repeats with \(its period_s\), so this window never opens"):
+        read_windows(str(path), 2, 1000.0)
+    assert read_windows(str(path), 2, None).intervals == [[(10.0, 20.0)], [(60.0, 70.0)]]   # played once: fine
+    path.write_text("client,start_s,end_s\n0,10,20\n1,2000,3000\n")
+    with pytest.raises(TraceError, match=r"line 3: start_s 2000 is not before the period 1000 s the trace repeats "
+                                         r"with \(systems.period_s\)"):
+        read_windows(str(path), 2, 1000.0)
+
+
+def test_fedbuff_on_windows_past_the_period_stops_with_an_error_instead_of_hanging(tmp_path):
+    """Every window opening after period_s: FedBuff waited for a client that could never come
+    (the clock moved on a period a pass, for ever). Now the scenario is refused in one line."""
+    import subprocess
+    import sys
+    windows = _windows(tmp_path, [(c, 2000, 3000) for c in range(12)])
+    text = TINY.replace("sampling: {fraction: 0.5}", "sampling: {count: 4}") + (
+        f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
+        f"systems: {{availability: trace, availability_trace: {windows}, period_s: 1000, aggregation: fedbuff, "
+        f"buffer: 2}}\n")
+    (tmp_path / "s.yaml").write_text(text)
+    done = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(tmp_path / "s.yaml"), "--engine", "serial",
+                           "-q"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"raysim: {tmp_path / 's.yaml'}: systems.availability_trace: {windows}: line 2: start_s 2000 is not before the "
+        f"period 1000 s the trace repeats with (systems.period_s), so this window never opens; give start_s within "
+        f"the period")
+
+
+def test_fedbuff_stops_with_an_error_when_nobody_comes_online_again(tmp_path):
+    """A trace played once whose windows close before any client reports: the asynchronous
+    server used to step on with nobody; it stops, in one line, within seconds (an alarm guards
+    against a hang)."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the asynchronous server is waiting for ever")
+
+    path = _windows(tmp_path, [(c, 0, 0.05) for c in range(12)])
+    sc = load(tmp_path, TINY, "sampling={count: 4}", "rounds=3", f"systems={{availability: trace, availability_trace: "
+              f"{path}, trace_repeats: false, aggregation: fedbuff, buffer: 2}}")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        # the first step's four clients all go offline (their places, refilled as each fails, too); the
+        # second finds nobody online now or later
+        with pytest.raises(ScenarioError, match=r"round 2: no training client is online at virtual time [\d.]+ s or "
+                                                r"after \(.*windows.csv plays once.*; 1 of the 3 rounds ran"):
+            run(sc, 1)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_device_trace_and_its_errors(tmp_path):
