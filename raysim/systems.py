@@ -239,10 +239,10 @@ class Fleet:
         if kind == "trace":
             into = t % self.period[cids]
             out = np.full(len(cids), np.inf)
-            for i, (c, x) in enumerate(zip(cids.tolist(), into.tolist())):
+            for i, (c, x, p) in enumerate(zip(cids.tolist(), into.tolist(), self.period[cids].tolist())):
                 for a, b in self.windows[c]:
                     if a <= x < b:
-                        out[i] = t - x + b
+                        out[i] = t - x + min(b, p)         # (a window past its period closes with it)
                         break
             return out
         return np.full(len(cids), np.inf)

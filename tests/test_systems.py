@@ -201,6 +201,15 @@ def test_a_window_starting_past_its_period_is_refused_with_its_line(tmp_path):
         read_windows(str(path), 2, 1000.0)
 
 
+def test_a_window_past_its_period_closes_with_it(tmp_path):
+    # online 80-150 in a period of 100: at 285 (85 into the third period) online until 300, the
+    # period's end, where available() says it is offline (300 is 0 into the next period)
+    f = Fleet(SystemsCfg(availability="trace", availability_trace=_windows(tmp_path, [(0, 80, 150)]),
+                         period_s=100.0), 1, 0)
+    assert f.online_until(np.array([0]), 285.0).tolist() == [300.0]
+    assert f.available(np.array([0]), 299.0, 0).tolist() == [True] and not f.available(np.array([0]), 300.0, 0).any()
+
+
 def test_fedbuff_on_windows_past_the_period_stops_with_an_error_instead_of_hanging(tmp_path):
     """Every window opening after period_s: FedBuff waited for a client that could never come
     (the clock moved on a period a pass, for ever). Now the scenario is refused in one line."""
