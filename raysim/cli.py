@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     fs.add_argument("--availability", default=None, metavar="FILE", help="FedScale's client_behave_trace")
     fs.add_argument("--clients", type=int, required=True, help="raysim's clients 0..N-1, from the traces' first N ids")
     fs.add_argument("--out", default="traces", help="folder for devices.csv and windows.csv (default ./traces)")
+    fs.add_argument("--repeat", choices=("client", "global"), default="client",
+                    help="client (default, as FedScale): each client's availability repeats with its own "
+                         "finish_time (windows.csv's period_s column); global: every trace repeats with the "
+                         "scenario's systems.period_s")
     i = dsub.add_parser("info", help="clients, split sizes and label histograms of a scenario's data")
     i.add_argument("file", help="scenario YAML (a sweep file: each of its variants' data in turn)")
     i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -213,20 +217,19 @@ def _dispatch(args, early_ray: bool = False) -> int:
 
 
 def _fedscale(args) -> int:
-    from pathlib import Path
     from raysim import traces
     if args.devices is None and args.availability is None:
         raise traces.TraceError("raysim data fedscale: give --devices, --availability or both")
     if args.clients < 1:
         raise traces.TraceError(f"raysim data fedscale: --clients {args.clients}: give at least 1")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    tables = {}
     if args.devices is not None:
-        traces.devices_csv(args.devices, out / "devices.csv", args.clients)
-        print(f"{out / 'devices.csv'}: {args.clients} clients (systems.device_trace)")
+        tables["devices.csv"] = traces.device_rows(args.devices, args.clients)
     if args.availability is not None:
-        n = traces.windows_csv(args.availability, out / "windows.csv", args.clients)
-        print(f"{out / 'windows.csv'}: {n} intervals (systems.availability: trace, availability_trace)")
+        tables["windows.csv"] = traces.window_rows(args.availability, args.clients, args.repeat == "client")
+    for path, n in traces.write_tables(args.out, tables).items():
+        print(f"{path}: {n} clients (systems.device_trace)" if path.name == "devices.csv" else
+              f"{path}: {n} intervals (systems.availability: trace, availability_trace)")
     return EXIT_OK
 
 

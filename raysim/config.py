@@ -486,9 +486,30 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     model = _absolute_model_paths(model)
     sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
                   algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems, privacy, communication)
+    if systems is not None and systems.availability == "trace":
+        _someone_online(ctx, sc)
     if check_data:
         _check_data_and_model(ctx, sc)
     return sc
+
+
+def _someone_online(ctx: Ctx, sc: Scenario) -> None:
+    """The availability trace read (a bad row stops the run before it starts), and some
+    training client given a window in it: without one, no round would train anyone."""
+    from raysim import systems
+    from raysim.engine.driver import split_unseen
+    cfg = sc.systems
+    try:
+        trace = systems.read_windows(cfg.availability_trace, sc.data.clients,
+                                     cfg.period_s if cfg.trace_repeats else None)
+    except systems.TraceError as e:
+        ctx.fail("systems.availability_trace", str(e))
+    train, _ = split_unseen(sc)
+    opens = trace.openings()
+    if not any(opens[c] for c in train.tolist()):
+        unseen = " (the unseen clients do not train)" if len(train) < sc.data.clients else ""
+        ctx.fail("systems.availability_trace", f"{cfg.availability_trace} gives none of the {len(train)} training "
+                 f"clients of ids 0 to {sc.data.clients - 1} a window that opens{unseen}: no round could train anyone")
 
 
 def _upload_section(ctx: Ctx, key: str, cls, mapping, method, algorithm, what: str):
@@ -659,11 +680,12 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
             if not Path(path).is_file():
                 ctx.fail(f"systems.{key}", f"no such file {path}")
             cfg = replace(cfg, **{key: os.path.abspath(path)})
-            from raysim import systems           # the file read now, so a bad row stops the run before it starts
-            try:
-                (systems.read_devices if key == "device_trace" else systems.read_windows)(path, clients)
-            except systems.TraceError as e:
-                ctx.fail(f"systems.{key}", str(e))
+            if key == "device_trace":            # the file read now, so a bad row stops the run before it starts
+                from raysim import systems       # (the availability trace: with the training clients, below)
+                try:
+                    systems.read_devices(path, clients)
+                except systems.TraceError as e:
+                    ctx.fail(f"systems.{key}", str(e))
     if cfg.availability == "trace" and cfg.availability_trace is None:
         ctx.fail("systems.availability_trace", "availability: trace needs the path of a CSV of client,start_s,end_s")
     return cfg

@@ -15,16 +15,18 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
     """An error as (exit code, one line): bad input (2), interrupted (130; 143 when a SIGTERM
     stopped it), or a failure during the run (1; with ``verbose`` its traceback is printed
     first)."""
-    from raysim.config import ScenarioError
-    from raysim.data import DataError
     if isinstance(e, KeyboardInterrupt):
         from raysim.signals import terminated
         return (EXIT_TERMINATED, "terminated (SIGTERM)") if terminated() else (EXIT_INTERRUPTED, "interrupted")
-    from raysim.compare import CompareError
-    from raysim.report import ReportError
     cause = _root_cause(e)      # a Ray task's error is also an instance of its cause, with Ray's text
+    from raysim.config import ScenarioError
     from raysim.systems import TraceError
-    if isinstance(cause, (ScenarioError, DataError, ReportError, CompareError, TraceError)):
+    if isinstance(cause, (ScenarioError, TraceError)):     # (before the modules that import torch)
+        return EXIT_INPUT, str(cause)
+    from raysim.compare import CompareError
+    from raysim.data import DataError
+    from raysim.report import ReportError
+    if isinstance(cause, (DataError, ReportError, CompareError)):
         return EXIT_INPUT, str(cause)
     if isinstance(e, RunsFailed):
         return EXIT_FAILED, str(e)

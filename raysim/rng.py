@@ -7,9 +7,12 @@ hashed with SeedSequence, so generators for different keys are independent strea
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:       # torch is imported where a torch generator is made: the fleet's and the trace
+    import torch        # tools' draws (numpy only) keep it out of processes that never train
 
 
 def _entropy(seed: int, keys: tuple) -> list[int]:
@@ -29,6 +32,7 @@ def generator(seed: int, *keys) -> np.random.Generator:
 
 def torch_generator(seed: int, *keys, device: str | torch.device = "cpu") -> torch.Generator:
     """torch Generator seeded from the same derivation (for shuffles and dropout)."""
+    import torch
     s = np.random.SeedSequence(_entropy(seed, keys)).generate_state(2, np.uint64)
     g = torch.Generator(device=device)
     g.manual_seed(int(s[0]) >> 1)        # (as a Python int: numpy's uint64 shift costs ~10 µs)

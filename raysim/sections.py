@@ -297,14 +297,15 @@ class SystemsCfg:
         "availability: probability, the chance a client is online at a round's start")})
     period_s: float = field(default=86400.0, metadata={"gt": 0.0, "help": (
         "diurnal: the cycle's length in virtual seconds (a day); trace: the period the trace repeats with "
-        "(trace_repeats)")})
+        "(trace_repeats), for each client whose rows give no period_s of their own")})
     online: float = field(default=0.5, metadata={"gt": 0.0, "max": 1.0, "help": (
         "diurnal: the share of the cycle each client is online")})
     availability_trace: str | None = field(default=None, metadata={"help": (
-        "availability: trace: CSV with header client,start_s,end_s, the intervals (virtual seconds) in which "
-        "each client is online")})
+        "availability: trace: CSV with header client,start_s,end_s (and optionally period_s, a client's own "
+        "period), the intervals (virtual seconds) in which each client is online")})
     trace_repeats: bool = field(default=True, metadata={"help": (
-        "availability: trace: the trace repeats every period_s (false: after its last interval nobody is online)")})
+        "availability: trace: the trace repeats, every client's with its period_s column or else period_s "
+        "(false: it plays once; after its last interval nobody is online)")})
     dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0, "help": (
         "probability that a selected client drops out during a round (drawn each round; the server "
         "hears nothing from it)")})

@@ -23,6 +23,7 @@ costs a few array operations a round on the driver.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from raysim import rng
 
 MBIT = 1e6 / 8          # bytes a second in one Mbit/s
 DAY = 86400.0
+MAX_WAITS = 1000        # openings first_online tries (a window narrower than a float step at the clock's time never opens)
 
 
 class TraceError(ValueError):
@@ -71,13 +73,18 @@ def draw(dist, n: int, g: np.random.Generator) -> np.ndarray:
 def read_devices(path: str, clients: int) -> Profiles:
     """A device trace: CSV with a header ``client,speed,down_mbps,up_mbps,latency_s`` (any
     column order), one row per client 0..N−1 (speed in training samples a second). Clients
-    missing from the file are an error, extra ones are ignored."""
+    missing from the file and a client's second row are errors; rows for ids N and above are
+    ignored (a trace of a larger fleet serves a smaller one)."""
     cols = ("speed", "down_mbps", "up_mbps", "latency_s")
     out = {c: np.full(clients, np.nan) for c in cols}
-    rows = _rows(path, ("client",) + cols)
-    for line, row in rows:
-        cid = _number(path, line, "client", row["client"], integer=True)
-        if 0 <= cid < clients:
+    first = np.zeros(clients, dtype=np.int64)         # each client's row's line (0: none yet)
+    for line, row in _rows(path, ("client",) + cols):
+        cid = _client(path, line, row["client"])
+        if cid < clients:
+            if first[cid]:
+                raise TraceError(f"{path}: line {line}: a second row for client {cid} (the first is line "
+                                 f"{first[cid]}); give one row a client")
+            first[cid] = line
             for c in cols:
                 v = _number(path, line, c, row[c])
                 if v < 0 or (v == 0 and c != "latency_s"):
@@ -89,36 +96,92 @@ def read_devices(path: str, clients: int) -> Profiles:
     return Profiles(out["speed"], out["down_mbps"] * MBIT, out["up_mbps"] * MBIT, out["latency_s"])
 
 
-def read_windows(path: str, clients: int) -> list[list[tuple[float, float]]]:
-    """An availability trace: CSV with a header ``client,start_s,end_s``: the intervals of
-    virtual seconds in which each client is online (several rows a client allowed; a client
-    without rows is never online)."""
+@dataclass(frozen=True)
+class Windows:
+    """An availability trace: each client's online intervals (sorted by start) and the period
+    its trace repeats with (inf: it plays once)."""
+
+    intervals: list[list[tuple[float, float]]]
+    period: np.ndarray
+
+    def openings(self) -> list[list[float]]:
+        """Each client's times into its period at which a window opens, ascending: of its
+        windows those that can open at all (start before the period, end after 0), a start
+        before 0 as 0. A client with none is never online."""
+        return [sorted(max(a, 0.0) for a, b in w if a < p and b > 0)
+                for w, p in zip(self.intervals, self.period.tolist())]
+
+
+def read_windows(path: str, clients: int, period_s: float | None = None) -> Windows:
+    """An availability trace: CSV with a header ``client,start_s,end_s`` and optionally
+    ``period_s``: the intervals of virtual seconds in which each client is online (several
+    rows a client allowed; a client without rows is never online; rows for ids N and above are
+    ignored). The trace repeats every ``period_s`` (None: it plays once), or with a client's own
+    period where its rows give one (FedScale's traces repeat with each client's
+    ``finish_time``); one client's rows must agree on it. Where the trace repeats, a window
+    must start before its period (one starting later would never open)."""
     out: list[list[tuple[float, float]]] = [[] for _ in range(clients)]
-    for line, row in _rows(path, ("client", "start_s", "end_s")):
-        cid = _number(path, line, "client", row["client"], integer=True)
+    period = np.full(clients, math.inf if period_s is None else float(period_s))
+    given: dict[int, tuple[int, float | None]] = {}          # client: (its first line, its period_s there)
+    for line, row in _rows(path, ("client", "start_s", "end_s"), ("period_s",)):
+        cid = _client(path, line, row["client"])
         a, b = _number(path, line, "start_s", row["start_s"]), _number(path, line, "end_s", row["end_s"])
         if b <= a:
             raise TraceError(f"{path}: line {line}: end_s {b} must be > start_s {a}")
-        if 0 <= cid < clients:
+        own = _number(path, line, "period_s", row["period_s"]) if row.get("period_s") else None
+        if own is not None and own <= 0:
+            raise TraceError(f"{path}: line {line}: period_s: {own} must be > 0")
+        first = given.setdefault(cid, (line, own))
+        if first[1] != own:
+            raise TraceError(f"{path}: line {line}: period_s {_or_none(own)} for client {cid}, but line {first[0]} "
+                             f"gives it {_or_none(first[1])}; a client's trace repeats with one period")
+        p = own if own is not None else period_s
+        if period_s is not None and a >= p:
+            where = "its period_s" if own is not None else "systems.period_s"
+            raise TraceError(f"{path}: line {line}: start_s {a:g} is not before the period {p:g} s the trace repeats "
+                             f"with ({where}), so this window never opens; give start_s within the period")
+        if cid < clients:
             out[cid].append((a, b))
-    return [sorted(w) for w in out]
+            if period_s is not None and own is not None:
+                period[cid] = own
+    return Windows([sorted(w) for w in out], period)
 
 
-def _rows(path: str, need: tuple[str, ...]):
+def _or_none(value: float | None) -> str:
+    return "none" if value is None else str(value)
+
+
+def _rows(path: str, need: tuple[str, ...], optional: tuple[str, ...] = ()):
+    """A CSV trace's rows, one at a time (a trace of a million rows is never held whole), as
+    (line, {column: text}) for the columns ``need``, which the header must have, and those of
+    ``optional`` it has; a UTF-8 byte-order mark before the header (spreadsheets write one) is
+    skipped, and blank lines too."""
+    reader = None
     try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
             lack = [c for c in need if c not in header]
             if lack:
                 raise TraceError(f"{path}: the header lacks column '{lack[0]}'; it needs {', '.join(need)}")
-            reader.fieldnames = header
-            return [(i + 2, {k: (v or "").strip() for k, v in row.items() if k is not None})
-                    for i, row in enumerate(reader)]
+            cols = [(c, header.index(c)) for c in need + tuple(c for c in optional if c in header)]
+            for row in reader:
+                if row:
+                    yield reader.line_num, {c: row[i].strip() if i < len(row) else "" for c, i in cols}
     except OSError as e:
         raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text (CSV) file") from None
+    except csv.Error as e:           # e.g. a field past csv's limit of 128 KiB
+        raise TraceError(f"{path}: line {reader.line_num}: not a CSV row raysim can read ({e})") from None
+
+
+def _client(path: str, line: int, text: str) -> int:
+    """A row's client id: a whole number, at least 0."""
+    cid = _number(path, line, "client", text, integer=True)
+    if cid < 0:
+        raise TraceError(f"{path}: line {line}: client: {cid} is negative; client ids run from 0 to N-1")
+    return cid
 
 
 def _number(path: str, line: int, col: str, text: str, integer: bool = False):
@@ -145,8 +208,10 @@ class Fleet:
             self.profiles = Profiles(draw(cfg.speed, clients, g), draw(cfg.down, clients, g) * MBIT,
                                      draw(cfg.up, clients, g) * MBIT, draw(cfg.latency, clients, g))
         self.windows = None
-        if cfg.availability == "trace":
-            self.windows = read_windows(cfg.availability_trace, clients)
+        if cfg.availability == "trace":        # each client's intervals, and the period they repeat with
+            trace = read_windows(cfg.availability_trace, clients, cfg.period_s if cfg.trace_repeats else None)
+            self.windows, self.period = trace.intervals, trace.period
+            self.starts = trace.openings()
         elif cfg.availability == "diurnal":     # an online window of online·period at a seeded phase
             self.phase = rng.generator(seed, "systems", "phase").uniform(0.0, cfg.period_s, clients)
 
@@ -160,9 +225,9 @@ class Fleet:
             return u[cids] < self.cfg.available_p
         if kind == "diurnal":
             return ((t - self.phase[cids]) % self.cfg.period_s) < self.cfg.online * self.cfg.period_s
-        period = self.cfg.period_s if self.cfg.trace_repeats else None
-        tt = t % period if period else t
-        return np.array([any(a <= tt < b for a, b in self.windows[c]) for c in cids.tolist()], dtype=bool)
+        into = (t % self.period[cids]).tolist()          # the time into each client's own period
+        return np.array([any(a <= x < b for a, b in self.windows[c]) for c, x in zip(cids.tolist(), into)],
+                        dtype=bool)
 
     def online_until(self, cids: np.ndarray, t: float) -> np.ndarray:
         """When each of ``cids`` (online at ``t``) goes offline: inf where it stays on."""
@@ -172,33 +237,50 @@ class Fleet:
             into = (t - self.phase[cids]) % p
             return t + self.cfg.online * p - into
         if kind == "trace":
-            period = self.cfg.period_s if self.cfg.trace_repeats else None
-            tt = t % period if period else t
-            base = t - tt
+            into = t % self.period[cids]
             out = np.full(len(cids), np.inf)
-            for i, c in enumerate(cids.tolist()):
+            for i, (c, x, p) in enumerate(zip(cids.tolist(), into.tolist(), self.period[cids].tolist())):
                 for a, b in self.windows[c]:
-                    if a <= tt < b:
-                        out[i] = base + b
+                    if a <= x < b:
+                        out[i] = t - x + min(b, p)         # (a window past its period closes with it)
                         break
             return out
         return np.full(len(cids), np.inf)
 
-    def next_online(self, t: float) -> float:
-        """The first time after ``t`` at which some client comes online (inf: never; for
+    def next_online(self, cids: np.ndarray, t: float) -> float:
+        """The first time after ``t`` at which one of ``cids`` comes online (inf: never; for
         availability by probability, ``t``: the next server step draws again)."""
         kind = self.cfg.availability
         if kind in ("always", "probability"):
             return t
+        if not len(cids):
+            return math.inf
         if kind == "diurnal":
-            return t + float(((self.phase - t) % self.cfg.period_s).min())
-        period = self.cfg.period_s if self.cfg.trace_repeats else None
-        tt = t % period if period else t
-        starts = [a for w in self.windows for a, _ in w]
-        later = [a for a in starts if a > tt]
-        if later:
-            return t - tt + min(later)
-        return t - tt + period + min(starts) if period and starts else math.inf
+            return t + float(((self.phase[cids] - t) % self.cfg.period_s).min())
+        best = math.inf
+        for c in cids.tolist():
+            starts, p = self.starts[c], float(self.period[c])
+            if starts:
+                x = t % p                                  # the time into its period
+                i = bisect.bisect_right(starts, x)
+                best = min(best, t - x + (starts[i] if i < len(starts) else p + starts[0]))
+        return best
+
+    def first_online(self, cids: np.ndarray, t: float, round_: int) -> float:
+        """The first time from ``t`` on at which one of ``cids`` is online: ``t`` where one is
+        (and for availability by probability, whose next draw decides); inf where none ever
+        will be (no window at all, or a trace played once and over)."""
+        if self.cfg.availability in ("always", "probability"):
+            return t
+        for _ in range(MAX_WAITS):
+            if self.available(cids, t, round_).any():
+                return t
+            # on to the next opening, and by one float step at least (a window's start plus its
+            # period's multiple may round to just before the window)
+            t = max(self.next_online(cids, t), float(np.nextafter(t, math.inf)))
+            if t == math.inf:
+                break
+        return math.inf
 
     def staleness(self, tau: int) -> float:
         """s(τ), the weight of a reply τ server steps stale."""

@@ -1,6 +1,10 @@
 """FedScale's pickled traces read as plain data (never unpickled) and written as raysim's CSVs."""
 import os
 import pickle
+import re
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -49,7 +53,133 @@ def test_fedscale_traces_become_raysims_csvs_by_hand(tmp_path):
     p = read_devices(str(tmp_path / "out" / "devices.csv"), 3)
     assert p.speed.tolist() == pytest.approx([1000 / 300, 1000 / 330, 1000 / 360])
     assert p.down.tolist() == pytest.approx([5e6 / 8, 5.001e6 / 8, 5.002e6 / 8]) and p.latency.tolist() == [0, 0, 0]
-    w = read_windows(str(tmp_path / "out" / "windows.csv"), 3)
+    w = read_windows(str(tmp_path / "out" / "windows.csv"), 3, 86400.0).intervals
     assert w[0] == [(0.0, 500.0), (1000.0, 2000.0)] and w[2] == [(0.0, 500.0), (1002.0, 2000.0)]
     assert cli.main(["data", "fedscale", "--devices", str(tmp_path / "cap"), "--clients", "9",
                      "--out", str(tmp_path / "o2")]) == 2
+
+
+def test_fedscale_availability_repeats_with_each_clients_finish_time(tmp_path):
+    # FedScale replays a client's trace every finish_time: client 0 (finish 200) is online 0-50 and
+    # 100-150 of every 200 s; client 1 (finish 60) 0-30 and 40-65 cut at 60, its interval 70-90 past the
+    # finish left out; with --repeat global no period is written and period_s (1000) applies to both
+    behave = {0: {"active": [0, 100], "inactive": [50, 150], "finish_time": 200},
+              1: {"active": [0, 40, 70], "inactive": [30, 65, 90], "finish_time": 60}}
+    (tmp_path / "behave").write_bytes(pickle.dumps(behave))
+    args = ["data", "fedscale", "--availability", str(tmp_path / "behave"), "--clients", "2", "--out"]
+    assert cli.main(args + [str(tmp_path / "own")]) == 0
+    own = read_windows(str(tmp_path / "own" / "windows.csv"), 2, 1000.0)
+    assert own.intervals == [[(0.0, 50.0), (100.0, 150.0)], [(0.0, 30.0), (40.0, 60.0)]]
+    assert own.period.tolist() == [200.0, 60.0]
+    assert cli.main(args + [str(tmp_path / "glob"), "--repeat", "global"]) == 0
+    glob = read_windows(str(tmp_path / "glob" / "windows.csv"), 2, 1000.0)
+    assert glob.intervals[1] == [(0.0, 30.0), (40.0, 65.0), (70.0, 90.0)] and glob.period.tolist() == [1000.0] * 2
+
+
+def test_a_refused_trace_leaves_the_output_folder_as_it_was(tmp_path):
+    # good devices but a behaviour trace whose client 2 has no 'inactive': neither CSV is touched
+    # (the devices one is complete, but the command refuses as a whole), no part file is left, and
+    # a folder the command made for them is gone again
+    (tmp_path / "cap").write_bytes(pickle.dumps(DEVICES))
+    (tmp_path / "behave").write_bytes(pickle.dumps({**BEHAVIOUR, 2: {"active": [0]}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "devices.csv").write_text("mine\n")
+    (out / "windows.csv").write_text("mine too\n")
+    args = ["data", "fedscale", "--devices", str(tmp_path / "cap"), "--availability", str(tmp_path / "behave"),
+            "--clients", "3", "--out"]
+    assert cli.main(args + [str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["devices.csv", "windows.csv"]
+    assert (out / "devices.csv").read_text() == "mine\n" and (out / "windows.csv").read_text() == "mine too\n"
+    assert cli.main(args + [str(tmp_path / "new" / "deeper")]) == 2
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "behave").write_bytes(pickle.dumps(BEHAVIOUR))
+    assert cli.main(args + [str(out)]) == 0
+    assert (out / "windows.csv").read_text().splitlines()[:2] == ["client,start_s,end_s,period_s", "0,0.0,500.0,3000.0"]
+    assert sorted(p.name for p in out.iterdir()) == ["devices.csv", "windows.csv"]
+
+
+NESTED = b"]" * 5000 + b"a" * 4999        # 5000 lists, each in the one before (EMPTY_LIST, APPEND)
+
+
+def _crafted(obj) -> bytes:
+    """``obj`` pickled, its string 'NESTED' replaced by 5000 nested lists (too deep to pickle)."""
+    return pickle.dumps(obj, protocol=2).replace(b"X\x06\x00\x00\x00NESTED", NESTED)
+
+
+@pytest.mark.parametrize("kind, record, error", [
+    ("devices", {"computation": True, "communication": 5.0}, r"client 1: computation: expected a number, got True"),
+    ("devices", {"computation": "12", "communication": 5.0}, r"client 1: computation: expected a number, got '12'"),
+    ("devices", {"computation": 10 ** 400, "communication": 5.0},
+     r"client 1: computation: <an integer of 1329 bits> is too large"),
+    ("devices", {"computation": float("nan"), "communication": 5.0}, r"client 1: computation: nan is not a finite"),
+    ("devices", {"computation": 1.0, "communication": float("inf")}, r"client 1: communication: inf is not a finite"),
+    ("devices", {"computation": "NESTED", "communication": 5.0},
+     r"client 1: computation: expected a number, got \[\[\[\[\[\[\[\.\.\.\]\]\]\]\]\]\]"),
+    ("devices", {"computation": 1e-310, "communication": 5.0}, r"client 1: computation 1e-310 ms and communication "
+                                                                 r"5 kbit/s give inf samples/s and 0.005 Mbit/s"),
+    ("availability", {"active": [0, float("nan")], "inactive": [5]}, r"client 1: active: nan is not a finite number"),
+    ("availability", {"active": [0], "inactive": [5], "finish_time": float("inf")},
+     r"client 1: finish_time: inf is not a finite number"),
+    ("availability", {"active": "05", "inactive": [5]}, r"client 1: active: expected a list of seconds, got '05'"),
+    ("availability", {"active": ["NESTED"], "inactive": [5]}, r"client 1: active: expected a number, got \[\["),
+    ("availability", {"active": [0], "inactive": [10 ** 400]}, r"client 1: inactive: <an integer of 1329 bits> is too"),
+    ("availability", {"active": [-5], "inactive": [5]}, r"client 1: active: -5 s; times are at least 0"),
+    ("availability", {"active": [0], "inactive": [5], "finish_time": 0}, r"client 1: finish_time: 0 must be above 0"),
+])
+def test_a_crafted_fedscale_record_is_a_one_line_error(tmp_path, capsys, kind, record, error):
+    path = tmp_path / "trace"
+    path.write_bytes(_crafted({1: record, 2: record}))
+    assert cli.main(["data", "fedscale", f"--{kind}", str(path), "--clients", "2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(rf"raysim: {re.escape(str(path))}: {error}", err), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_crafted_client_ids_and_an_out_that_is_a_file_are_one_line_errors(tmp_path, capsys):
+    deep_key = b"\x80\x02}K\x01" + b"\x85" * 5000 + b"}s."       # {((((1,),),)...): {}}, 5000 tuples deep
+    cases = [(deep_key, r"client id \(\(\(\(\(\(\(\.\.\.\),\),\),\),\),\),\): expected a number or a string"),
+             (pickle.dumps({1: {}, (1,): {}}), r"client id \(1,\): expected a number or a string"),
+             (pickle.dumps({float("nan"): {}}), r"client id nan: expected a number or a string")]
+    for data, error in cases:
+        (tmp_path / "cap").write_bytes(data)
+        assert cli.main(["data", "fedscale", "--devices", str(tmp_path / "cap"), "--clients", "1",
+                         "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.match(rf"raysim: .*cap: {error}", err), err
+    (tmp_path / "cap").write_bytes(pickle.dumps(DEVICES))
+    (tmp_path / "file").write_text("x")
+    for out in ("file", "file/sub"):
+        assert cli.main(["data", "fedscale", "--devices", str(tmp_path / "cap"), "--clients", "1",
+                         "--out", str(tmp_path / out)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"raysim: {tmp_path / out}: --out must be a folder, but {tmp_path / 'file'} is a file\n"
+
+
+def test_the_windows_conversion_is_linear_in_the_times(tmp_path):
+    # 30 000 active and 30 000 inactive times, alternating: 30 000 intervals; pairing each active time
+    # by scanning the inactive ones took 12 s, one pass over the two sorted lists takes a fraction of one
+    n = 30_000
+    behave = {0: {"active": [2.0 * i for i in range(n)], "inactive": [2.0 * i + 1 for i in range(n)][::-1],
+                  "finish_time": 2.0 * n}}
+    (tmp_path / "behave").write_bytes(pickle.dumps(behave))
+    t0 = time.perf_counter()
+    rows = list(traces.window_rows(tmp_path / "behave", 1))
+    assert time.perf_counter() - t0 < 3.0
+    assert len(rows) == n + 1 and rows[1] == [0, "0.0", "1.0", "60000.0"] and rows[-1][1:3] == ["59998.0", "59999.0"]
+
+
+def test_the_trace_tools_do_not_import_torch(tmp_path):
+    """A conversion and a refusal in a fresh interpreter leave torch unimported (it costs half a
+    gigabyte and seconds to load, for a tool that only reads and writes tables)."""
+    (tmp_path / "cap").write_bytes(pickle.dumps(DEVICES))
+    (tmp_path / "bad").write_bytes(pickle.dumps({1: {"computation": -1.0, "communication": 1.0}}))
+    code = ("import sys; from raysim import cli; "
+            f"a = cli.main(['data', 'fedscale', '--devices', {str(tmp_path / 'cap')!r}, '--clients', '2', "
+            f"'--out', {str(tmp_path / 'out')!r}]); "
+            f"b = cli.main(['data', 'fedscale', '--devices', {str(tmp_path / 'bad')!r}, '--clients', '1', "
+            f"'--out', {str(tmp_path / 'out')!r}]); "
+            "print(a, b, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1] == "0 2 False", done.stdout + done.stderr
+    assert (tmp_path / "out" / "devices.csv").read_text().count("\n") == 3

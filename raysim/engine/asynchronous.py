@@ -75,13 +75,10 @@ class AsyncDriver(RoundDriver):
 
     def _top_up(self, version: int) -> None:
         """Fill the free places; with nobody online and nobody in flight, wait on the clock for
-        the next client to come online."""
+        the next client to come online (``wait_online``: the run stops where none ever will)."""
         self._launch(self.concurrency - len(self.flight), version)
-        while not self.flight:
-            nxt = self.fleet.next_online(self.clock)
-            if not np.isfinite(nxt) or nxt <= self.clock:
-                return
-            self.clock = nxt
+        if not self.flight:
+            self.wait_online(version)
             self._launch(self.concurrency, version)
 
     # -- a server step --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from raysim import compression, privacy, rng
-from raysim.config import Scenario, make_source
+from raysim.config import Scenario, ScenarioError, make_source
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator, float_numbers
 from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
@@ -386,7 +386,10 @@ class RoundDriver:
     # -- the simulated fleet (``systems``) ------------------------------------------------------
     def _invite(self, r: int) -> tuple[np.ndarray, int, float]:
         """The clients invited to round r: ⌈K·over_selection⌉ drawn from those online at the
-        clock's time; (invited, K, how many were online)."""
+        clock's time, once the clock has waited for one to be (``wait_online``); (invited, K,
+        how many were online)."""
+        self.round_start = self.clock
+        self.wait_online(r)
         online = self.train_ids[self.fleet.available(self.train_ids, self.clock, r)]
         k = sample_size(self.sc, len(self.train_ids))
         return sample_clients(self.sc, online, r, self.fleet.invite(k)), k, float(len(online))
@@ -425,16 +428,32 @@ class RoundDriver:
         its steps each straggler with partial work trains: the clock moves on by the round's
         virtual duration; the kept clients' participation counts."""
         cids = np.array(sorted(assignment), dtype=np.int64)
+        waited = self.clock - self.round_start          # for a client to come online
         if not len(cids):
             return {}, {}, {"invited": 0.0, "dropped_out": 0.0, "stragglers": 0.0, "partial": 0.0,
-                            "round_virtual_s": 0.0, "virtual_time_s": self.clock}
+                            "round_virtual_s": waited, "virtual_time_s": self.clock}
         secs, compute = self.device_seconds(cids, message, assignment, compute=True)
         out = self.fleet.round(r, self.clock, cids, wanted, secs, compute)
         self.clock += out.duration
         kept = cids[out.kept]
         self.participation[kept] += 1
         work = {int(c): float(w) for c, w in zip(kept.tolist(), out.work[out.kept].tolist()) if w < 1}
-        return {int(c): assignment[int(c)] for c in kept}, work, {**out.record(), "virtual_time_s": self.clock}
+        return ({int(c): assignment[int(c)] for c in kept}, work,
+                {**out.record(), "round_virtual_s": waited + out.duration, "virtual_time_s": self.clock})
+
+    def wait_online(self, r: int) -> None:
+        """With no training client online, move the clock on to the first time one is
+        (``Fleet.first_online``); where none ever will be, stop the run: it would train nobody
+        and log the untrained model's scores round after round."""
+        t = self.fleet.first_online(self.train_ids, self.clock, r)
+        if t == math.inf:                  # (a trace: the other kinds bring someone online in time)
+            cfg = self.sc.systems
+            why = ("gives no training client a window" if cfg.trace_repeats else
+                   "plays once (trace_repeats: false) and no training client's window opens after it")
+            raise ScenarioError(f"{self.sc.path}: systems.availability_trace: round {r + 1}: no training client is "
+                                f"online at virtual time {self.clock:g} s or after ({cfg.availability_trace} {why}); "
+                                f"{r} of the {self.sc.rounds} rounds ran")
+        self.clock = t
 
     def fleet_scores(self, results: dict[int, tuple], seconds: dict[int, float]) -> dict[str, float]:
         """Who is left behind: the primary metric of the slowest and the fastest tenth of the
