@@ -13,9 +13,10 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from raysim import plugins
+from raysim import plugins, rng
 from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
 from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
@@ -497,7 +498,6 @@ def _someone_online(ctx: Ctx, sc: Scenario) -> None:
     """The availability trace read (a bad row stops the run before it starts), and some
     training client given a window in it: without one, no round would train anyone."""
     from raysim import systems
-    from raysim.engine.driver import split_unseen
     cfg = sc.systems
     try:
         trace = systems.read_windows(cfg.availability_trace, sc.data.clients,
@@ -787,3 +787,10 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
                                f"{', '.join(k or '(the model itself)' for k in groups.layers)} and its head is "
                                f"{', '.join(groups.names[i] for i in groups.head)} (set model.head or pick a deeper model)")
 
+
+def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
+    """(training client ids, unseen client ids), the unseen drawn from (seed, "unseen")."""
+    n = sc.data.clients
+    k = int(round(sc.eval.unseen_fraction * n))
+    perm = rng.generator(sc.seed, "unseen").permutation(n)
+    return np.sort(perm[: n - k]), np.sort(perm[n - k:])

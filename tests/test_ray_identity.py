@@ -70,7 +70,8 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]
         assert on_ray["final"] == serial["final"], variant
-        assert [h["train_loss"] for h in on_ray["history"]] == [h["train_loss"] for h in serial["history"]], variant
+        # (a private variant logs no train_loss)
+        assert [h.get("train_loss") for h in on_ray["history"]] == [h.get("train_loss") for h in serial["history"]], variant
         assert serial["final"]["accuracy"] > 0.5, variant       # binary labels: they learned something
         assert serial["final"]["val_accuracy"] != serial["final"]["accuracy"], variant
         assert serial["final"]["val_best_round"] in (1, 2, 3, 4), variant

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from raysim import compression, privacy, rng
-from raysim.config import Scenario, ScenarioError, make_source
+from raysim.config import Scenario, ScenarioError, make_source, split_unseen  # noqa: F401 - re-exported
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator, float_numbers
 from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
@@ -95,14 +95,6 @@ def place(sc: Scenario, hosts: int | None = None, source=None) -> Placement:
         return Placement.round_robin(sc.data.clients, hosts)
     source = source or make_source(sc)
     return Placement.balanced([source.num_samples(c) for c in range(sc.data.clients)], hosts)
-
-
-def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
-    """(training client ids, unseen client ids), the unseen drawn from (seed, "unseen")."""
-    n = sc.data.clients
-    k = int(round(sc.eval.unseen_fraction * n))
-    perm = rng.generator(sc.seed, "unseen").permutation(n)
-    return np.sort(perm[: n - k]), np.sort(perm[n - k:])
 
 
 def eval_sample(sc: Scenario, train_ids: np.ndarray) -> np.ndarray:
