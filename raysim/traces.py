@@ -241,6 +241,13 @@ def _clients(trace: object, path: Path, clients: int) -> list:
     return keys[:clients]
 
 
+def _id(key) -> str:
+    """A client id for a message (``literal`` makes every key a scalar), a long one cut short."""
+    if isinstance(key, (str, bytes)) and len(key) > 40:
+        return f"{key[:40]!r}..."
+    return repr(key) if type(key) in _KEY_TYPES else f"(a {type(key).__name__})"
+
+
 def devices_csv(src: str | Path, out: str | Path, clients: int) -> int:
     """FedScale's ``client_device_capacity`` as raysim's device trace: speed = 1000 / (3 ×
     computation) training samples a second (FedScale charges a sample's forward and backward
@@ -255,11 +262,11 @@ def devices_csv(src: str | Path, out: str | Path, clients: int) -> int:
             rec = trace[key]
             try:
                 comp, comm = float(rec["computation"]), float(rec["communication"])
-            except (TypeError, KeyError, ValueError):
-                raise TraceError(f"{src}: client {key!r}: expected {{'computation': ms, 'communication': kbit/s}}, "
-                                 f"got {rec!r}"[:300]) from None
+            except (TypeError, KeyError, ValueError, OverflowError):
+                raise TraceError(f"{src}: client {_id(key)}: expected {{'computation': ms, 'communication': "
+                                 f"kbit/s}}, got a {type(rec).__name__}") from None
             if comp <= 0 or comm <= 0:
-                raise TraceError(f"{src}: client {key!r}: computation and communication must be above 0")
+                raise TraceError(f"{src}: client {_id(key)}: computation and communication must be above 0")
             w.writerow([cid, repr(1000.0 / (3.0 * comp)), repr(comm / 1000.0), repr(comm / 1000.0), 0])
     return clients
 
@@ -280,8 +287,8 @@ def windows_csv(src: str | Path, out: str | Path, clients: int) -> int:
                 active = sorted(float(t) for t in rec["active"])
                 inactive = sorted(float(t) for t in rec["inactive"])
                 finish = float(rec.get("finish_time", max(active + inactive, default=0.0)))
-            except (TypeError, KeyError, ValueError, AttributeError):
-                raise TraceError(f"{src}: client {key!r}: expected {{'active': [...], 'inactive': [...]}}") from None
+            except (TypeError, KeyError, ValueError, AttributeError, OverflowError):
+                raise TraceError(f"{src}: client {_id(key)}: expected {{'active': [...], 'inactive': [...]}}") from None
             for a in active:
                 end = next((b for b in inactive if b > a), finish)
                 if end > a:
