@@ -70,18 +70,18 @@ def _get(i: int) -> bytes:
 
 def _tuple_key_dag(levels: int = 60) -> bytes:
     """{t: None} where t = (t', t') and so on down to 0: 2^60 leaves, one tuple per level in the file."""
-    body = P.EMPTY_DICT + P.BININT1 + b"\x00" + P.MEMOIZE
+    body = P.EMPTY_DICT + P.BININT1 + b"\x00" + P.MEMOIZE + P.POP
     for i in range(levels):
-        body += _get(i) + _get(i) + P.TUPLE2 + P.MEMOIZE
-    return _crafted(body + P.NONE + P.SETITEM)
+        body += _get(i) + _get(i) + P.TUPLE2 + P.MEMOIZE + P.POP
+    return _crafted(body + _get(levels) + P.NONE + P.SETITEM)
 
 
 def _list_dag(levels: int = 40) -> bytes:
     """{1: L} where L = [L', L'] and so on down to []: a list of 2^40 lists."""
-    body = P.EMPTY_DICT + P.BININT1 + b"\x01" + P.EMPTY_LIST + P.MEMOIZE
+    body = P.EMPTY_DICT + P.BININT1 + b"\x01" + P.EMPTY_LIST + P.MEMOIZE + P.POP
     for i in range(levels):
-        body += P.EMPTY_LIST + P.MEMOIZE + P.MARK + _get(i) + _get(i) + P.APPENDS
-    return _crafted(body + P.SETITEM)
+        body += P.EMPTY_LIST + P.MEMOIZE + P.MARK + _get(i) + _get(i) + P.APPENDS + P.POP
+    return _crafted(body + _get(levels) + P.SETITEM)
 
 
 def _colliding_int_keys(n: int = 20_000) -> bytes:
@@ -123,10 +123,11 @@ def test_crafted_pickles_that_would_hang_or_exhaust_memory_are_refused_fast_in_b
     import subprocess
     import sys
     # a tuple or list of level j holds 2^(j+2) - 1 values, 2^27 - 1 > 10^8 first at j = 25: the TUPLE2 at byte
-    # 10 + 6·25 (PROTO, EMPTY_DICT, BININT1, MEMOIZE, then 6 bytes a level), the APPENDS at 14 + 8·25 (PROTO,
-    # EMPTY_DICT, BININT1, EMPTY_LIST, MEMOIZE, then 8 bytes a level); the first colliding key is 2^61 - 1 itself
-    cases = {"tuple_key_dag": (_tuple_key_dag(), "TUPLE2 at byte 160 builds a tuple of more than 100,000,000 values"),
-             "list_dag": (_list_dag(), "APPENDS at byte 214 builds a list of more than 100,000,000 values"),
+    # 11 + 7·25 (PROTO, EMPTY_DICT, BININT1, MEMOIZE, POP, then 7 bytes a level), the APPENDS at 15 + 9·25
+    # (PROTO, EMPTY_DICT, BININT1, EMPTY_LIST, MEMOIZE, POP, then 9 bytes a level); the first colliding key is
+    # 2^61 - 1 itself, at SETITEMS after PROTO, EMPTY_DICT, MARK and 20 000 keys of 13 bytes
+    cases = {"tuple_key_dag": (_tuple_key_dag(), "TUPLE2 at byte 186 builds a tuple of more than 100,000,000 values"),
+             "list_dag": (_list_dag(), "APPENDS at byte 240 builds a list of more than 100,000,000 values"),
              "colliding_keys": (_colliding_int_keys(), "SETITEMS at byte "
                                 f"{2 + 2 + 20_000 * 13}: an int dict key or set item beyond ±2^61")}
     for name, (data, _) in cases.items():
