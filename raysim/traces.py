@@ -8,7 +8,9 @@ maps a client id to ``{'computation': ms per sample, 'communication': kbit/s}``,
 ``literal`` reads a pickle's opcodes (``pickletools``) as a small stack machine that builds only
 dicts, lists, tuples, sets, strings, numbers, booleans and None, and refuses any opcode that
 would import or call something. The two traces are plain data, so they read; a file that holds
-objects is refused with the opcode named.
+objects is refused with the opcode named, and so is one crafted to hang, exhaust memory or crash
+the reader (shared references that expand past 10^8 values, nesting past 32, tuple keys, an
+opcode adding to the wrong kind of container), fast and in memory proportional to the file.
 
     raysim data fedscale --devices client_device_capacity --availability client_behave_trace \\
         --clients 1000 --out traces/
@@ -100,11 +102,14 @@ def literal(path: str | Path) -> object:
         if id(target) not in changeable:
             raise TraceError(f"{at()} changes a {kind.__name__} already inside another container "
                              f"(a cycle, or a shared value changed after it was used)")
-        pairs = _pairs(items, at) if kind is dict else _keys(items, at) if kind is set else items
+        pairs = _pairs(items, at) if kind is dict else _keys(items, at) if kind is set else None
         _count(made, changeable, target, items, at, fresh=False)
         if id(target) not in changeable:
             raise TraceError(f"{at()} puts a {kind.__name__} inside itself (a cycle)")
-        target.update(pairs) if kind is not list else target.extend(items)
+        if kind is list:
+            target.extend(items)
+        else:
+            target.update(pairs)
 
     try:
         for op, arg, pos in pickletools.genops(data):
