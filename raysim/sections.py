@@ -231,7 +231,7 @@ class CommunicationCfg:
     levels: int = field(default=16, metadata={"min": 1, "help": "qsgd: s, the quantization levels of |v_i|/‖u‖"})
     bucket: int | None = field(default=512, metadata={"min": 0, "help": (
         "qsgd: b, the consecutive coordinates u of the update that share one norm ‖u‖ (32 bits each); 0 or "
-        "null: the whole update, one norm; 512 as in QSGD's experiments (Alistarh et al. 2017)")})
+        "null: the whole update, one norm (how-to: compressed uploads)")})
     ratio: float = field(default=0.01, metadata={"gt": 0.0, "max": 1.0, "help": (
         "topk and randk: the share of the update's coordinates sent")})
     gossip_step: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0, "help": (
