@@ -4,11 +4,14 @@ averages the models θ + C(Δ_k) as the method does. What a client would put on 
 counted (``upload_bytes``), with float32 values and int32 indices:
 
 - ``qsgd`` (Alistarh, Grubic, Li, Tomioka & Vojnovic, "QSGD: Communication-Efficient SGD via
-  Gradient Quantization and Encoding", NeurIPS 2017): ‖v‖·sign(v_i)·ξ_i/s, ξ_i the integer
-  l = ⌊s|v_i|/‖v‖⌋ rounded up to l + 1 with probability s|v_i|/‖v‖ − l, so E[C(v)] = v; the
-  norm in 32 bits and each coordinate's sign and level in 1 + ⌈log2(s + 1)⌉ bits (fixed-length,
-  an upper bound on the paper's Elias coding). FedPAQ (Reisizadeh et al., AISTATS 2020) is
-  FedAvg with this upload.
+  Gradient Quantization and Encoding", NeurIPS 2017), per bucket of b consecutive coordinates
+  of the vector (the last one shorter; b = ``bucket``, or d with 0 or null): ‖u‖·sign(v_i)·ξ_i/s,
+  u the bucket of v_i and ξ_i the integer l = ⌊s|v_i|/‖u‖⌋ rounded up to l + 1 with probability
+  s|v_i|/‖u‖ − l, so E[C(v)] = v; each bucket's norm in 32 bits and each coordinate's sign and
+  level in 1 + ⌈log2(s + 1)⌉ bits (fixed-length, an upper bound on the paper's Elias coding).
+  The buckets run over the concatenated tensors, not per tensor, so the bytes depend on d alone
+  (the virtual clock knows them before a round) and no tensor shorter than b gets a norm of its
+  own. FedPAQ (Reisizadeh et al., AISTATS 2020) is FedAvg with this upload.
 - ``topk``: the k = ⌈ratio·d⌉ coordinates of largest magnitude, as (index, value) pairs (biased:
   use it with error feedback).
 - ``randk``: k coordinates drawn uniformly, scaled by d/k so that E[C(v)] = v; the indices come
@@ -70,10 +73,16 @@ def kept(d: int, ratio: float) -> int:
     return min(d, max(1, math.ceil(ratio * d)))
 
 
-def sent_bytes(d: int, kind: str, levels: int, ratio: float) -> float:
+def bucket_size(d: int, bucket: int | None) -> int:
+    """b, the coordinates of each of QSGD's buckets of a vector of d (0 or None: the whole vector)."""
+    return min(bucket, d) if bucket else d
+
+
+def sent_bytes(d: int, kind: str, levels: int, ratio: float, bucket: int | None = 0) -> float:
     """The bytes a client sends for an update of d numbers (it depends on d only)."""
     if kind == "qsgd":
-        return 4.0 + math.ceil(d * (1 + math.ceil(math.log2(levels + 1))) / 8)
+        norms = math.ceil(d / bucket_size(d, bucket)) if d else 0
+        return 4.0 * norms + math.ceil(d * (1 + math.ceil(math.log2(levels + 1))) / 8)
     if kind == "topk":
         return 8.0 * kept(d, ratio)
     if kind == "randk":
@@ -81,21 +90,32 @@ def sent_bytes(d: int, kind: str, levels: int, ratio: float) -> float:
     return 4.0 * d
 
 
+def qsgd(v: torch.Tensor, levels: int, gen: torch.Generator, bucket: int | None) -> torch.Tensor:
+    """QSGD's C(v): each bucket's coordinates scaled by s/‖bucket‖ and rounded at random to a
+    neighbouring integer, unbiased (a bucket of zeros stays zeros). One uniform draw per
+    coordinate, in order: with one bucket the draws, and so the numbers, are those of the
+    whole-vector quantizer."""
+    d = v.numel()
+    b = bucket_size(d, bucket)
+    x = v.double()
+    rows = torch.nn.functional.pad(x, (0, -d % b)).view(-1, b)
+    norm = torch.linalg.vector_norm(rows, dim=1, keepdim=True).expand(-1, b).reshape(-1)[:d]
+    scaled = x.abs() * levels / torch.where(norm > 0, norm, 1.0)
+    low = scaled.floor()
+    up = torch.rand(d, generator=gen, dtype=torch.float64) < (scaled - low)
+    return (torch.sign(x) * (low + up) * norm / levels).float()
+
+
 def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.Generator,
-             unbiased: bool = True) -> torch.Tensor:
+             unbiased: bool = True, bucket: int | None = 0) -> torch.Tensor:
     """C(v) for a float32 vector ``v`` (``gen``: the client's draws this round); ``unbiased``
-    False: randk's values unscaled, the contractive form error feedback needs."""
+    False: randk's values unscaled, the contractive form error feedback needs; ``bucket``:
+    QSGD's bucket size (0 or None: the whole vector)."""
     d = v.numel()
     if kind == "none" or d == 0:
         return v
     if kind == "qsgd":
-        norm = torch.linalg.vector_norm(v.double())
-        if float(norm) == 0.0:
-            return torch.zeros_like(v)
-        scaled = v.double().abs() * levels / norm
-        low = scaled.floor()
-        up = torch.rand(d, generator=gen, dtype=torch.float64) < (scaled - low)
-        return (torch.sign(v.double()) * (low + up) * norm / levels).float()
+        return qsgd(v, levels, gen, bucket)
     k = kept(d, ratio)
     out = torch.zeros_like(v)
     if kind == "topk":
@@ -112,13 +132,15 @@ def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.G
 def gossip_estimate(x: torch.Tensor, estimate: torch.Tensor, cfg, seed: int, round_: int, cid: int) -> torch.Tensor:
     """CHOCO-gossip's public copy after a round: x̂ + Q(x − x̂), Q the scenario's compressor in
     its contractive form (Koloskova, Stich & Jaggi, ICML 2019: topk; randk unscaled; QSGD
-    divided by τ = 1 + min(d/s², √d/s)), from (seed, "compress", round, client)."""
+    divided by τ = 1 + min(b/s², √b/s), b its bucket size: each bucket's variance is within
+    that share of its squared norm, so the whole vector's is), from (seed, "compress", round,
+    client)."""
     v = (x - estimate).float().cpu()
     q = compress(v, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),
-                 unbiased=False)
+                 unbiased=False, bucket=cfg.bucket)
     if cfg.compress == "qsgd":
-        d = v.numel()
-        q = q / (1 + min(d / cfg.levels ** 2, math.sqrt(d) / cfg.levels))
+        b = bucket_size(v.numel(), cfg.bucket)
+        q = q / (1 + min(b / cfg.levels ** 2, math.sqrt(b) / cfg.levels))
     return estimate + q.to(estimate.device, estimate.dtype)
 
 
@@ -127,7 +149,7 @@ def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Ten
     """A client's ``Weighted`` reply of its trained model as the server receives it compressed
     (``cfg``: the scenario's communication section), and the client's new remainder (error
     feedback; None without it)."""
-    nbytes = sent_bytes(float_numbers(shared), cfg.compress, cfg.levels, cfg.ratio)
+    nbytes = sent_bytes(float_numbers(shared), cfg.compress, cfg.levels, cfg.ratio, cfg.bucket)
     if cfg.compress == "none" and not cfg.error_feedback:
         return Upload(reply, nbytes), None                  # the model itself: the run's numbers unchanged
     delta = torch.cat([d.reshape(-1).float().cpu() for d in model_update(reply, shared, "compression")
@@ -135,7 +157,7 @@ def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Ten
     if cfg.error_feedback and residual is not None:
         delta = delta + residual
     sent = compress(delta, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),
-                    unbiased=not cfg.error_feedback)
+                    unbiased=not cfg.error_feedback, bucket=cfg.bucket)
     remainder = delta - sent if cfg.error_feedback else None
     device = shared[0].device
     model = [s + d.to(device) if s.is_floating_point() else s

@@ -244,7 +244,10 @@ class CommunicationCfg:
         "help": "none: the update as it is (4 bytes a number); qsgd: stochastic quantization to levels "
                 "(Alistarh et al. 2017; FedAvg with it is FedPAQ); topk: the ratio of largest-magnitude "
                 "coordinates; randk: a random ratio of coordinates, scaled to stay unbiased"})
-    levels: int = field(default=16, metadata={"min": 1, "help": "qsgd: s, the quantization levels of |v_i|/‖v‖"})
+    levels: int = field(default=16, metadata={"min": 1, "help": "qsgd: s, the quantization levels of |v_i|/‖u‖"})
+    bucket: int | None = field(default=512, metadata={"min": 0, "help": (
+        "qsgd: b, the consecutive coordinates u of the update that share one norm ‖u‖ (32 bits each); 0 or "
+        "null: the whole update, one norm (how-to: compressed uploads)")})
     ratio: float = field(default=0.01, metadata={"gt": 0.0, "max": 1.0, "help": (
         "topk and randk: the share of the update's coordinates sent")})
     gossip_step: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0, "help": (

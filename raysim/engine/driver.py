@@ -409,7 +409,7 @@ class RoundDriver:
         comm = self.sc.communication
         if comm is not None:                 # compressed: the upload's size depends on the model's only
             up = np.full(len(cids), compression.sent_bytes(float_numbers(message.shared), comm.compress,
-                                                           comm.levels, comm.ratio))
+                                                           comm.levels, comm.ratio, comm.bucket))
         work = np.array([self.algo.client_work(n) for n in self.n_train(cids.tolist()).tolist()])
         secs = self.fleet.profiles.seconds(cids, work, size, up)
         return (secs, self.fleet.profiles.compute(cids, work)) if compute else secs

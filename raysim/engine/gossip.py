@@ -146,7 +146,8 @@ class GossipDriver(RoundDriver):
         comm = self.sc.communication
         if comm is not None:             # CHOCO-gossip: each client sends one compressed difference a round
             d = sum(t.numel() for g in self.algo.shared(self.server_state) for t in g if t.is_floating_point())
-            record["upload_bytes"] = len(everyone) * compression.sent_bytes(d, comm.compress, comm.levels, comm.ratio)
+            record["upload_bytes"] = len(everyone) * compression.sent_bytes(
+                d, comm.compress, comm.levels, comm.ratio, comm.bucket)
             record["upload_bytes_total"] = record["upload_bytes"] + sum(h.get("upload_bytes", 0.0) for h in self.history)
         record.update(self.consensus(sums))
         if changed and self.sc.data.clients <= topology.GAP_MAX and not self.failures:
