@@ -143,12 +143,14 @@ def test_sample_epsilon_is_the_worst_clients_composition_of_its_poisson_sampled_
     """Client k of n_k samples, in r_k rounds: r_k·epochs·⌈n_k/B⌉ steps at q = B/n_k, composed by
     dp_accounting itself; the largest ε over clients (one that never trained spends nothing)."""
     import dp_accounting as dpa
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
     delta = 1e-5
     worst = 0.0
     for n, r in zip(sizes, rounds):
         if r == 0:
             continue
-        acc, step = privacy.step_event(min(1.0, batch / n), z)
+        acc = rdp.RdpAccountant()                # built here from dp_accounting, not raysim's step_event
+        step = dpa.PoissonSampledDpEvent(min(1.0, batch / n), dpa.GaussianDpEvent(z))
         acc.compose(dpa.SelfComposedDpEvent(step, r * epochs * -(-n // batch)))
         worst = max(worst, acc.get_epsilon(delta))
     got = privacy.sample_epsilon(np.array(rounds), np.array(sizes), epochs, batch, z, delta)

@@ -75,14 +75,6 @@ def test_the_server_adds_noise_of_std_z_times_c_to_the_sum_and_divides_by_the_sa
     assert torch.equal(again.values[0], noisy.values[0]) and not torch.equal(other.values[0], noisy.values[0])
 
 
-@pytest.mark.parametrize("accounting", ["sampled", "poisson"])
-@pytest.mark.parametrize("rounds,clients,k,z", [(1, 100, 10, 1.0), (50, 50, 25, 1.0), (200, 1000, 10, 0.8), (30, 20, 20, 2.0)])
-def test_epsilon_is_dp_accountings_own_composition_of_the_rounds(accounting, rounds, clients, k, z):
-    acc, event = privacy.accountant_event(clients, k, z, accounting, rounds)
-    acc.compose(event)
-    assert privacy.epsilon(rounds, clients, k, z, 1e-5, accounting) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12)
-
-
 def test_epsilon_grows_with_rounds_falls_with_noise_and_the_poisson_statement_is_the_smaller():
     eps = [privacy.epsilon(r, 1000, 10, 1.0, 1e-5, "sampled") for r in (1, 10, 100)]
     assert eps[0] < eps[1] < eps[2]

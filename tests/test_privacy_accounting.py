@@ -155,8 +155,9 @@ def test_poisson_accounting_is_above_the_pld_accountant_and_within_its_slack(rou
     (next test), the RDP route costs 8 to 9 % at ε from 1 to 4, and subsampling at these rates
     keeps it there (measured: 7.9 % and 8.6 %). 15 % leaves room for that and for the PLD's
     discretization."""
-    _, event = privacy.accountant_event(clients, k, z, "poisson", rounds)
-    pld = pld_epsilon(event)
+    import dp_accounting as dpa
+    round_ = dpa.PoissonSampledDpEvent(k / clients, dpa.GaussianDpEvent(z))
+    pld = pld_epsilon(dpa.SelfComposedDpEvent(round_, rounds))
     eps = privacy.epsilon(rounds, clients, k, z, DELTA, "poisson")
     assert pld <= eps <= pld * (1 + PLD_SLACK)
 
@@ -189,7 +190,6 @@ def test_opacus_rdp_gives_raysims_epsilon():
     the optimum is an integer order (Abadi's setting: 17); where it is fractional (one client,
     n = 100, B = 10, 10 steps, σ = 1.1: order 5.3) raysim is at most 1e-4 above, never below
     (see test_fractional_orders_...)."""
-    pytest.importorskip("opacus")
     assert privacy.epsilon(10000, 100, 1, 4.0, DELTA, "poisson") == pytest.approx(
         opacus_epsilon(0.01, 4.0, 10000), rel=1e-9)
     reference = opacus_epsilon(0.1, 1.1, 10)
@@ -202,6 +202,24 @@ def test_poisson_client_accounting_matches_the_hand_rdp():
     """20 rounds, 5 of 100 clients (q = 0.05), z = 2: the optimum is the integer order 21, where
     the closed form is exact: the same ε to rounding (0.59991)."""
     assert privacy.epsilon(20, 100, 5, 2.0, DELTA, "poisson") == pytest.approx(hand_epsilon(0.05, 2.0, 20), rel=1e-9)
+
+
+def test_adaptive_clipping_is_the_poisson_rdp_of_both_noisy_sums_together():
+    """Andrew et al.'s adaptive clipping, z = 1, count noise σ_b = 0.6, 10 of 100 clients a round
+    (q = 0.1), 100 rounds. By hand: the update is noised at z_Δ = (z⁻² − (2σ_b)⁻²)^−½ and the
+    centred count (sensitivity ½) at σ_b/½ = 1.2; the two Gaussian queries on one sample are one
+    Gaussian of RDP α/2 · (z_Δ⁻² + 1.2⁻²) = α/(2z²) before subsampling. So ε is the hand RDP of
+    the subsampled Gaussian at σ = 1 — what raysim logs as dp_epsilon for this run's settings."""
+    from raysim.sections import PrivacyCfg
+    z, sigma_b = 1.0, 0.6
+    z_delta = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+    together = (z_delta ** -2 + (sigma_b / 0.5) ** -2) ** -0.5
+    assert together == pytest.approx(1.0, rel=1e-12)
+    cfg = PrivacyCfg(noise_multiplier=z, target_quantile=0.5, count_noise=sigma_b)
+    assert privacy.update_multiplier(cfg, 10) == pytest.approx(z_delta, rel=1e-12)
+    eps = privacy.epsilon(100, 100, 10, privacy.accountant_multiplier(cfg, 10), DELTA, "poisson")
+    hand = hand_epsilon(0.1, together, 100)         # 7.8993; the optimum is a fractional order,
+    assert hand <= eps <= hand * (1 + 1e-3)          # where dp_accounting is 6e-4 above (see below)
 
 
 @pytest.mark.parametrize("rounds,z", [(10, 1.0), (100, 5.0), (1, 0.8)])
