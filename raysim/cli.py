@@ -173,6 +173,10 @@ def _dispatch(args, early_ray: bool = False) -> int:
             for name, where, summary in items:
                 print(f"  {name:<{width}}  {where:<{origin}}  {summary}")
         return EXIT_OK
+    if args.command in ("report", "compare") and args.tracking_uri is not None:
+        from raysim.stores import unknown_store
+        if unknown := unknown_store(args.tracking_uri):
+            raise config.ScenarioError(f"{args.command} --tracking-uri: {unknown}")
     if args.command == "report":
         from raysim.report import report
         made = report(args.run_ids, args.tracking_uri, args.out, log=not args.no_log)

@@ -201,6 +201,16 @@ def test_a_tracking_uri_of_no_mlflow_store_is_refused_before_ray_starts_a_plugin
     assert proc.returncode == 0, proc.stderr
 
 
+def test_report_and_compare_refuse_a_tracking_uri_of_no_mlflow_store_in_one_line():
+    """They ended in MLflow's UnsupportedModelRegistryStoreURIException, exit 1."""
+    for command in ("report", "compare"):
+        proc = raysim_command(command, "--tracking-uri", "nosuch://x", "0123abcd")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"raysim: {command} --tracking-uri: nosuch://x: MLflow has no tracking store for "
+                                   "the scheme 'nosuch'; give a file path or a URI of scheme databricks, "), lines[0]
+
+
 @pytest.mark.parametrize("uri", ["sqlite:///a/b.db", "postgresql+psycopg2://u@h/db", "mysql://h/db", "/abs/path",
                                  "rel/path", "file:///x", "databricks", "databricks://profile", "https://h:5000",
                                  "nosuch://x", "C:\\runs"])
