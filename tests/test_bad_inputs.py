@@ -201,10 +201,10 @@ def test_a_tracking_uri_of_no_mlflow_store_is_refused_before_ray_starts_a_plugin
     assert proc.returncode == 0, proc.stderr
 
 
-def test_report_and_compare_refuse_a_tracking_uri_of_no_mlflow_store_in_one_line():
+def test_report_and_compare_refuse_a_tracking_uri_of_no_mlflow_store_in_one_line(tmp_path):
     """They ended in MLflow's UnsupportedModelRegistryStoreURIException, exit 1."""
     for command in ("report", "compare"):
-        proc = raysim_command(command, "--tracking-uri", "nosuch://x", "0123abcd")
+        proc = raysim_command(command, "--tracking-uri", "nosuch://x", "0123abcd", cwd=tmp_path)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert lines[0].startswith(f"raysim: {command} --tracking-uri: nosuch://x: MLflow has no tracking store for "
