@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from raysim.errors import EXIT_INPUT, EXIT_OK, explain
+from raysim.errors import EXIT_FAILED, EXIT_INPUT, EXIT_OK, explain
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,8 +142,10 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
     forward_sigterm()
     try:
         return _dispatch(args, early_ray)
-    except SystemExit:
-        raise
+    except SystemExit as e:             # raysim's own exits are argparse's, above: this one is the code it ran
+        print(f"raysim: {args.command} failed: SystemExit: sys.exit({e.code!r}) was called while it ran "
+              "(by a plugin, or a library one calls); what it did is not finished", file=sys.stderr)
+        return EXIT_FAILED
     except BaseException as e:          # noqa: BLE001 - map every error to an exit code
         return _report(e, getattr(args, "verbose", False))
 

@@ -312,6 +312,26 @@ def test_a_plugin_that_calls_sys_exit_as_it_imports_is_its_failure_not_raysims_e
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_a_plugin_that_calls_sys_exit_0_in_training_fails_the_run_and_its_mlflow_run(tmp_path):
+    """`raysim run` exited 0 (the MLflow run marked FAILED all the same) when a plugin's reply
+    called sys.exit(0): a run that did not finish, reported as a success. Now exit 1, one line
+    saying so after the resume hint, and the MLflow run FAILED."""
+    import mlflow
+    (tmp_path / "quitter.py").write_text("import sys\nfrom raysim.algorithms.fedavg import FedAvg\n\n\n"
+                                         "class Q(FedAvg):\n    def reply(self, params, received, n):\n"
+                                         "        sys.exit(0)\n")
+    path = tracked(tmp_path, TINY.replace("{name: fedavg,", '{name: "quitter:Q",'))
+    proc = raysim("run", path, "-q", "--engine", "serial", path=[tmp_path], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "raysim: run failed: SystemExit: sys.exit(0) was called while it ran (by a plugin, or a library one "
+        "calls); what it did is not finished")
+    assert "--resume" in proc.stderr
+    runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
 def test_a_plugin_with_a_built_in_name_is_refused_naming_both(tmp_path):
     shadow = dist_info(tmp_path / "site", "shadow", "1.0", "[raysim.models]\nmlp = shadow:MLP\n")
     line = one_line_error(raysim("list", path=[shadow], cwd=tmp_path, check=False))
