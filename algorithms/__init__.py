@@ -1,10 +1,12 @@
 """Algorithms: pure tensor math behind one contract (see base.py). Never imports Ray.
 
 REGISTRY holds the built-in methods by name. The engine finds a scenario's method through
-``raysim.plugins.algorithm``, which reads REGISTRY first and otherwise resolves a plugin (an
-entry point of the group ``raysim.algorithms``, or ``module:Name``); this package imports nothing
-above ``raysim.core``, so it cannot do that itself.
+``resolve``, which reads REGISTRY first and otherwise resolves a plugin (an entry point of the
+group ``raysim.algorithms``, or ``module:Name``) through ``raysim.plugins``. This package
+imports nothing of raysim's but ``raysim.core`` and ``raysim.plugins``.
 """
+from raysim import plugins
+
 from .apfl import APFL
 from .base import Algorithm
 from .cfl import CFL
@@ -42,5 +44,14 @@ REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova)})
 
 
 def get(name: str) -> type[Algorithm]:
-    """A built-in method by name (a plugin's: ``raysim.plugins.algorithm``)."""
+    """A built-in method by name (a plugin's too: ``resolve``)."""
     return REGISTRY[name]
+
+
+PLUGINS = plugins.Kind("raysim.algorithms", "algorithm", REGISTRY, Algorithm, "raysim.algorithms.REGISTRY",
+                       subclass=True)
+
+
+def resolve(name: str) -> type[Algorithm]:
+    """The algorithm class ``name``: built-in, ``module:Name`` or an entry point."""
+    return plugins.resolve(PLUGINS, name)

@@ -197,7 +197,7 @@ class Algorithm:
         self.task = task
         self.objective = Supervised(task)
         self._trainer: Trainer | None = None
-        self.finetune = None       # eval.finetune's options (raysim.config.FinetuneCfg), set by setup
+        self.finetune = None       # eval.finetune's options (raysim.scenario.config.FinetuneCfg), set by setup
         # privacy.level sample's (C, z, Poisson batches), set by setup
         self.dp_sgd_settings: tuple[float, float, bool] | None = None
         # stored inputs -> model inputs (an image source's uint8 pixels: raysim.core.data.Pixels), set by

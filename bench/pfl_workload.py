@@ -195,7 +195,7 @@ def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
     drifts weighs on both alike, timed in CPU seconds (a preempted round is not charged for
     the wait); the medians of ``pairs`` pairs: {ratio, fedavg, ditto}."""
     import time
-    from raysim import config
+    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
     with tempfile.TemporaryDirectory() as tmp:
         drivers = {}

@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--variant", help="a sweep's variant (the file is a sweep)")
     args = ap.parse_args()
-    from raysim import config
+    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
     if args.variant:
         ((_, sc),) = config.load_variants(args.scenario, args.overrides, only=args.variant)

@@ -49,7 +49,7 @@ def fashion(tmp: Path, name: str, rounds: int, systems: dict, every: int) -> str
 
 
 def driver(path: str, overrides=()):
-    from raysim import config
+    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
     return serial_driver(config.load(path, list(overrides)))
 

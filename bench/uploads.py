@@ -5,8 +5,8 @@ one local epoch of the bare loop takes for the same MLP (the work the upload fol
     python bench/uploads.py                       # d of the MLPs 784-100-10 and 784-200-200-10
     python bench/uploads.py --hidden 1000,1000    # a larger model
 
-Each transform runs on a client's reply as the hosts run it (raysim/privacy.py,
-raysim/compression.py), the median of --repeat calls after a warm-up. The bare epoch is one
+Each transform runs on a client's reply as the hosts run it (raysim/federation/privacy.py,
+raysim/federation/compression.py), the median of --repeat calls after a warm-up. The bare epoch is one
 client's 1 000 samples at batch 10 through an nn.Module, autograd and torch.optim.SGD, the way
 the peers train.
 """
@@ -23,9 +23,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from raysim import compression, privacy  # noqa: E402
+from raysim.federation import compression  # noqa: E402
+
+from raysim.federation import privacy
 from raysim.core.replies import Weighted  # noqa: E402
-from raysim.sections import CommunicationCfg  # noqa: E402
+from raysim.scenario.sections import CommunicationCfg  # noqa: E402
 
 
 def timed(fn, repeat: int) -> float:

@@ -4,10 +4,10 @@ At every build, ``on_files`` writes three pages from the code itself, so they ca
 from it; none of them is committed:
 
 - ``reference/scenario.md``: every scenario key, from the section dataclasses
-  (``raysim.sections``) and the components' own options dataclasses (the algorithms'
+  (``raysim.scenario.sections``) and the components' own options dataclasses (the algorithms'
   ``Hyper``, the models', datasets' and partitioners' ``Params``): type, default, allowed
   values (field metadata ``choices``/``min``/``max``/``gt``/``lt`` and the class-level
-  ``CHOICES``/``POSITIVE``/``NONNEGATIVE``, as ``raysim.schema.load_dataclass`` applies them)
+  ``CHOICES``/``POSITIVE``/``NONNEGATIVE``, as ``raysim.scenario.schema.load_dataclass`` applies them)
   and help;
 - ``reference/cli.md``: ``raysim.cli.build_parser()``'s subcommands and arguments, and the exit
   codes (``raysim.cli``'s docstring, checked against ``raysim.errors``' constants);
@@ -191,7 +191,7 @@ def yaml_value(v) -> str:
 
 def field_meta(cls, f) -> dict:
     """The field's effective metadata, with the class-level CHOICES/POSITIVE/NONNEGATIVE
-    merged in as ``raysim.schema.load_dataclass`` does."""
+    merged in as ``raysim.scenario.schema.load_dataclass`` does."""
     meta = dict(f.metadata)
     choices = getattr(cls, "CHOICES", {})
     if f.name in choices:
@@ -240,11 +240,11 @@ KEY_HEADER = ["Key", "Type", "Default", "Allowed", "Description"]
 
 
 # ----------------------------------------------------------------------------- scenario page
-# The keys raysim.config.validate reads itself, outside any dataclass: (type, default, allowed,
+# The keys raysim.scenario.config.validate reads itself, outside any dataclass: (type, default, allowed,
 # help). A top-level section is described by its dataclass (the Scenario field's type).
 def _scalars() -> dict[str, tuple[str, str, str, str]]:
-    from raysim.schema import SEED
-    from raysim.sections import DataCfg
+    from raysim.scenario.schema import SEED
+    from raysim.scenario.sections import DataCfg
     data_help = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(DataCfg)}
     return {
         "name": ("string", "the file's name without .yaml", "",
@@ -290,7 +290,7 @@ def _scalar_row(key: str, spec) -> list[str]:
 
 def _section_class(name: str):
     """The dataclass of a top-level section (``Scenario``'s field's type, Optional unwrapped)."""
-    from raysim.sections import Scenario
+    from raysim.scenario.sections import Scenario
     t = typing.get_type_hints(Scenario).get(name)
     if typing.get_origin(t) in (typing.Union, types.UnionType):
         t = next(a for a in typing.get_args(t) if a is not type(None))
@@ -314,11 +314,11 @@ def _component_sections(title: str, intro: str, registry: dict, params_of, prefi
 
 def scenario_page() -> str:
     import raysim.algorithms as algorithms
-    from raysim.config import TOP_KEYS
+    from raysim.scenario.config import TOP_KEYS
     from raysim.data import DATASETS, PARTITIONERS, partitions_of
     from raysim.models import MODELS
-    from raysim.schema import Component
-    from raysim.sections import DataCfg, Scenario
+    from raysim.scenario.schema import Component
+    from raysim.scenario.sections import DataCfg, Scenario
 
     scalars = _scalars()
     fields = set(typing.get_type_hints(Scenario))

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raysim.cli import parse_run_id, parse_run_ids
-from raysim.schema import ScenarioError
+from raysim.scenario.schema import ScenarioError
 
 if TYPE_CHECKING:           # pragma: no cover - for type checkers and the API reference only
     import pandas as pd
 
-    from raysim.sections import Scenario
+    from raysim.scenario.sections import Scenario
 
 __all__ = ["run", "load", "shutdown", "Result", "SweepResult", "ScenarioError"]
 
@@ -145,7 +145,7 @@ class SweepResult:
         Raises:
             ScenarioError: ``metrics`` is not a metric's name or a list of them, or
                 ``select`` not a metric's name.
-            raysim.compare.CompareError: None of the runs logged these metrics, ``over``
+            raysim.results.compare.CompareError: None of the runs logged these metrics, ``over``
                 is neither ``"seeds"`` nor ``"clients"``, or ``select`` is not a validation
                 metric the runs logged.
         """
@@ -237,12 +237,12 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
     with tempfile.TemporaryDirectory(prefix="raysim-api-") as tmp:
         file = _scenario_file(scenario, tmp) if isinstance(scenario, Mapping) else str(scenario)
         try:
-            from raysim import config
-            from raysim.preflight import check_run
+            from raysim.scenario import config
+            from raysim.experiment.preflight import check_run
             check_run(file, items, None, resume)
             seed_list = config.seeds_of(file, _seeds_text(seeds))
             variants = config.load_variants(file, items, variant, seeds=seed_list)
-            from raysim.sweep import best_of as best, run_command
+            from raysim.experiment.sweep import best_of as best, run_command
             if best_of:
                 variants = best(file, variants, best_of, variant, verbose)
             summaries = run_command(file, variants, seed_list, overrides=items, engine=engine, address=address,
@@ -277,15 +277,15 @@ def load(run_id: str, tracking_uri: str | None = None) -> Result | SweepResult:
     Raises:
         ScenarioError: ``run_id`` is not a non-empty string, or ``tracking_uri`` is neither
             None nor a tracking URI MLflow can open.
-        raysim.report.ReportError: No such run in the store, or a run that did not finish
+        raysim.results.report.ReportError: No such run in the store, or a run that did not finish
             (no summary; a failed or killed run can be continued with ``resume``).
     """
     _text("run_id", run_id, "the MLflow run's id, a string")
     _text("tracking_uri", tracking_uri, "an MLflow tracking URI, e.g. sqlite:///mlflow.db")
-    from raysim.stores import unknown_store
+    from raysim.scenario.stores import unknown_store
     if tracking_uri is not None and (unknown := unknown_store(tracking_uri)):
         raise ScenarioError(f"tracking_uri: {unknown}")
-    from raysim import report
+    from raysim.results import report
     uri, client = _client(tracking_uri)
     runs = report.expand(client, [run_id])          # ReportError for an unknown id
     if runs[0].info.run_id == run_id and runs[0].data.tags.get("raysim.parent") != "1":
@@ -429,7 +429,7 @@ def _api_words(message: str, file: str, label: str) -> str:
 
 
 def _client(uri: str | None):
-    from raysim.report import client_for
+    from raysim.results.report import client_for
     return client_for(uri)
 
 
@@ -476,7 +476,7 @@ def _result(summary: dict, scenario: Scenario | None, variant: str | None) -> Re
 
 def _sweep_result(summaries: list[dict], variants: list) -> SweepResult:
     """The runs just made, with the parent they are nested under and its table."""
-    from raysim.report import INDEX_TAG
+    from raysim.results.report import INDEX_TAG
     uri, client = _client(summaries[0]["tracking_uri"])
     children, parent = {}, None
     for summary in summaries:
@@ -492,11 +492,11 @@ def _sweep_result(summaries: list[dict], variants: list) -> SweepResult:
 def _loaded(client, run, uri: str) -> Result:
     """A finished run read back: its summary.json, and its recorded scenario validated
     again (without opening its data)."""
-    from raysim import report
+    from raysim.results import report
     summary, raw = report.load(client, run.info.run_id)
     scenario = None
     if raw is not None:
-        from raysim import config
+        from raysim.scenario import config
         try:
             scenario = config.validate(raw, summary.get("scenario") or run.data.tags.get("scenario", DICT_LABEL),
                                        check_data=False)
@@ -512,7 +512,7 @@ def _table(client, parent_run_id: str, metrics: list[str] | None = None, over: s
     there is nothing to compare (no run evaluated), an empty DataFrame and the reason, or
     with ``strict`` the CompareError."""
     import pandas as pd
-    from raysim import compare
+    from raysim.results import compare
     try:
         markdown, (methods, columns, cells) = compare.table(client, [parent_run_id], None, metrics, over, select)
     except compare.CompareError as e:

@@ -152,21 +152,21 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
 
 def _dispatch(args, early_ray: bool = False) -> int:
     if args.command == "run":
-        from raysim.preflight import check_run
+        from raysim.experiment.preflight import check_run
         actors = check_run(args.file, args.overrides, args.summary, args.resume)
         # MLflow imported by a helper while this one loads: a serial run, or a local Ray's (whose
         # host 0 runs in this process, resources.driver_host)
         if args.engine == "serial" or args.address is None:
-            from raysim import tracker_process
+            from raysim.results import tracker_process
             tracker_process.prestart()
     if early_ray and args.command == "run" and args.engine == "ray":
         from raysim.engine import ray_start
         print(f"raysim: {'joining Ray at ' + args.address if args.address else 'starting a local Ray instance'} ...",
               file=sys.stderr, flush=True)
         ray_start.start_in_background(args.address, args.verbose, actors if args.address is None else 0)
-    from raysim import config
+    from raysim.scenario import config
     if args.command == "list":
-        from raysim.setup import describe_registries
+        from raysim.scenario.build import describe_registries
         sections = describe_registries()
         width = max(len(n) for _, items in sections for n, _, _ in items)
         origin = max(len(w) for _, items in sections for _, w, _ in items)
@@ -176,17 +176,17 @@ def _dispatch(args, early_ray: bool = False) -> int:
                 print(f"  {name:<{width}}  {where:<{origin}}  {summary}")
         return EXIT_OK
     if args.command in ("report", "compare") and args.tracking_uri is not None:
-        from raysim.stores import unknown_store
+        from raysim.scenario.stores import unknown_store
         if unknown := unknown_store(args.tracking_uri):
             raise config.ScenarioError(f"{args.command} --tracking-uri: {unknown}")
     if args.command == "report":
-        from raysim.report import report
+        from raysim.results.report import report
         made = report(args.run_ids, args.tracking_uri, args.out, log=not args.no_log)
         for run_id, paths in made.items():
             print(f"{run_id}: {', '.join(str(p) for p in paths) or 'no figure (nothing evaluated)'}")
         return EXIT_OK
     if args.command == "compare":
-        from raysim.compare import compare
+        from raysim.results.compare import compare
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
         text, md, cv = compare(args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over,
                                args.select, args.rank)
@@ -213,7 +213,7 @@ def _dispatch(args, early_ray: bool = False) -> int:
             print(f"{args.file}{label}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
                   f"{sc.data.clients} clients, {sc.rounds} rounds)")
         return EXIT_OK
-    from raysim.sweep import best_of, run_command
+    from raysim.experiment.sweep import best_of, run_command
     if args.best_of:
         variants = best_of(args.file, variants, args.best_of, args.variant, args.verbose)
     run_command(args.file, variants, seeds, overrides=args.overrides, engine=args.engine, address=args.address,
@@ -223,7 +223,7 @@ def _dispatch(args, early_ray: bool = False) -> int:
 
 
 def _fedscale(args) -> int:
-    from raysim import traces
+    from raysim.federation import traces
     if args.devices is None and args.availability is None:
         raise traces.TraceError("raysim data fedscale: give --devices, --availability or both")
     if args.clients < 1:
@@ -257,8 +257,8 @@ def entry() -> None:
     if "raysim.engine.ray_start" in sys.modules:
         from raysim.engine import ray_start
         ray_start.stop_for_exit()
-    if "raysim.tracker_process" in sys.modules:      # a helper no run took (a refused scenario)
-        from raysim import tracker_process
+    if "raysim.results.tracker_process" in sys.modules:      # a helper no run took (a refused scenario)
+        from raysim.results import tracker_process
         tracker_process.discard()
     os._exit(rc)
 

@@ -7,6 +7,17 @@ import traceback
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
+class BadInput(Exception):
+    """An error in what the user gave (a scenario, a file, an argument, a run id): its message is
+    the one line the command prints, and the exit code is 2. Each reader's own error (the
+    scenario's, a trace's, a dataset's, a report's) is one of these."""
+
+
+class ScenarioError(BadInput, ValueError):
+    """Invalid scenario, override, data or argument; the message is one line naming file and
+    key. A ValueError, so that ``except ValueError`` catches it too (the command: exit 2)."""
+
+
 class RunsFailed(Exception):
     """Some runs of a sweep failed, each already reported; one line, exit 1."""
 
@@ -19,14 +30,7 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
         from raysim.signals import terminated
         return (EXIT_TERMINATED, "terminated (SIGTERM)") if terminated() else (EXIT_INTERRUPTED, "interrupted")
     cause = _root_cause(e)      # a Ray task's error is also an instance of its cause, with Ray's text
-    from raysim.config import ScenarioError
-    from raysim.systems import TraceError
-    if isinstance(cause, (ScenarioError, TraceError)):     # (before the modules that import torch)
-        return EXIT_INPUT, str(cause)
-    from raysim.compare import CompareError
-    from raysim.data import DataError
-    from raysim.report import ReportError
-    if isinstance(cause, (DataError, ReportError, CompareError)):
+    if isinstance(cause, BadInput):
         return EXIT_INPUT, str(cause)
     if isinstance(e, RunsFailed):
         return EXIT_FAILED, str(e)

@@ -26,8 +26,8 @@ one name declared by two distributions. Every problem is one line (``PluginError
 ``ScenarioError``: exit code 2).
 
 This module knows no registry itself: each registry module binds its kind (``Kind``) and looks
-names up through ``resolve``; the algorithms' kind is bound here (``algorithm``), since the
-algorithms import nothing above ``raysim.core``.
+names up through ``resolve`` (``raysim.algorithms.resolve``, ``raysim.data.dataset``,
+``raysim.models.resolve``...). It imports nothing of raysim's but ``raysim.errors``.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import importlib.metadata as metadata
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from raysim.schema import ScenarioError
+from raysim.errors import ScenarioError
 
 
 class PluginError(ScenarioError):
@@ -195,18 +195,3 @@ def _first_line(e: BaseException) -> str:
         return f"SystemExit: it called sys.exit({e.code!r})"
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-
-
-# ----------------------------------------------------------------------------- algorithms
-def algorithms() -> Kind:
-    """The algorithms' kind (the registry lives in ``raysim.algorithms``, which imports nothing
-    above ``raysim.core``, so it is bound here)."""
-    import raysim.algorithms as registry
-    from raysim.algorithms.base import Algorithm
-    return Kind("raysim.algorithms", "algorithm", registry.REGISTRY, Algorithm, "raysim.algorithms.REGISTRY",
-                subclass=True)
-
-
-def algorithm(name: str):
-    """The algorithm class ``name``: built-in, ``module:Name`` or an entry point."""
-    return resolve(algorithms(), name)

@@ -7,7 +7,9 @@ import sqlite3
 
 import pytest
 
-from raysim import cli, config
+from raysim import cli
+
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 
 INT64 = "9223372036854775807"
@@ -217,7 +219,7 @@ def test_report_and_compare_refuse_a_tracking_uri_of_no_mlflow_store_in_one_line
 def test_the_scheme_of_a_tracking_uri_is_the_one_mlflow_picks_its_store_by(uri):
     from mlflow.utils.uri import get_uri_scheme
 
-    from raysim.stores import store_scheme
+    from raysim.scenario.stores import store_scheme
     expected = uri if uri == "databricks" else get_uri_scheme(uri)
     assert store_scheme(uri) == expected
 
@@ -226,6 +228,6 @@ def test_the_schemes_known_without_mlflow_are_mlflows_registry():
     """Without MLflow imported, the schemes are read as MLflow's registry reads them when it loads."""
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
-    from raysim.stores import _schemes_mlflow_loads
+    from raysim.scenario.stores import _schemes_mlflow_loads
     assert _schemes_mlflow_loads() == set(_tracking_store_registry._registry)
     assert {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"} <= _schemes_mlflow_loads()

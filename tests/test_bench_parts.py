@@ -5,8 +5,10 @@ import json
 import sys
 from pathlib import Path
 
-from raysim import cli, report
-from raysim.compare import compare
+from raysim import cli
+
+from raysim.results import report
+from raysim.results.compare import compare
 
 from conftest import write_scenario
 from test_compare import SWEEP

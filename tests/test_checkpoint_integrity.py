@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from raysim import config
+from raysim.scenario import config
 from raysim.engine import checkpoint
 from raysim.engine.checkpoint import CheckpointError, CheckpointWriteError
 from raysim.engine.serial import serial_driver

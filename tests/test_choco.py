@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from raysim import compression
-from raysim.sections import CommunicationCfg
+from raysim.federation import compression
+from raysim.scenario.sections import CommunicationCfg
 from tests.conftest import write_scenario
 from tests.test_bad_inputs import run_refused
 from tests.test_gossip import DFEDEM, DSGD, load, run

@@ -5,8 +5,10 @@ import csv
 import numpy as np
 import pytest
 
-from raysim import cli, report
-from raysim.compare import CompareError, compare
+from raysim import cli
+
+from raysim.results import report
+from raysim.results.compare import CompareError, compare
 
 from conftest import write_scenario
 

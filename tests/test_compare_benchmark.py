@@ -6,7 +6,9 @@ import csv
 import numpy as np
 import pytest
 
-from raysim import cli, report
+from raysim import cli
+
+from raysim.results import report
 
 from conftest import write_scenario
 
@@ -106,7 +108,7 @@ def test_a_server_optimizer_is_a_method_of_its_own_whose_lr_is_chosen_apart():
     does not take FedAdam's row)."""
     from types import SimpleNamespace as NS
 
-    from raysim import compare
+    from raysim.results import compare
 
     def run(rid, variant, server, val, acc):
         params = {"seed": "0", "data.partition.kind": "dirichlet", "server.optimizer": server}

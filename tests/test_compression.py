@@ -1,4 +1,4 @@
-"""Compressed uploads (raysim/compression.py): each compressor on vectors checked by hand, its
+"""Compressed uploads (raysim/federation/compression.py): each compressor on vectors checked by hand, its
 bytes, error feedback's remainder, unbiasedness where the compressor claims it, the same run on
 any number of hosts and across a resume, the virtual clock's shorter uploads, and what learns."""
 import json
@@ -7,10 +7,14 @@ import math
 import pytest
 import torch
 
-from raysim import cli, compression, config
+from raysim import cli
+
+from raysim.federation import compression
+
+from raysim.scenario import config
 from raysim.core.replies import Weighted
-from raysim.runner import run as run_scenario
-from raysim.sections import CommunicationCfg
+from raysim.experiment.runner import run as run_scenario
+from raysim.scenario.sections import CommunicationCfg
 from tests.conftest import ROOT, TINY, write_scenario
 from tests.test_bad_inputs import run_refused
 

@@ -5,8 +5,9 @@ import sys
 import pytest
 
 from raysim.algorithms import REGISTRY
-from raysim import cli, config
-from raysim.config import ScenarioError
+from raysim import cli
+from raysim.scenario import config
+from raysim.scenario.config import ScenarioError
 from tests.conftest import TINY, write_scenario
 
 NAMES = ", ".join(REGISTRY)     # the refusal lists every registered algorithm, in registry order
@@ -184,7 +185,7 @@ def test_sweep_errors_name_the_variant(tmp_path):
 
 def test_relative_paths_are_made_absolute_at_the_driver(tmp_path, monkeypatch):
     # host actors may run on other nodes, in other working directories
-    from raysim.config import load
+    from raysim.scenario.config import load
     from tests.conftest import TINY, write_scenario
     path = write_scenario(tmp_path, TINY + "tracking: {uri: 'sqlite:///runs/m.db'}\ncheckpoint: {dir: ck}\n")
     monkeypatch.chdir(tmp_path)

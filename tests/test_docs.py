@@ -185,9 +185,9 @@ def _same_number(bound, word: str) -> bool:
 def section_keys() -> list[tuple[str, type, object]]:
     """Every key of every scenario section dataclass (``Scenario``'s fields named in TOP_KEYS;
     components, whose options are their own dataclasses, apart)."""
-    from raysim.config import TOP_KEYS
-    from raysim.schema import Component
-    from raysim.sections import Scenario
+    from raysim.scenario.config import TOP_KEYS
+    from raysim.scenario.schema import Component
+    from raysim.scenario.sections import Scenario
     found = []
 
     def walk(cls, prefix):
@@ -223,7 +223,7 @@ def components():
 
 
 def test_scenario_page_lists_every_section_key_with_its_default_and_range(site):
-    from raysim.config import TOP_KEYS
+    from raysim.scenario.config import TOP_KEYS
     p = page(site, "reference/scenario")
     rows = table_rows(p.sections)
     missing = [k for k in TOP_KEYS if k not in rows]

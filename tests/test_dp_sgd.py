@@ -9,13 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raysim import config, privacy
+from raysim.scenario import config
+
+from raysim.federation import privacy
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import Settings, Supervised, Trainer, make_job
 from raysim.core.tasks import TASKS
 from raysim.models import LinearParams, MLPParams, linear, mlp
-from raysim.runner import run as run_scenario
+from raysim.experiment.runner import run as run_scenario
 from tests.conftest import ROOT, TINY, write_scenario
 from tests.test_bad_inputs import run_refused
 
@@ -176,7 +178,7 @@ def test_dp_sgd_fedavg_learns_digits_logs_the_worst_clients_epsilon_and_noise_co
     acc = {n: s["final"]["accuracy"] for n, s in (("clip", clipped), ("dp", private), ("drowned", drowned))}
     # 10 classes: chance is 0.1 (here, seed 0: 0.82 clipped only, 0.70 at z = 3)
     assert acc["clip"] > 0.75 and acc["dp"] > 0.6 and acc["dp"] < acc["clip"] - 0.05 and acc["drowned"] < acc["dp"] - 0.2
-    from raysim.config import make_source
+    from raysim.scenario.config import make_source
     from raysim.data.base import Splits, split_sizes
     source = make_source(sc)
     sizes = np.array([split_sizes(source.num_samples(c), Splits(0.8, 0.0, 0.2))[0] for c in range(50)])

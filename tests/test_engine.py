@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim import config
+from raysim.scenario import config
 from raysim.engine import checkpoint
 from raysim.engine.driver import sample_clients, split_unseen, summarize
 from raysim.engine.serial import serial_driver
@@ -177,7 +177,7 @@ def test_gpu_fraction_selects_cuda_when_present(monkeypatch):
 
 
 def test_eval_clients_scores_one_seeded_sample_for_the_whole_run(tmp_path):
-    from raysim.config import load
+    from raysim.scenario.config import load
     from raysim.engine.driver import eval_sample, split_unseen
     from raysim.engine.serial import serial_driver
     from tests.conftest import TINY, write_scenario

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.core.forward import params_of
 from raysim.core.loop import drive

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedbn import FedBNState
 from raysim.core.data import ClientData

@@ -4,7 +4,7 @@ to end on a pathological digits split against FedAvg."""
 import pytest
 import torch
 
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.feddyn import FedDynServer, FedDynState
 from raysim.core.replies import Accumulator

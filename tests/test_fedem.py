@@ -138,7 +138,7 @@ resources: {hosts: 2}
 
 
 def final_accuracy(tmp_path, algorithm):
-    from raysim import config
+    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
     from tests.conftest import write_scenario
     text = MIXTURE if algorithm == "fedem" else MIXTURE.replace("name: fedem, components: 2,", f"name: {algorithm},")
@@ -205,7 +205,7 @@ def test_many_clients_at_once_equal_one_at_a_time(keep):
 
 
 def test_fedem_runs_identically_on_one_or_three_hosts(tmp_path):
-    from raysim import config
+    from raysim.scenario import config
     from tests.conftest import TINY, write_scenario
     from tests.test_engine import run_serial, strip_times
     text = TINY.replace("algorithm: {name: fedavg, lr: 0.1, batch_size: 16}",

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedrod import BalancedSoftmax, FedRoDState, log_prior
 from raysim.core import forward as fwd

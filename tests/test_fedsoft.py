@@ -10,8 +10,8 @@ from torch import nn
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedsoft import (FedSoftServer, FedSoftState, aggregation_weights, importance_weights,
                                 select_per_cluster)
-from raysim import config
-from raysim.config import make_source
+from raysim.scenario import config
+from raysim.scenario.config import make_source
 from raysim.core.data import ClientData
 from raysim.core.replies import Accumulator
 from raysim.data import MixtureParams, PartitionCfg, Splits, build_source
@@ -229,7 +229,7 @@ def small(seed=0, extra=()):
 
 
 def test_fedsoft_synthetic_separates_the_sources_and_recovers_the_shares(tmp_path):
-    from raysim.runner import run as run_scenario
+    from raysim.experiment.runner import run as run_scenario
     sc = small(extra=[f"tracking.uri=sqlite:///{tmp_path}/m.db", f"checkpoint.dir={tmp_path}/ck"])
     summary = run_scenario(sc, engine="serial", progress=False, summary_path=str(tmp_path / "s.json"))
     f = json.loads((tmp_path / "s.json").read_text())["final"]
@@ -292,7 +292,7 @@ def test_cfl_splits_by_cosine_similarity_when_the_mean_update_is_small_and_one_i
 
 def test_cfl_finds_the_rotation_groups_of_real_digits(tmp_path):
     from sklearn.metrics import adjusted_rand_score
-    from raysim.runner import run as run_scenario
+    from raysim.experiment.runner import run as run_scenario
     sc = config.load(ROOT / "scenarios" / "digits_rotated_cfl.yaml",
                      [f"tracking.uri=sqlite:///{tmp_path}/m.db", f"checkpoint.dir={tmp_path}/ck", "rounds=25"])
     f = run_scenario(sc, engine="serial", progress=False)["final"]

@@ -16,8 +16,8 @@ from torch import nn
 
 import raysim.algorithms as algorithms
 from raysim.algorithms.base import Received
-from raysim import config
-from raysim.config import FinetuneCfg, ScenarioError
+from raysim.scenario import config
+from raysim.scenario.config import FinetuneCfg, ScenarioError
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import drive
 from raysim.core.tasks import TASKS

@@ -7,8 +7,8 @@ after a checkpoint restored on another number of hosts."""
 import pytest
 import torch
 
-from raysim import config
-from raysim.config import ScenarioError
+from raysim.scenario import config
+from raysim.scenario.config import ScenarioError
 from tests.conftest import write_scenario
 from tests.test_gossip import resumed, run, strip
 

@@ -8,7 +8,7 @@ import torch
 
 from raysim.algorithms.base import Received
 from raysim.algorithms.ifca import IFCAServer
-from raysim import config
+from raysim.scenario import config
 from raysim.core.replies import Accumulator
 from raysim.engine.serial import serial_driver
 from tests.test_algorithms import client, ctx, make, run, zeros

@@ -1,5 +1,7 @@
-"""The layering rules (algorithms never import Ray; the engine reaches algorithms through the
-registry), checked on the source."""
+"""The layering rules, checked on the source: the floors of raysim's wings (no import runs back
+up a floor), algorithms never import Ray, the engine reaches algorithms through the registry,
+every Ray call lives in the transport."""
+import ast
 import re
 from pathlib import Path
 
@@ -41,12 +43,78 @@ def sources(*dirs):
     return [f for d in dirs for f in (ROOT / d).rglob("*.py")]
 
 
+# Each wing of raysim/ and its floor: a module imports modules of its own wing or of a lower
+# floor, never of a higher one, nor of another wing on its floor (except the pairs in SIDEWAYS).
+FLOORS = {
+    "raysim.rng": 0, "raysim.cachedir": 0, "raysim.signals": 0, "raysim.errors": 0, "raysim.plugins": 0,
+    "raysim.core": 1,
+    "raysim.algorithms": 2,
+    "raysim.data": 3, "raysim.models": 3, "raysim.federation": 3,
+    "raysim.scenario": 4,
+    "raysim.engine": 5, "raysim.results": 5,
+    "raysim.experiment": 6,
+    "raysim.api": 7, "raysim.cli": 7, "raysim": 7,
+}
+SIDEWAYS = {
+    ("raysim.errors", "raysim.signals"),      # an interrupt's exit code: 143 after SIGTERM
+    ("raysim.plugins", "raysim.errors"),      # a name that does not resolve is a ScenarioError
+    ("raysim.algorithms", "raysim.plugins"),  # every registry binds its plugin kind (data and models too)
+    ("raysim.api", "raysim.cli"),             # the API's run id as the command reads it
+    ("raysim", "raysim.api"),                 # raysim.run is raysim.api.run
+}
+
+
+def wing(module: str) -> str:
+    """The wing of a project module: the longest key of FLOORS it is, or lies in."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in FLOORS:
+            return ".".join(parts[:n])
+    raise AssertionError(f"{module} is in no wing of FLOORS: give it one")
+
+
+def test_every_module_is_in_a_wing_and_every_wing_exists():
+    files = sources("raysim", "algorithms")
+    wings = {wing(module_of(f)) for f in files}
+    assert wings == set(FLOORS), set(FLOORS) ^ wings
+
+
+def test_no_import_runs_back_up_a_floor_or_sideways_into_another_wing():
+    known = {module_of(f) for f in sources("raysim", "algorithms")}
+    wrong = []
+    for f in sources("raysim", "algorithms"):
+        here = wing(module_of(f))
+        for mod in imports(f):
+            if mod not in known and not mod.startswith("raysim.") or mod == "raysim":
+                continue                       # (``from raysim import x`` imports x, not the package)
+            there = wing(mod)
+            if there == here or FLOORS[there] < FLOORS[here] or (here, there) in SIDEWAYS:
+                continue
+            wrong.append(f"{f.relative_to(ROOT)} ({here}, floor {FLOORS[here]}) imports {mod} "
+                         f"({there}, floor {FLOORS[there]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_package_says_what_lives_there_and_what_it_may_import():
+    for init in (ROOT / "raysim").rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if init.parent.name != "raysim":
+            assert "import" in doc, f"{init.relative_to(ROOT)}: say what the package may import"
+    for init in (ROOT / "algorithms", ROOT / "raysim" / "core", ROOT / "raysim" / "data", ROOT / "raysim" / "engine"):
+        assert ast.get_docstring(ast.parse((init / "__init__.py").read_text())), init
+
+
+def test_raysim_has_at_most_eight_top_level_modules():
+    top = sorted(p.name for p in (ROOT / "raysim").glob("*.py"))
+    assert len(top) <= 8, top
+
+
 def test_algorithms_import_only_the_core_of_raysim_never_ray_mlflow_or_the_engine():
     for f in sources("algorithms"):
         for mod in imports(f):
             assert not mod.startswith(("ray.", "mlflow")) and mod != "ray", f"{f.name} imports {mod}"
-            if mod.startswith("raysim") and not mod.startswith("raysim.algorithms"):
-                assert mod.startswith("raysim.core"), f"{f.name} imports {mod}"
+            if mod.startswith("raysim.") and not mod.startswith("raysim.algorithms"):
+                assert mod.startswith("raysim.core") or mod == "raysim.plugins", f"{f.name} imports {mod}"
 
 
 def test_the_core_imports_nothing_above_it():
@@ -98,13 +166,13 @@ def test_yaml_and_torch_load_are_safe():
 
 
 def test_the_checks_before_ray_starts_import_neither_torch_nor_mlflow(tmp_path):
-    """`raysim run` reads and checks the scenario file (raysim.preflight) before Ray starts, so
+    """`raysim run` reads and checks the scenario file (raysim.experiment.preflight) before Ray starts, so
     that Ray's start overlaps the validation; importing torch there (seconds) delays it."""
     import subprocess
     import sys
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: x\nrounds: 1\ndata: {dataset: digits, clients: 4}\nalgorithm: {name: fedavg}\n")
-    code = ("import sys; from raysim.preflight import check_run; "
+    code = ("import sys; from raysim.experiment.preflight import check_run; "
             f"check_run({str(scenario)!r}, ['rounds=2'], None, None); "
             "print(sorted(m for m in ('torch', 'mlflow', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)

@@ -203,8 +203,8 @@ def test_flower_shakespeare_export_gets_leafs_contiguous_split(tmp_path):
 
 
 def test_femnist_fedem_runs_unchanged_on_each_copy_but_for_the_data_path(tmp_path):
-    from raysim import config
-    from raysim.runner import run as run_scenario
+    from raysim.scenario import config
+    from raysim.experiment.runner import run as run_scenario
     finals = {}
     for kind, make in (("leaf", write_leaf_json), ("tff", write_tff)):
         root = make(tmp_path / kind)

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from raysim import cli, report
+from raysim import cli
+
+from raysim.results import report
 from raysim.core.tasks import TASKS, ece, lower_is_better
 from raysim.engine.driver import summarize
-from raysim.runner import best_over, time_to_target
+from raysim.experiment.runner import best_over, time_to_target
 
 from conftest import write_scenario
 

@@ -11,8 +11,10 @@ import urllib.request
 
 import pytest
 
-from raysim import config, report
-from raysim.runner import run as run_scenario
+from raysim.scenario import config
+
+from raysim.results import report
+from raysim.experiment.runner import run as run_scenario
 
 from conftest import ROOT
 

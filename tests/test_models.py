@@ -1,4 +1,4 @@
-"""The seed papers' image models (raysim/vision_models.py, registered in raysim/models.py):
+"""The seed papers' image models (raysim/models/vision.py, registered in raysim/models/__init__.py):
 output shapes for their input sizes, parameter counts worked out by hand from the layer lists,
 named head/body groups, and batch norm as client state through the training loop (running
 statistics updated by the forward pass, never by the optimizer, kept per job, used in

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.moon import MOONState, split_model
 from raysim.core.forward import params_of
@@ -150,7 +150,7 @@ def test_moon_learns_digits_near_fedavg(tmp_path):
 
 
 def test_a_model_without_a_body_is_refused(tmp_path):
-    from raysim.config import ScenarioError
+    from raysim.scenario.config import ScenarioError
     path = write_scenario(tmp_path, DIGITS.format(rounds=1, name="moon"), "moon.yaml")
     with pytest.raises(ScenarioError):
         config.load(path, ["model.name=linear"])

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 import raysim.algorithms as algorithms
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.perfedavg import ExactHVP, MetaObjective
-from raysim.config import FinetuneCfg
+from raysim.scenario.config import FinetuneCfg
 from raysim.core.data import ClientData
 from raysim.core.loop import Batch, Trainer
 from raysim.core.tasks import TASKS

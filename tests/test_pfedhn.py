@@ -9,7 +9,7 @@ from torch import nn
 
 from raysim.core.norm import BatchNorm1d
 
-from raysim import config
+from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.pfedhn import PFedHN, PFedHNHyper, PFedHNServer, hyper
 from raysim.core.replies import PerClient, reduce

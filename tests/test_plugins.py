@@ -18,8 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from raysim import config, plugins
-from raysim.config import ScenarioError
+from raysim import plugins
+
+from raysim.scenario import config
+from raysim.scenario.config import ScenarioError
 from tests.conftest import ROOT, TINY, write_scenario
 
 DOCS = ROOT / "docs" / "how-to"

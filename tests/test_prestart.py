@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from raysim.preflight import check_run, host_actors
-from raysim.sections import ResourcesCfg
+from raysim.experiment.preflight import check_run, host_actors
+from raysim.scenario.sections import ResourcesCfg
 
 
 @pytest.mark.parametrize("want, local, gpus, trial, expected", [

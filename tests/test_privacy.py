@@ -1,4 +1,4 @@
-"""Client-level differential privacy (DP-FedAvg, raysim/privacy.py): clipping and noise on
+"""Client-level differential privacy (DP-FedAvg, raysim/federation/privacy.py): clipping and noise on
 numbers checked by hand, the accountant against dp_accounting's own composition, the same run on
 any number of hosts, a private run that learns, and the scenarios it refuses."""
 import json
@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from raysim import cli, config, privacy
+from raysim import cli
+
+from raysim.scenario import config
+
+from raysim.federation import privacy
 from raysim.core.replies import Accumulator, Weighted
-from raysim.runner import run as run_scenario
+from raysim.experiment.runner import run as run_scenario
 from tests.conftest import ROOT, TINY, write_scenario
 from tests.test_bad_inputs import run_refused
 
@@ -36,7 +40,7 @@ def test_clip_scales_an_update_above_the_bound_to_norm_c_and_leaves_one_below_as
 def test_a_clients_count_term_moves_the_sum_by_half_so_adaptive_epsilon_is_the_fixed_ones():
     """Andrew et al.'s Theorem 1 holds for the centred count b_k − ½ (one client moves the sum by
     ½); with raw b_k ∈ {0, 1} it moves by 1 and the two mechanisms together are weaker than z."""
-    from raysim.sections import PrivacyCfg
+    from raysim.scenario.sections import PrivacyCfg
     shared, reply = [torch.zeros(2)], Weighted([torch.tensor([3.0, 4.0])], 1.0)
     terms = {privacy.clip(reply, shared, c, count=True).below for c in (1.0, 10.0)}
     assert max(terms) - min(terms) == 1.0 and terms == {-0.5, 0.5}    # |term| = ½: add/remove moves it by ½
@@ -192,7 +196,7 @@ def test_a_private_run_crashed_after_round_two_resumes_to_the_uninterrupted_runs
 
 
 def test_adaptive_clipping_moves_c_geometrically_towards_the_target_share_of_unclipped_updates():
-    from raysim.sections import PrivacyCfg
+    from raysim.scenario.sections import PrivacyCfg
     cfg = PrivacyCfg(clip=1.0, target_quantile=0.5, clip_lr=0.2, count_noise=1e-12)
     # 3 of K = 4 within C: b = 0.75 > γ, C shrinks by exp(-0.2 · 0.25)
     # (the hosts sum b_k − ½: 3 · ½ − ½ = 1)

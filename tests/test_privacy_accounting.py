@@ -1,4 +1,4 @@
-"""raysim's ε (raysim/privacy.py) against references it did not compute: figures published with
+"""raysim's ε (raysim/federation/privacy.py) against references it did not compute: figures published with
 their settings, dp_accounting's PLD accountant and Opacus's RDP code on the same mechanism, and
 the Rényi DP of the Poisson-subsampled Gaussian written out here by hand.
 
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from scipy import integrate, optimize, stats
 
-from raysim import privacy
+from raysim.federation import privacy
 
 DELTA = 1e-5
 GRID = [1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]
@@ -210,7 +210,7 @@ def test_adaptive_clipping_is_the_poisson_rdp_of_both_noisy_sums_together():
     centred count (sensitivity ½) at σ_b/½ = 1.2; the two Gaussian queries on one sample are one
     Gaussian of RDP α/2 · (z_Δ⁻² + 1.2⁻²) = α/(2z²) before subsampling. So ε is the hand RDP of
     the subsampled Gaussian at σ = 1 — what raysim logs as dp_epsilon for this run's settings."""
-    from raysim.sections import PrivacyCfg
+    from raysim.scenario.sections import PrivacyCfg
     z, sigma_b = 1.0, 0.6
     z_delta = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
     together = (z_delta ** -2 + (sigma_b / 0.5) ** -2) ** -0.5

@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raysim import cli, config, report
-from raysim.runner import run as run_scenario
+from raysim import cli
+
+from raysim.scenario import config
+
+from raysim.results import report
+from raysim.experiment.runner import run as run_scenario
 
 from conftest import ROOT
 

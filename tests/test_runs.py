@@ -240,19 +240,19 @@ def test_interrupt_marks_killed_and_resumes(tmp_path):
 
 def test_a_serial_run_without_mlflow_imported_tracks_through_a_helper_process_and_records_the_same_run(tmp_path):
     """A serial run in a process that has not imported MLflow (the ``raysim run`` command) leaves
-    MLflow to a helper process (raysim/tracker_process.py): MLflow is never imported in the run's
+    MLflow to a helper process (raysim/results/tracker_process.py): MLflow is never imported in the run's
     process, and the MLflow record is the one a run tracking in a thread (this process, which has
     MLflow) makes: status, parameters, every round's metrics, artifacts, the driver's pid."""
     path = tracked(tmp_path, TINY.replace("fedavg", "local"))
-    code = ("import json, os, sys; from raysim import config, runner; "
+    code = ("import json, os, sys; from raysim.scenario import config; from raysim.experiment import runner; "
             "s = runner.run(config.load(sys.argv[1]), engine='serial', progress=False); "
             "print(json.dumps({'mlflow': 'mlflow' in sys.modules, 'id': s['mlflow_run_id'], 'pid': os.getpid()}))")
     out = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     helper = json.loads(out.stdout.strip().splitlines()[-1])
     assert helper["mlflow"] is False
-    from raysim import config
-    from raysim.runner import run as run_here
+    from raysim.scenario import config
+    from raysim.experiment.runner import run as run_here
     assert "mlflow" in sys.modules
     threaded = run_here(config.load(path), engine="serial", progress=False)["mlflow_run_id"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -275,15 +275,15 @@ def test_the_tracking_helper_imports_mlflow_without_pandas_and_loads_it_when_a_c
     imported again: a call of MLflow's that imports it inside (the JSON encoder, which does so
     for any value) loads it then, and works. The record a helper makes is checked against a
     thread's in the test above."""
-    code = ("import json, sys, numpy; from raysim import tracker_process as t; t.import_tracking(); "
+    code = ("import json, sys, numpy; from raysim.results import tracker_process as t; t.import_tracking(); "
             "from mlflow.utils.proto_json_utils import NumpyEncoder; "
-            "before = {m: m in sys.modules for m in ('mlflow', 'raysim.tracking', 'pandas')}; "
+            "before = {m: m in sys.modules for m in ('mlflow', 'raysim.results.tracking', 'pandas')}; "
             "print(json.dumps([before, NumpyEncoder().default(numpy.float32(1.5)), "
             "'pandas' in sys.modules, sum(isinstance(f, t._Deferred) for f in sys.meta_path)]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     before, value, after, finders = json.loads(out.stdout.strip().splitlines()[-1])
-    assert before == {"mlflow": True, "raysim.tracking": True, "pandas": False}
+    assert before == {"mlflow": True, "raysim.results.tracking": True, "pandas": False}
     assert value == 1.5 and after is True and finders == 0
 
 
@@ -292,7 +292,7 @@ def test_the_tracking_helper_runs_ten_steps_nicer_than_the_run_and_leaves_when_i
     the run's plus 10: ``tracker_process.NICE``), and ends when the run's end of the pipe closes."""
     import psutil
 
-    from raysim import tracker_process
+    from raysim.results import tracker_process
     assert tracker_process.NICE == 10
     want = min(19, os.nice(0) + 10)         # Linux's niceness stops at 19
     conn, proc = tracker_process._start_helper()
@@ -314,7 +314,7 @@ def test_an_error_that_does_not_unpickle_reaches_the_run_as_its_text():
 
     from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
 
-    from raysim import tracker_process
+    from raysim.results import tracker_process
     here, there = Pipe()
     tracker_process._send(there, "error", UnsupportedModelRegistryStoreURIException("nosuch://x", ["file"]), "said")
     kind, value, said = here.recv()
@@ -346,7 +346,7 @@ def test_runs_starting_together_on_a_new_sqlite_store_all_get_a_run(tmp_path):
     path = tracked(tmp_path, TINY)
     # a barrier: each process, once it has imported MLflow and loaded the scenario, says so in a
     # file and waits for the other two; then all three open the new store at the same instant
-    code = ("import pathlib, sys, time; from raysim import config; from raysim.tracking import Tracker; "
+    code = ("import pathlib, sys, time; from raysim.scenario import config; from raysim.results.tracking import Tracker; "
             "sc = config.load(sys.argv[1]); d = pathlib.Path(sys.argv[2]); (d / sys.argv[3]).touch(); "
             "end = time.time() + 60\n"
             "while len(list(d.iterdir())) < 3 and time.time() < end: time.sleep(0.005)\n"
@@ -371,8 +371,8 @@ def test_rounds_are_logged_without_waiting_on_the_store_and_written_by_the_end(t
     the store's error raised); a run failing for its own cause keeps that cause."""
     from mlflow.exceptions import MlflowException
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from raysim import config
-    from raysim.tracking import Tracker
+    from raysim.scenario import config
+    from raysim.results.tracking import Tracker
     write = SqlAlchemyStore.log_batch
 
     def slow(self, run_id, metrics, params, tags):
@@ -430,7 +430,7 @@ def test_a_run_records_its_resolved_scenario_raysim_version_and_source_commit(tm
     file and --set gave (scenario/given.json), raysim's version and its source's git commit."""
     import tomllib
 
-    from raysim import config
+    from raysim.scenario import config
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     path = tracked(tmp_path, TINY)
     s = summary_of(tmp_path, path, "--engine", "serial", "--set", "algorithm.lr=0.05")
@@ -457,7 +457,7 @@ def test_a_run_records_its_resolved_scenario_raysim_version_and_source_commit(tm
 
 
 def test_the_source_commit_is_the_checkouts_or_unknown_without_failing(tmp_path, monkeypatch):
-    from raysim.tracking import COMMIT_TAG, DIRTY_TAG, source_commit
+    from raysim.results.tracking import COMMIT_TAG, DIRTY_TAG, source_commit
     assert source_commit(tmp_path) == {COMMIT_TAG: "unknown"}          # not a checkout (an installed wheel)
     repo = tmp_path / "repo"
     (repo / "raysim").mkdir(parents=True)

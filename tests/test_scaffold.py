@@ -5,7 +5,7 @@ import torch
 
 from raysim.algorithms.base import Received
 from raysim.algorithms.scaffold import ScaffoldServer, ScaffoldState
-from raysim import config
+from raysim.scenario import config
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import sample_clients
 from raysim.engine.serial import serial_driver
@@ -187,7 +187,7 @@ def test_scaffold_learns_a_pathological_digits_split_above_fedavg(tmp_path):
 
 
 def test_scenario_validation_accepts_scaffold_and_refuses_bad_settings(tmp_path):
-    from raysim.config import ScenarioError
+    from raysim.scenario.config import ScenarioError
     sc = scenario(tmp_path, "algorithm.server_lr=0.5", "algorithm.weighting=samples")
     assert sc.algorithm.name == "scaffold"
     assert (sc.algorithm.params.server_lr, sc.algorithm.params.weighting) == (0.5, "samples")

@@ -7,7 +7,8 @@ import torch
 
 import raysim.algorithms as algorithms
 from raysim.algorithms.base import Algorithm, LocalTraining, Message, PerClient
-from raysim import config, rng
+from raysim import rng
+from raysim.scenario import config
 from raysim.engine.serial import message_nbytes, parts_for, serial_driver
 from tests.conftest import TINY, write_scenario
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from raysim import config
+from raysim.scenario import config
 from raysim.core import server_opt
 from raysim.engine.serial import serial_driver
 from tests.conftest import TINY, write_scenario
@@ -108,7 +108,7 @@ def test_the_optimizer_state_survives_a_checkpoint(tmp_path, name, opt):
 
 
 def test_validation(tmp_path):
-    from raysim.config import ScenarioError
+    from raysim.scenario.config import ScenarioError
     sc = scenario(tmp_path, "server.optimizer=adam")
     assert (sc.server.optimizer, sc.server.lr, sc.server.beta1, sc.server.beta2, sc.server.tau) == \
         ("adam", None, 0.9, 0.99, 1e-3)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from raysim import config
-from raysim.config import ScenarioError
+from raysim.scenario import config
+from raysim.scenario.config import ScenarioError
 from raysim.data import Splits, build_source, shakespeare
 from raysim.data.base import DataError
 from raysim.data.shakespeare import SEQ, VOCAB, ShakespeareParams, leaf_sizes, parse_play, role_text, user_id
@@ -203,7 +203,7 @@ algorithm: {{name: fedavg}}
 def test_fedavg_learns_the_roles_verses(tmp_path):
     """Each role repeats a verse of its own: after a few rounds the LSTM predicts the next
     character far above always answering the most frequent one."""
-    from raysim.runner import run as run_scenario
+    from raysim.experiment.runner import run as run_scenario
     write_plays(tmp_path / "plays", roles_per_play=(2, 2), lines=30)
     sc = config.load(write_scenario(tmp_path, f"""
 name: verses

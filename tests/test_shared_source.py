@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from raysim import config
+from raysim.scenario import config
 from raysim.data import PARTITIONERS
 from raysim.engine.driver import prepared_source
 from raysim.engine.serial import serial_driver
@@ -69,7 +69,7 @@ def test_parked_hosts_are_reset_for_the_next_run_and_a_dead_one_gives_new_hosts(
     import ray
 
     from raysim.engine import ray_engine, ray_start
-    from raysim.runner import run
+    from raysim.experiment.runner import run
     sc = config.load(write_scenario(tmp_path, DIGITS), ["rounds=1", f"tracking.uri=sqlite:///{tmp_path}/m.db",
                                                         f"checkpoint.dir={tmp_path}/ck"])
     ray_start.init(None)

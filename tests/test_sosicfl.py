@@ -12,7 +12,7 @@ from torch import nn
 from raysim.algorithms import simplex
 from raysim.algorithms.base import UpdateStats
 from raysim.algorithms.sosicfl import SosicFL, SosicFLHyper
-from raysim import config
+from raysim.scenario import config
 from raysim.core.data import ClientData, Context
 from raysim.core.tasks import TASKS
 from raysim.data import partition as P

@@ -3,7 +3,7 @@ import sqlite3
 
 from mlflow.tracking import MlflowClient
 
-from raysim import tracking
+from raysim.results import tracking
 
 
 def _schema(db) -> dict:

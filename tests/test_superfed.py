@@ -9,7 +9,7 @@ from torch import nn
 
 from raysim.algorithms.base import Received, interpolate
 from raysim.algorithms.superfed import SuPerFedObjective, SuPerFedState, add_cos2_grad, cos2, prox
-from raysim import config
+from raysim.scenario import config
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData
 from raysim.core.loop import Batch, Trainer

@@ -8,7 +8,9 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from raysim import cli, report
+from raysim import cli
+
+from raysim.results import report
 from tests.conftest import write_scenario
 
 pytestmark = pytest.mark.ray

@@ -6,8 +6,12 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from raysim import cli, config, report
-from raysim.config import ScenarioError
+from raysim import cli
+
+from raysim.scenario import config
+
+from raysim.results import report
+from raysim.scenario.config import ScenarioError
 from tests.conftest import TINY, write_scenario
 
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from raysim import rng
-from raysim.config import ScenarioError
+from raysim.scenario.config import ScenarioError
 from raysim.engine.serial import serial_driver
-from raysim.sections import DistCfg, SystemsCfg
-from raysim.systems import MBIT, Fleet, Profiles, TraceError, Windows, read_devices, read_windows
+from raysim.scenario.sections import DistCfg, SystemsCfg
+from raysim.federation.fleet import MBIT, Fleet, Profiles, TraceError, Windows, read_devices, read_windows
 from tests.conftest import TINY
 from tests.test_gossip import DFEDEM, load, resumed, run
 from tests.test_gossip import strip as strip_timings
@@ -546,7 +546,7 @@ def test_the_resume_command_keeps_an_override_with_braces():
     """A run started with ``--set systems={...}`` (a mapping in braces) is told how to resume
     with that override intact (the command is a format string for the run id)."""
     import shlex
-    from raysim.sweep import resume_command
+    from raysim.experiment.sweep import resume_command
     cmd = resume_command("s.yaml", ["systems={speed: {value: 20}, deadline_s: 8}"], "serial", None, None)
     filled = cmd.format(run_id="abc123")
     assert shlex.split(filled) == ["raysim", "run", "s.yaml", "--set", "systems={speed: {value: 20}, deadline_s: 8}",

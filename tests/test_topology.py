@@ -5,7 +5,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from raysim import topology as T
+from raysim.federation import topology as T
 
 
 def test_metropolis_on_a_path_by_hand():

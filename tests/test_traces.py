@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from raysim import cli, traces
-from raysim.systems import TraceError, read_devices, read_windows
+from raysim import cli
+
+from raysim.federation import traces
+from raysim.federation.fleet import TraceError, read_devices, read_windows
 
 DEVICES = {i + 1: {"computation": 100.0 + 10 * i, "communication": 5000.0 + i} for i in range(4)}
 BEHAVIOUR = {i + 1: {"active": [0, 1000 + i], "inactive": [500, 2000], "finish_time": 3000, "duration": 3000,
@@ -230,8 +232,8 @@ def _deep_tuple_key(depth: int = 300_000) -> bytes:
 # times each file with perf_counter.
 CHILD = r"""
 import json, resource, sys, time
-from raysim import traces
-from raysim.systems import TraceError
+from raysim.federation import traces
+from raysim.federation.fleet import TraceError
 held = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
 resource.setrlimit(resource.RLIMIT_AS, (held + 200 * 2 ** 20, resource.RLIM_INFINITY))
 found = {}

@@ -17,15 +17,17 @@ from torch import nn
 
 import raysim
 import raysim.algorithms as algorithms
-from raysim import cli, config, report
+from raysim import cli
+from raysim.scenario import config
+from raysim.results import report
 from raysim.algorithms.base import Received
-from raysim.config import FinetuneCfg, ScenarioError
+from raysim.scenario.config import FinetuneCfg, ScenarioError
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import drive
 from raysim.core.tasks import TASKS
 from raysim.engine.driver import validation
 from raysim.engine.serial import serial_driver
-from raysim.runner import make_summary, val_selection
+from raysim.experiment.runner import make_summary, val_selection
 from tests.conftest import TINY, write_scenario
 
 CPU = torch.device("cpu")
@@ -234,7 +236,7 @@ def test_selection_compares_variants_on_the_seeds_they_share():
     """Variant A was tuned at seed 0 (val 0.7) and then repeated at seeds 1 and 2 (0.1 each); B
     ran at seed 0 only (0.6). On the seed they share A is better (0.7 > 0.6), though A's mean
     over all its seeds (0.3) is below B's."""
-    from raysim.compare import Row, pick_variants
+    from raysim.results.compare import Row, pick_variants
     rows = [Row(f"a{s}", "fedavg [a]", "d", str(s), "val_accuracy", v, None, algorithm="fedavg", variant="a")
             for s, v in ((0, 0.7), (1, 0.1), (2, 0.1))]
     rows.append(Row("b0", "fedavg [b]", "d", "0", "val_accuracy", 0.6, None, algorithm="fedavg", variant="b"))
@@ -289,7 +291,7 @@ def test_best_of_repeats_a_grid_tuned_at_one_seed_at_other_seeds_for_its_chosen_
     assert sum("(n=3; prox,lr=0.3;" in line for line in lines) == 1
     assert f"| fedavg | synthetic | **avg,lr=0.3** (chosen) | {100 * chosen['avg'][1]:.1f} | 1 |" in lines
     # the command that continues the second sweep keeps --best-of
-    from raysim.sweep import sweep_resume_command
+    from raysim.experiment.sweep import sweep_resume_command
     assert sweep_resume_command(path, [], "serial", None, [1, 2], parent2, None, first.parent_run_id).endswith(
         f"--seeds 1,2 --best-of {first.parent_run_id} --engine serial --resume {parent2}")
     # bad input: seeds the chosen variants ran at already (the file's seeds: [0]); a file with no sweep

@@ -479,7 +479,7 @@ class Trainer:
     def _private_step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                       valid: torch.Tensor, clip: float, train_mask: tuple[bool, ...]):
         """``Chain.private_step`` for any model without buffers, batch norm, dropout or recurrent
-        layers (what ``privacy.level: sample`` accepts, raysim/setup.py): each
+        layers (what ``privacy.level: sample`` accepts, raysim/scenario/build.py): each
         sample's gradient from ``torch.func`` (``vmap`` of ``grad`` over the batch, one set at a
         time), clipped to L2 norm ``clip`` over the trained parameters and summed over valid rows;
         (data loss summed (K,), the clipped sums of the trained parameters, clipped rows (K,))."""

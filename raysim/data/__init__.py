@@ -3,6 +3,9 @@
 ``build_source`` is the one entry point: the config layer validates a dataset's and a
 partitioner's options against their ``Params`` dataclasses (ranges in field metadata), and the
 engine calls ``build_source`` in every process, then ``client(cid)`` for its own clients.
+
+May import ``raysim.core`` and the foundation modules (``raysim.plugins``, ``rng``, ``cachedir``,
+``errors``); never the scenario, nor anything above it.
 """
 from __future__ import annotations
 

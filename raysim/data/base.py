@@ -9,6 +9,8 @@ memory-mapped from a local cache in each process, so ``client(cid)`` reads only 
 """
 from __future__ import annotations
 
+from raysim.errors import BadInput
+
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +22,7 @@ from raysim.core.data import ClientData, Pixels
 from raysim.rng import generator
 
 
-class DataError(Exception):
+class DataError(BadInput):
     """Missing or malformed data; the message is one line saying where we looked and what to do."""
 
 

@@ -51,7 +51,7 @@ import torch
 
 from raysim.core.data import ClientData
 from raysim.rng import generator
-from raysim.schema import SEED
+from raysim.rng import SEED
 
 from . import cache
 from .base import DataError, FederatedSource, Splits, split_client

@@ -48,7 +48,7 @@ from typing import Any, Iterator
 
 import torch
 
-from raysim.schema import ScenarioError
+from raysim.scenario.schema import ScenarioError
 
 FORMAT = 3
 MANIFEST, TOKEN, SERVER = "manifest.json", ".raysim-dir", "server.pt"

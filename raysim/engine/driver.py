@@ -16,15 +16,19 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from raysim import compression, privacy, rng
-from raysim.config import Scenario, ScenarioError, make_source, split_unseen  # noqa: F401 - re-exported
+from raysim import rng
+
+from raysim.federation import compression
+
+from raysim.federation import privacy
+from raysim.scenario.config import Scenario, ScenarioError, make_source, split_unseen  # noqa: F401 - re-exported
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator, float_numbers
 from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
-from raysim.setup import make_algorithm
-from raysim.systems import Fleet
+from raysim.scenario.build import make_algorithm
+from raysim.federation.fleet import Fleet
 
 
 class Transport(Protocol):
@@ -324,7 +328,7 @@ class RoundDriver:
                 upload_metrics["upload_bytes_total"] = reduced.nbytes + sum(h.get("upload_bytes", 0.0)
                                                                             for h in self.history)
                 reduced = reduced.model
-            if dp is not None:               # noise on the clipped updates' sum (raysim/privacy.py)
+            if dp is not None:               # noise on the clipped updates' sum (raysim/federation/privacy.py)
                 k = sample_size(self.sc, len(self.train_ids))
                 clipped = reduced
                 with server_math():

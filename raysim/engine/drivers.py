@@ -3,7 +3,7 @@ FedAsync) when its fleet aggregates asynchronously, or the gossip scheduler when
 has a topology."""
 from __future__ import annotations
 
-from raysim.config import Scenario
+from raysim.scenario.config import Scenario
 from raysim.engine.driver import RoundDriver, Transport
 
 

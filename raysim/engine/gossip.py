@@ -22,8 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim import compression, rng, topology
-from raysim.config import Scenario
+from raysim import rng
+
+from raysim.federation import compression
+
+from raysim.federation import topology
+from raysim.scenario.config import Scenario
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
 

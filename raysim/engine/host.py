@@ -21,15 +21,17 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import Received
-from raysim import compression, privacy, rng
-from raysim.config import Scenario, make_source
+from raysim import rng
+from raysim.federation import compression
+from raysim.federation import privacy
+from raysim.scenario.config import Scenario, make_source
 from raysim.core import mixing
 from raysim.core.data import Block, ClientData, Context, pack
 from raysim.core.loop import drive, pool as loop_pool
 from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
-from raysim.setup import make_algorithm
+from raysim.scenario.build import make_algorithm
 
 
 ROWS = True        # the host-level path where the method has one (tests switch it off to compare)
@@ -193,11 +195,11 @@ class Host:
         dp, comm = self.sc.privacy, self.sc.communication
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
-            if dp is not None and dp.level == "client":      # the update leaves the client clipped (raysim/privacy.py)
+            if dp is not None and dp.level == "client":      # the update leaves the client clipped (raysim/federation/privacy.py)
                 reply = privacy.clip(reply, shared, dp.clip if clip is None else clip,
                                      count=dp.target_quantile is not None or dp.debug_exact_metrics,
                                      norm=dp.debug_exact_metrics)
-            if comm is not None:                 # ... or compressed (raysim/compression.py)
+            if comm is not None:                 # ... or compressed (raysim/federation/compression.py)
                 reply, remainder = compression.upload(reply, shared, comm, self.residuals.get(cid), self.sc.seed,
                                                       round_, cid)
                 if remainder is not None:

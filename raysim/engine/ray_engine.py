@@ -9,7 +9,7 @@
 - Each round the message is put into the object store once; every host gets the same ref.
 - A host that dies (SIGKILL, the OOM killer, its node leaving) or does not answer within
   ``resources.host_timeout_s`` raises ``HostLost``; the server then starts a fresh set of
-  hosts and rolls back to the last checkpoint (``recover``), and ``raysim.runner`` goes on.
+  hosts and rolls back to the last checkpoint (``recover``), and ``raysim.experiment.runner`` goes on.
   An exception raised on a host (its construction included: ``RayHost``) is no loss: it reaches
   the driver as the exception itself, and the run fails with it.
 """
@@ -23,12 +23,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raysim.config import Scenario, ScenarioError
+from raysim.scenario.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost, Placement, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
-from raysim import testing
+from raysim.engine import faults
 from raysim.engine.ray_start import embedded
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
@@ -156,7 +156,7 @@ class RayHost(Host):
 
     def _fault(self, phase: str, round_: int) -> None:
         if self.cids:
-            testing.host_fault(phase, round_, self.index)
+            faults.host_fault(phase, round_, self.index)
 
     def stats(self, round_: int, message: Any, cids: list[int]):
         return super().stats(round_, from_numpy(message), cids)
@@ -201,7 +201,7 @@ class RayHost(Host):
 
 class DriverRayHost(RayHost):
     """Host 0 in the driver's process (``resources.driver_host``). It is never lost on its own:
-    a fault injected into it (``raysim.testing``) would kill the driver, so none is."""
+    a fault injected into it (``raysim.engine.faults``) would kill the driver, so none is."""
 
     def _fault(self, phase: str, round_: int) -> None:
         pass

@@ -124,7 +124,7 @@ def check_join_auth(address: str, timeout_s: float = 10.0) -> None:
     retry for about 20 s, printing an InvalidAuthToken warning a second, then raise a bare
     ConnectionError (exit 1). Anything else (no answer, an unknown address, a Ray without
     token authentication) is left to ``ray.init`` to report."""
-    from raysim.schema import ScenarioError
+    from raysim.scenario.schema import ScenarioError
     try:
         import grpc
         from ray._private import services

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import ray
 
-from raysim.config import Scenario
+from raysim.scenario.config import Scenario
 from raysim.engine import ray_engine, ray_start
 
 SERVER_SHARE = 0.001   # the server bundle's claim on the driver's node: a pin, not a CPU

@@ -38,6 +38,7 @@ import os
 import socket
 import struct
 import sys
+from typing import TYPE_CHECKING
 
 ZYGOTE_ENV = "RAYSIM_ZYGOTE"           # the zygote's socket, in the raylet's and its workers' environment
 LAUNCHER_ENV = "RAYSIM_LAUNCHER"        # in a forked worker's environment: its launcher's process id
@@ -55,6 +56,9 @@ def _die_with_parent() -> None:
     import signal
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 # -- the driver's side ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from raysim.config import Scenario
+from raysim.scenario.config import Scenario
 from raysim.engine import checkpoint
 from raysim.engine.driver import RoundDriver, place, prepared_source
 from raysim.engine.drivers import make_driver

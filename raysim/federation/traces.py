@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from raysim.systems import TraceError
+from raysim.federation.fleet import TraceError
 
 _MAX_NODES = 100_000_000      # values in one built object, each shared reference counted in full
 _MAX_DEPTH = 32               # containers inside containers (FedScale's traces nest 3 deep)

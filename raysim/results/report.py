@@ -25,6 +25,8 @@ seeds with a ±std band; ``compare_accuracy.csv`` holds the numbers drawn.
 """
 from __future__ import annotations
 
+from raysim.errors import BadInput
+
 import csv
 import json
 import math
@@ -214,7 +216,8 @@ def graph_figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]
         ax.grid(alpha=0.3)
         paths.append(_save(fig, out / "consensus.png"))
     if scenario and scenario.get("topology"):
-        from raysim import config, topology
+        from raysim.scenario import config
+        from raysim.federation import topology
         sc = config.validate(dict(scenario), "resolved.json", check_data=False)
         g = topology.scenario_graph(sc.topology, sc.data.clients, sc.seed, 0)
         import networkx as nx
@@ -238,7 +241,7 @@ def lambda_figure(summary: dict, out: Path) -> Path | None:
     curve = final.get("lambda_curve")
     if not curve:
         return None
-    from raysim.tracking import write_curve
+    from raysim.results.tracking import write_curve
     with tempfile.TemporaryDirectory() as tmp:
         _, png = write_curve(tmp, "lambda_curve", curve, final.get("lambda_curve_std"), summary.get("name", ""))
         target = out / "lambda_curve.png"
@@ -464,16 +467,16 @@ def compare_time_figure(runs: list[Compared], out: Path) -> Path | None:
 
 def client_for(uri: str | None):
     """(URI, MlflowClient) on ``uri``, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    (``raysim.tracking.resolve_uri``: the rule runs use)."""
+    (``raysim.results.tracking.resolve_uri``: the rule runs use)."""
     from mlflow.tracking import MlflowClient
 
-    from raysim.tracking import resolve_uri
+    from raysim.results.tracking import resolve_uri
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = resolve_uri(uri)
     return uri, MlflowClient(uri)
 
 
-class ReportError(Exception):
+class ReportError(BadInput):
     """A run that cannot be reported (unknown, or without its summary); one line."""
 
 

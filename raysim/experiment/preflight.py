@@ -16,9 +16,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from raysim.config import CheckpointCfg, ScenarioError, absolute_uri, apply_override, read_yaml
-from raysim.sections import ResourcesCfg
-from raysim.stores import store_scheme, unknown_store
+from raysim.scenario.config import CheckpointCfg, ScenarioError, absolute_uri, apply_override, read_yaml
+from raysim.scenario.sections import ResourcesCfg
+from raysim.scenario.stores import store_scheme, unknown_store
 
 STORE_TIMEOUT_S = 5.0       # how long a tracking server has to answer
 
@@ -42,7 +42,7 @@ def check_run(file: str, overrides: list[str], summary: str | None, resume: str 
     if resume is not None:
         from mlflow.tracking import MlflowClient
 
-        from raysim import tracking as mlflow_tracking
+        from raysim.results import tracking as mlflow_tracking
         uri = mlflow_tracking.resolve_uri(absolute_uri(given) if given else None)
         mlflow_tracking.resumable_run(MlflowClient(uri), resume, uri)
     ck = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
@@ -78,7 +78,7 @@ def host_actors(raw: dict) -> int:
 
 def check_store(uri: str, where: str) -> None:
     """A tracking URI's store can be reached: its scheme is one MLflow has a store for
-    (``raysim.stores.unknown_store``); a SQLite file's folder is writable and the file, if
+    (``raysim.scenario.stores.unknown_store``); a SQLite file's folder is writable and the file, if
     there, is a database; an HTTP(S) server answers within ``STORE_TIMEOUT_S``; a file store's
     folder is writable. The other stores (databricks, postgresql, a plugin's, ...) are left to
     MLflow."""

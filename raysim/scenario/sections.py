@@ -1,6 +1,6 @@
 """The scenario's sections as dataclasses: every key a scenario file may hold outside the
 components (whose options are the dataset's, model's, algorithm's and partitioner's own
-dataclasses), with its type, range and help. ``raysim.config`` loads and validates files
+dataclasses), with its type, range and help. ``raysim.scenario.config`` loads and validates files
 against them.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raysim.core import OPTIMIZERS
-from raysim.schema import Component
+from raysim.scenario.schema import Component
 
 
 TIMEOUT_MAX = 1e6        # seconds (11.6 days); Ray's waits overflow on vast timeouts
@@ -236,7 +236,7 @@ class PrivacyCfg:
 
 @dataclass(frozen=True)
 class CommunicationCfg:
-    """Compressed uploads (raysim/compression.py; how-to: compressed uploads): each client sends
+    """Compressed uploads (raysim/federation/compression.py; how-to: compressed uploads): each client sends
     its update through a compressor and the server averages what it reconstructs; the bytes the
     clients would send are logged every round (``upload_bytes``)."""
     compress: str = field(default="none", metadata={
@@ -275,7 +275,7 @@ class DistCfg:
 
 @dataclass(frozen=True)
 class SystemsCfg:
-    """A simulated fleet on a virtual clock (raysim/systems.py): each client's device speed and
+    """A simulated fleet on a virtual clock (raysim/federation/fleet.py): each client's device speed and
     links, who is online, dropouts, a round deadline and over-selection. Every value is drawn
     from the seed: runs stay identical for any number of hosts. Without this section every
     client is always online, equally fast, and a round waits for everyone."""

@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysim.config import Scenario, absolute_uri
+from raysim.scenario.config import Scenario, absolute_uri
 from raysim.errors import RunsFailed
-from raysim.report import INDEX_TAG
+from raysim.results.report import INDEX_TAG
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: s
     so a grid tuned at a few seeds is repeated at others for its chosen points only.
     ScenarioError where the file is no sweep, or has none of them (or, without ``--variant``,
     not all of them)."""
-    from raysim import tracking
-    from raysim.compare import CompareError, best_variants
-    from raysim.config import ScenarioError, name_list
+    from raysim.results import tracking
+    from raysim.results.compare import CompareError, best_variants
+    from raysim.scenario.config import ScenarioError, name_list
     if variants[0][0] is None:
         raise ScenarioError(f"{file}: --best-of {parent_id}: the file has no sweep section to choose variants of")
     try:
@@ -121,7 +121,8 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     several = len(variants) > 1
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
-        from raysim import tracker_process, tracking
+        from raysim.results import tracker_process
+        from raysim.results import tracking
         tracker_process.discard()       # the runs track in threads: MLflow is imported here now
         # one tracking store for every run, fixed here (trials start in folders of their own)
         uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
@@ -177,7 +178,7 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
             _print_sweep(summaries)
         if summary:
             Path(summary).write_text(json.dumps({"sweep": file, "variants": summaries}, indent=2))
-        from raysim.compare import table
+        from raysim.results.compare import table
         print(table(parent[0], [parent[1]])[0])
         print(f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
               + (f"  (with --tracking-uri {given_uri})" if given_uri else ""))
@@ -187,14 +188,14 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
 
 
 def run_job(job: Job) -> dict:
-    from raysim.runner import run
+    from raysim.experiment.runner import run
     return run(job.sc, engine=job.engine, address=job.address, resume=job.resume,
                summary_path=job.summary_path, verbose=job.verbose, progress=job.progress,
                resume_command=job.resume_command, tags=job.tags)
 
 
 def _finished(summary: dict, sc: Scenario) -> None:
-    from raysim.runner import FINAL
+    from raysim.experiment.runner import FINAL
     # the headline metrics, ACC(T) and the time to eval.target (every mean, std and best is in
     # the summary file)
     shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary["final"].items()
@@ -303,7 +304,7 @@ def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, B
 def _close_child(client, parent_id: str, job: Job, outcome: str) -> None:
     """A run that did not finish: marked FAILED or KILLED in MLflow if its trial could not
     (its process lost, or stopped), and its id, checkpoint and resume command printed."""
-    from raysim.runner import STATUS_WORD, tell_resume
+    from raysim.experiment.runner import STATUS_WORD, tell_resume
     query = f"tags.mlflow.parentRunId = '{parent_id}' and tags.seed = '{job.sc.seed}'"
     if job.variant is not None:
         query += f" and tags.variant = '{job.variant}'"

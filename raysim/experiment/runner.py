@@ -11,11 +11,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from raysim.compare import bottom_decile
-from raysim.config import Scenario, ScenarioError
+from raysim.results.compare import bottom_decile
+from raysim.scenario.config import Scenario, ScenarioError
 from raysim.engine import checkpoint
 from raysim.engine.driver import HostLost
-from raysim import testing
+from raysim.engine import faults
 from raysim.signals import DeferredInterrupt
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
@@ -54,7 +54,7 @@ def _import_tracking() -> None:
     """In a thread while Ray starts: import MLflow and its SQL store (about 1.6 s on 2 cores).
     Any error is left for the Tracker to raise."""
     try:
-        importlib.import_module("raysim.tracking")
+        importlib.import_module("raysim.results.tracking")
         importlib.import_module("mlflow.store.tracking.sqlalchemy_store")
     except Exception:       # noqa: BLE001 - the Tracker imports them again and reports
         pass
@@ -62,7 +62,7 @@ def _import_tracking() -> None:
 
 def _new_tracker(sc: Scenario, resume: str | None, verbose: bool, resume_command: str | None,
                  tags: dict | None = None):
-    from raysim.tracking import Tracker
+    from raysim.results.tracking import Tracker
     tracker = Tracker(sc, resume, verbose, tags)
     if resume_command:
         tracker.note_resume(resume_command.format(run_id=tracker.run_id))
@@ -107,7 +107,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             ckpt_path = None
     t0 = time.perf_counter()
     pending = None
-    from raysim import tracker_process
+    from raysim.results import tracker_process
     # a run whose process builds hosts (the serial engine's, or Ray's host 0 in the driver's
     # process) tracks through a helper process while MLflow is not imported yet
     helper = tracker_process.wanted() and (engine != "ray" or _driver_hosts(sc, address))
@@ -214,7 +214,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             bar.update(1)
             if stop.requested:
                 raise KeyboardInterrupt
-            testing.after_round(r)
+            faults.after_round(r)
         bar.close()
         summary = make_summary(sc, history, time.perf_counter() - t0, tracker, server.report())
         if summary_path:
@@ -260,7 +260,7 @@ def _check_restart(sc: Scenario, run_id: str, path: Path) -> None:
     the same numbers) when it never wrote a checkpoint and its scenario is this one. A run that
     did write one (tagged with its folder), since removed or under another ``checkpoint.dir``,
     is refused rather than silently redone."""
-    from raysim import tracking
+    from raysim.results import tracking
     given, wrote = tracking.run_record(sc, run_id)
     if wrote:
         raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {run_id} at {path}, where it wrote "

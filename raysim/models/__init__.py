@@ -2,7 +2,10 @@
 
 Each model takes the dataset's per-sample input shape and number of classes and outputs logits.
 The seed papers' larger image models (VGG-9, ResNet-9, MobileNet, FedSoft's CNN, SqueezeNet)
-are built in ``raysim.vision_models``; their options are here.
+are built in ``raysim.models.vision``; their options are here, with the registry ``MODELS``
+and the plugins' (entry point group ``raysim.models``).
+
+May import ``raysim.core`` and the foundation modules (``raysim.plugins``, ``raysim.errors``).
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ from torch import nn
 from raysim import plugins
 from raysim.core.norm import BatchNorm1d, BatchNorm2d
 
-from raysim import vision_models as vision
-from raysim.vision_models import group_norm as _group_norm, load_weights as _load_weights
+from raysim.models import vision
+from raysim.models.vision import group_norm as _group_norm, load_weights as _load_weights
 
 
 INITS = ("default", "xavier_normal")
@@ -299,27 +302,27 @@ class SqueezeNetParams(ModelParams):
 
 
 def vgg9(params: VGG9Params, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """SuPerFed's VGG-9 (``raysim.vision_models.vgg9``)."""
+    """SuPerFed's VGG-9 (``raysim.models.vision.vgg9``)."""
     return vision.vgg9(input_shape, classes, params.norm, params.groups)
 
 
 def resnet9(params: ResNet9Params, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """SuPerFed's ResNet-9 (``raysim.vision_models.resnet9``)."""
+    """SuPerFed's ResNet-9 (``raysim.models.vision.resnet9``)."""
     return vision.resnet9(input_shape, classes, params.norm, params.groups)
 
 
 def mobilenet(params: MobileNetParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """SuPerFed's MobileNet (``raysim.vision_models.mobilenet``)."""
+    """SuPerFed's MobileNet (``raysim.models.vision.mobilenet``)."""
     return vision.mobilenet(input_shape, classes, params.norm, params.groups, params.padding)
 
 
 def fedsoft_cnn(params: FedSoftCNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """FedSoft's CIFAR CNN (``raysim.vision_models.fedsoft_cnn``)."""
+    """FedSoft's CIFAR CNN (``raysim.models.vision.fedsoft_cnn``)."""
     return vision.fedsoft_cnn(input_shape, classes, params.norm, params.groups, params.init)
 
 
 def squeezenet(params: SqueezeNetParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """torchvision's SqueezeNet as SosicFL uses it (``raysim.vision_models.squeezenet``)."""
+    """torchvision's SqueezeNet as SosicFL uses it (``raysim.models.vision.squeezenet``)."""
     return vision.squeezenet(input_shape, classes, params.version, params.classifier, params.dropout,
                              params.weights)
 

@@ -37,7 +37,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from raysim.cachedir import user_cache
-from raysim.config import RunSpec, Scenario, ScenarioError, name_list
+from raysim.scenario.config import RunSpec, Scenario, ScenarioError, name_list
 
 STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0

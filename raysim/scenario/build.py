@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 
 import raysim.algorithms as algorithms
-from raysim import plugins, privacy, rng
-from raysim.config import Scenario, ScenarioError
+from raysim import plugins, rng
+from raysim.federation import privacy
+from raysim.scenario.config import Scenario, ScenarioError
 from raysim.core.tasks import TASKS
 from raysim import models
 
@@ -28,7 +29,7 @@ def make_model_fn(sc: Scenario, source):
 
 
 def make_algorithm(sc: Scenario, source) -> algorithms.Algorithm:
-    cls = plugins.algorithm(sc.algorithm.name)      # built-in or plugin, here and in every host
+    cls = algorithms.resolve(sc.algorithm.name)      # built-in or plugin, here and in every host
     algo = cls(sc.algorithm.params, make_model_fn(sc, source), sc.rounds, TASKS[source.task])
     algo.finetune = sc.eval.finetune          # the local update's options (eval.finetune)
     algo.decode = getattr(source, "pixels", None)     # an image source's uint8 pixels -> inputs
@@ -46,7 +47,7 @@ def describe_registries() -> list[tuple[str, list[tuple[str, str, str]]]]:
     """(section, [(name, source, one-line summary)]) for `raysim list`: every built-in
     ("built-in") and every plugin installed as an entry point (its distribution and version)."""
     from raysim import data
-    kinds = (("algorithms", plugins.algorithms()), ("datasets", data.DATASET_PLUGINS),
+    kinds = (("algorithms", algorithms.PLUGINS), ("datasets", data.DATASET_PLUGINS),
              ("models", models.PLUGINS), ("partitioners", data.PARTITIONER_PLUGINS))
     return [(section, [(n, where, obj.summary) for n, where, obj in plugins.listing(kind)])
             for section, kind in kinds]

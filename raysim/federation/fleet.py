@@ -23,6 +23,8 @@ costs a few array operations a round on the driver.
 """
 from __future__ import annotations
 
+from raysim.errors import BadInput
+
 import bisect
 import csv
 import math
@@ -37,7 +39,7 @@ DAY = 86400.0
 MAX_WAITS = 1000        # openings first_online tries (a window narrower than a float step at the clock's time never opens)
 
 
-class TraceError(ValueError):
+class TraceError(BadInput, ValueError):
     """A device or availability trace file that cannot be read (its message names file, line and column)."""
 
 

@@ -1,5 +1,5 @@
 """The tracking stores MLflow has, by URI scheme, known without importing MLflow where it is not
-imported yet (a run's MLflow loads in a helper process, ``raysim.tracker_process``, and its
+imported yet (a run's MLflow loads in a helper process, ``raysim.results.tracker_process``, and its
 import costs a second or two before Ray starts): a tracking URI of a scheme MLflow cannot open
 is refused at validation (one ScenarioError line, exit 2), not after the run's training."""
 from __future__ import annotations

@@ -28,6 +28,8 @@ are the last evaluation's, read from the runs' metrics; accuracies are shown in 
 """
 from __future__ import annotations
 
+from raysim.errors import BadInput
+
 import csv
 import dataclasses
 import math
@@ -56,14 +58,14 @@ class Row:
 OVER = ("seeds", "clients")
 
 
-class CompareError(Exception):
+class CompareError(BadInput):
     """Nothing to compare, or an unknown run or experiment; one line."""
 
 
 def select(client, run_ids: list[str], experiment: str | None) -> list:
     """The runs to compare: the given ones (a parent expanded to its finished children) and
     every finished run of ``experiment`` that is not a parent."""
-    from raysim.report import expand, ReportError
+    from raysim.results.report import expand, ReportError
     try:
         runs = [r for r in expand(client, run_ids) if r.info.status == "FINISHED" or r.info.run_id in run_ids]
     except ReportError as e:
@@ -233,7 +235,7 @@ def best_variants(uri: str | None, parent_ids: list[str]) -> dict[str, set[str]]
     sweeps' parents (``pick_variants``: per method and dataset, the grid point of best mean
     validation score), by ``val_accuracy`` where the runs logged it, else ``val_mse``: what
     ``raysim run --best-of`` runs at its seeds; each with the seeds it ran at there."""
-    from raysim.report import client_for
+    from raysim.results.report import client_for
     _, client = client_for(uri)
     runs = select(client, parent_ids, None)
     logged = {k for r in runs for k in r.data.metrics}
@@ -437,7 +439,7 @@ def compare(run_ids: list[str], experiment: str | None = None, uri: str | None =
     """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``;
     ``select_by``: one variant per method and dataset, chosen by this validation metric;
     ``rank``: the methods ordered best first by this metric (e.g. ``target_virtual_hours``)."""
-    from raysim.report import client_for
+    from raysim.results.report import client_for
     if not run_ids and experiment is None:
         raise CompareError("give run ids (a sweep's parent stands for its runs) or --experiment NAME")
     if over not in OVER:

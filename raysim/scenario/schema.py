@@ -21,17 +21,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from raysim.errors import ScenarioError  # noqa: F401 - the scenario's error, raised and re-exported here
+from raysim.rng import SEED  # noqa: F401 - the seeds' range, checked here
+
 
 INT_MIN, INT_MAX = -2**63, 2**63 - 1                    # int64
 FLOAT_MAX = 3.4028234663852886e+38                      # float32's largest
-SEED = {"min": 0, "max": 2**32 - 1}       # rng derives every generator from a seed's low 32 bits
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-
-
-class ScenarioError(ValueError):
-    """Invalid scenario, override, data or argument; the message is one line naming file and
-    key. A ValueError, so that ``except ValueError`` catches it too (the command: exit 2)."""
 
 
 @dataclass(frozen=True)

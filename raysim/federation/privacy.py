@@ -107,7 +107,7 @@ def reported_loss(loss: float, n: int, cfg) -> tuple[float, int]:
     return (loss, n) if not math.isfinite(loss) else (math.nan, 0)
 
 
-# the smallest non-zero noise multiplier a scenario may give (raysim.config): below it ε is
+# the smallest non-zero noise multiplier a scenario may give (raysim.scenario.config): below it ε is
 # above 10^5 for any useful run, and the accountant overflows towards 1e-200
 MIN_NOISE = 0.01
 

@@ -17,9 +17,9 @@ import numpy as np
 import yaml
 
 from raysim import plugins, rng
-from raysim.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
+from raysim.scenario.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
                            load_dataclass)
-from raysim.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
+from raysim.scenario.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
                              CommunicationCfg, DistCfg, PrivacyCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
                              TrackingCfg)
 
@@ -381,9 +381,9 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         ctx.fail("data.splits", f"train + val + test = {splits.train + splits.val + splits.test:g}; they must sum to 1")
 
     model = named(ctx, "model", raw["model"], "name", MODELS, models.spec, lambda s: s.Params)
-    algorithm = named(ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY, plugins.algorithm,
+    algorithm = named(ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY, algorithms.resolve,
                       lambda a: a.Hyper)
-    method = plugins.algorithm(algorithm.name)
+    method = algorithms.resolve(algorithm.name)
     sampling = load_dataclass(ctx, "sampling", SamplingCfg, raw.get("sampling"))
     if sampling.fraction is not None and sampling.count is not None:
         ctx.fail("sampling", "give either fraction or count, not both")
@@ -416,7 +416,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if not tracking.experiment.strip():
         ctx.fail("tracking.experiment", "empty; give the MLflow experiment's name, e.g. raysim")
     if tracking.uri:
-        from raysim.stores import unknown_store
+        from raysim.scenario.stores import unknown_store
         if unknown := unknown_store(tracking.uri):
             ctx.fail("tracking.uri", unknown)
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
@@ -497,12 +497,12 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
 def _someone_online(ctx: Ctx, sc: Scenario) -> None:
     """The availability trace read (a bad row stops the run before it starts), and some
     training client given a window in it: without one, no round would train anyone."""
-    from raysim import systems
+    from raysim.federation import fleet
     cfg = sc.systems
     try:
-        trace = systems.read_windows(cfg.availability_trace, sc.data.clients,
+        trace = fleet.read_windows(cfg.availability_trace, sc.data.clients,
                                      cfg.period_s if cfg.trace_repeats else None)
-    except systems.TraceError as e:
+    except fleet.TraceError as e:
         ctx.fail("systems.availability_trace", str(e))
     train, _ = split_unseen(sc)
     opens = trace.openings()
@@ -533,7 +533,7 @@ def _upload_section(ctx: Ctx, key: str, cls, mapping, method, algorithm, what: s
 def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int, ev) -> PrivacyCfg:
     """The ``privacy`` section, and the runs it applies to: a server averaging one model from
     uniformly sampled clients."""
-    from raysim import privacy
+    from raysim.federation import privacy
     if isinstance(mapping, dict) and mapping.get("level") == "sample":
         return _sample_privacy(ctx, mapping, method, algorithm, topology, systems, ev)
     cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
@@ -575,7 +575,7 @@ def _outside_dp_sgd(ctx: Ctx, method, algorithm, ev) -> None:
 def _check_noise(ctx: Ctx, cfg: PrivacyCfg) -> None:
     """z is 0 (clipping alone) or at least ``privacy.MIN_NOISE``: the accountant has no finite
     answer much below it, and what it gives there is no guarantee."""
-    from raysim.privacy import MIN_NOISE
+    from raysim.federation.privacy import MIN_NOISE
     if 0 < cfg.noise_multiplier < MIN_NOISE:
         ctx.fail("privacy.noise_multiplier", f"{cfg.noise_multiplier:g} is 0 (clipping only) or at least {MIN_NOISE:g} "
                  f"(below it ε exceeds 10^5 and the accountant overflows)")
@@ -633,7 +633,7 @@ def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, priv
 
 
 def _gossip_communication(ctx: Ctx, mapping) -> CommunicationCfg:
-    """``communication`` with a topology: CHOCO-gossip (raysim/compression.py), the neighbours
+    """``communication`` with a topology: CHOCO-gossip (raysim/federation/compression.py), the neighbours
     exchanging compressed differences to public copies of the models."""
     if not isinstance(mapping, dict):
         ctx.fail("communication", f"expected a mapping of options, got {type(mapping).__name__}")
@@ -681,10 +681,10 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
                 ctx.fail(f"systems.{key}", f"no such file {path}")
             cfg = replace(cfg, **{key: os.path.abspath(path)})
             if key == "device_trace":            # the file read now, so a bad row stops the run before it starts
-                from raysim import systems       # (the availability trace: with the training clients, below)
+                from raysim.federation import fleet       # (the availability trace: with the training clients, below)
                 try:
-                    systems.read_devices(path, clients)
-                except systems.TraceError as e:
+                    fleet.read_devices(path, clients)
+                except fleet.TraceError as e:
                     ctx.fail(f"systems.{key}", str(e))
     if cfg.availability == "trace" and cfg.availability_trace is None:
         ctx.fail("systems.availability_trace", "availability: trace needs the path of a CSV of client,start_s,end_s")
@@ -736,12 +736,13 @@ def make_source(sc: Scenario):
 def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     """Open the data source (files present and well-formed), build the model once and, with
     a topology, its first graph."""
+    import raysim.algorithms as algorithms
     from raysim.data import DataError
     from raysim.core.groups import groups_of
     from raysim.models import build as build_model
 
     if sc.topology is not None:
-        from raysim import topology       # networkx and scipy: only a decentralized run needs them
+        from raysim.federation import topology       # networkx and scipy: only a decentralized run needs them
         try:
             topology.check_scenario(sc.topology, sc.data.clients, sc.seed)
         except topology.TopologyError as e:
@@ -765,13 +766,13 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     except ValueError as e:
         ctx.fail("model.head", str(e).removeprefix("model.head: "))
     if sc.privacy is not None and sc.privacy.level == "sample":     # DP-SGD needs per-sample gradients
-        from raysim.privacy import per_sample_problem
+        from raysim.federation.privacy import per_sample_problem
         decode = getattr(source, "pixels", None) or (lambda x: x)
         why = per_sample_problem(model, decode(first.train_x[:4]) if first.num_train >= 2 else None)
         if why:
             ctx.fail("model.name", f"privacy.level sample needs each sample's own gradient, and '{sc.model.name}' {why} "
                      f"(use group or layer norm and no dropout, or another model)")
-    cls = plugins.algorithm(sc.algorithm.name)
+    cls = algorithms.resolve(sc.algorithm.name)
     if sc.eval.unseen_fraction > 0 and not cls.unseen:
         ctx.fail("eval.unseen_fraction", f"{sc.algorithm.name} has no model for a client that never trained; "
                                          f"use 0 (its default)")

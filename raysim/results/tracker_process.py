@@ -7,7 +7,7 @@ hold the GIL against the hosts' data loading and rounds for those seconds. A pro
 own does the same work on another core: the ``raysim run`` command starts it first thing
 (``prestart``, before PyTorch loads), the run builds its hosts and starts its rounds meanwhile,
 and the run's calls (``log_round``, ``flush``, ``note_checkpoint``, ``log_summary``,
-``finish``) go to the ``raysim.tracking.Tracker`` there over a pipe, in order. A new run's
+``finish``) go to the ``raysim.results.tracking.Tracker`` there over a pipe, in order. A new run's
 rounds do not wait for the run to exist (``started``): its id is first needed at the first
 checkpoint, and the runner takes the helper's answer after each round (``check``), so a store
 that refuses the run stops it with the store's error. A resumed run waits (``ready``): the
@@ -31,7 +31,7 @@ import sys
 from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
-from raysim.config import RunSpec
+from raysim.scenario.config import RunSpec
 
 
 def wanted() -> bool:
@@ -57,7 +57,7 @@ def _serve(conn, spec: RunSpec, resume: str | None, verbose: bool, tags: dict | 
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            from raysim.tracking import Tracker
+            from raysim.results.tracking import Tracker
             tracker = Tracker(spec, resume, verbose, tags, driver_pid=driver_pid)
             if resume_command:
                 tracker.note_resume(resume_command.format(run_id=tracker.run_id))
@@ -101,7 +101,7 @@ class _Deferred(importlib.abc.MetaPathFinder):
 
 
 def import_tracking() -> None:
-    """Import ``raysim.tracking`` (MLflow, its client and stores) with the ``DEFERRED`` packages
+    """Import ``raysim.results.tracking`` (MLflow, its client and stores) with the ``DEFERRED`` packages
     read as absent, then import them normally again. MLflow imports pandas at its top level only
     to bind it in its dataset and evaluation modules, guarded as an optional package (the
     mlflow-skinny distribution has none); the calls the helper makes (create, log, tag, search
@@ -110,7 +110,7 @@ def import_tracking() -> None:
     finder = _Deferred()
     sys.meta_path.insert(0, finder)
     try:
-        import raysim.tracking  # noqa: F401
+        import raysim.results.tracking  # noqa: F401
     finally:
         sys.meta_path.remove(finder)
 
@@ -131,12 +131,12 @@ def _send(conn, kind: str, value: Any, said: str) -> None:
 
 def _start_helper() -> tuple[Connection, subprocess.Popen]:
     """The helper process, importing MLflow at once, then waiting for its run on the pipe. A
-    command of its own (``python -m raysim.tracker_process FD``), not multiprocessing's spawn,
+    command of its own (``python -m raysim.results.tracker_process FD``), not multiprocessing's spawn,
     which would run the caller's main script again in the helper."""
     conn, child = Pipe()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # raysim importable there too
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.tracker_process", str(child.fileno())],
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.results.tracker_process", str(child.fileno())],
                             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path})
     child.close()
     return conn, proc

@@ -1,0 +1,10 @@
+"""The simulated federation: everything about the clients that is not their model.
+
+- ``fleet``: devices, availability and the virtual clock (systems heterogeneity).
+- ``traces``: readers and converters of device and availability traces (FedScale's included).
+- ``privacy``: clipping, noise and the accountant (client- and sample-level DP).
+- ``compression``: what an upload costs and how it is compressed (QSGD, top-k, ...).
+- ``topology``: the graphs of decentralized training.
+
+May import ``raysim.core`` and the foundation modules only.
+"""

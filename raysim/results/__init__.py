@@ -1,0 +1,10 @@
+"""Results: where a run's numbers go and how they come back.
+
+- ``tracking``: the MLflow run of a scenario (parameters, metrics, tags, artifacts).
+- ``tracker_process``: MLflow in a helper process, so that its import does not delay a run.
+- ``compare``: the table of several runs (``raysim compare``).
+- ``report``: one run's figures (``raysim report``).
+
+May import ``raysim.scenario`` and the wings below it; never the engine (the engine hands its
+records to a tracker it is given) nor ``raysim.experiment``.
+"""
