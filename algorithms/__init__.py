@@ -19,20 +19,20 @@ from .feddyn import FedDyn
 from .fedem import FedEM
 from .fednova import FedNova
 from .fedper import FedPer
+from .fedprox import FedProx
 from .fedrep import FedRep
 from .fedrod import FedRoD
-from .fedprox import FedProx
 from .fedsoft import FedSoft
+from .floco import Floco, FlocoPlus
 from .ifca import IFCA
 from .lg_fedavg import LGFedAvg
 from .local import Local
 from .mocha import Mocha
 from .moon import MOON
+from .perfedavg import PerFedAvg
 from .pfedhn import PFedHN
 from .pfedme import PFedMe
-from .perfedavg import PerFedAvg
 from .scaffold import Scaffold
-from .floco import Floco, FlocoPlus
 from .sosicfl import SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
 

@@ -53,8 +53,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -545,7 +546,7 @@ class UpdateStats:
     count: float
 
     @classmethod
-    def of(cls, delta: torch.Tensor) -> "UpdateStats":
+    def of(cls, delta: torch.Tensor) -> UpdateStats:
         d = delta.detach().to(torch.float32)
         return cls(d, float(np.float32((d.to(torch.float64) ** 2).sum().item())), 1.0)
 

@@ -31,8 +31,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import (Algorithm, ByKey, LocalTraining, Message, PerClient, Weighted, flatten, lower_is_better,
-                   params_of, training_field, unflatten)
+from .base import (
+    Algorithm,
+    ByKey,
+    LocalTraining,
+    Message,
+    PerClient,
+    Weighted,
+    flatten,
+    lower_is_better,
+    params_of,
+    training_field,
+    unflatten,
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,7 @@ class CFLServer:
 
 def bipartition(updates: torch.Tensor) -> np.ndarray:
     """Labels 0/1 of the rows of ``updates`` (m, d): complete linkage on 1 − cosine similarity."""
-    from sklearn.cluster import AgglomerativeClustering   # here: scikit-learn costs every host ~1 s to import
+    from sklearn.cluster import AgglomerativeClustering  # here: scikit-learn costs every host ~1 s to import
     unit = updates / updates.norm(dim=1, keepdim=True).clamp_min(1e-12)
     dist = (1.0 - unit @ unit.T).clamp_min(0.0).double().numpy()
     np.fill_diagonal(dist, 0.0)

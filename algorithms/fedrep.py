@@ -53,8 +53,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fedper import FedPerState, SplitMethod
 from .base import LocalTraining, training_field
+from .fedper import FedPerState, SplitMethod
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import (Algorithm, ByKey, LocalTraining, Message, PerClient, StatsRequest, Weighted, means_by_key,
-                   params_of, training_field)
+from .base import (
+    Algorithm,
+    ByKey,
+    LocalTraining,
+    Message,
+    PerClient,
+    StatsRequest,
+    Weighted,
+    means_by_key,
+    params_of,
+    training_field,
+)
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import (Algorithm, LocalTraining, Message, PerClient, StatsRequest, Supervised,
-                   params_of, training_field)
+from .base import Algorithm, LocalTraining, Message, PerClient, StatsRequest, Supervised, params_of, training_field
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,17 @@ import numpy as np
 import torch
 
 from . import simplex
-from .base import (Algorithm, Message, PerClient, StatsRequest, Supervised, UpdateStats, Weighted, params_of,
-                   training_field)
+from .base import (
+    Algorithm,
+    Message,
+    PerClient,
+    StatsRequest,
+    Supervised,
+    UpdateStats,
+    Weighted,
+    params_of,
+    training_field,
+)
 from .fedavg import FedAvg, FedAvgHyper
 
 

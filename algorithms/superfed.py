@@ -59,8 +59,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import (Algorithm, Objective, Supervised, interpolate, lower_is_better, mean_std, params_of, set_dot,
-                   training_field)
+from .base import (
+    Algorithm,
+    Objective,
+    Supervised,
+    interpolate,
+    lower_is_better,
+    mean_std,
+    params_of,
+    set_dot,
+    training_field,
+)
 from .fedavg import FedAvg, FedAvgHyper
 
 

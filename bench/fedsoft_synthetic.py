@@ -24,9 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from raysim.experiment.runner import run  # noqa: E402
 from raysim.scenario import config  # noqa: E402
 from raysim.scenario.config import make_source  # noqa: E402
-from raysim.experiment.runner import run  # noqa: E402
 
 REFERENCE = {"mae": 0.046, "own_other": max(18.8 / 80.3, 10.1 / 59.7), "local_over_floor": 13.98 / 13.68}
 

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from gpu import learned  # noqa: E402
+
 DECENTRALIZED = {
     "d-sgd": {"algorithm": {"name": "fedavg", "lr": 0.1, "batch_size": 32, "local_epochs": 1}},
     "d-fedem": {"algorithm": {"name": "fedem", "components": 3, "lr": 0.1, "momentum": 0.9, "batch_size": 32,

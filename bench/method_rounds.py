@@ -27,8 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from raysim.scenario import config  # noqa: E402
 from raysim.engine.serial import serial_driver  # noqa: E402
+from raysim.scenario import config  # noqa: E402
 
 SCENARIO = HERE.parent / "scenarios" / "pfl_benchmark.yaml"
 DEFAULT = ("ditto", "apfl", "pfedme", "superfed-mm", "superfed-lm", "sosicfl", "sosicfl+")

@@ -195,8 +195,9 @@ def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
     drifts weighs on both alike, timed in CPU seconds (a preempted round is not charged for
     the wait); the medians of ``pairs`` pairs: {ratio, fedavg, ditto}."""
     import time
-    from raysim.scenario import config
+
     from raysim.engine.serial import serial_driver
+    from raysim.scenario import config
     with tempfile.TemporaryDirectory() as tmp:
         drivers = {}
         for method in ("fedavg", "ditto"):

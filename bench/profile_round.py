@@ -51,8 +51,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--variant", help="a sweep's variant (the file is a sweep)")
     args = ap.parse_args()
-    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
+    from raysim.scenario import config
     if args.variant:
         ((_, sc),) = config.load_variants(args.scenario, args.overrides, only=args.variant)
     else:

@@ -20,9 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from raysim.scenario import config  # noqa: E402
 from raysim.engine import checkpoint  # noqa: E402
 from raysim.engine.serial import serial_driver  # noqa: E402
+from raysim.scenario import config  # noqa: E402
 
 
 def scores(folder: str, overrides: list[str]) -> tuple[dict[str, float], int]:

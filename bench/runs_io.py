@@ -58,7 +58,7 @@ def export(uri: str, experiment: str, out: str, history: bool = False, run_ids: 
 
 
 def load(path: str, uri: str, experiment: str) -> tuple[int, int]:
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)

@@ -28,10 +28,9 @@ from scipy.stats import spearmanr
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from raysim.scenario import config  # noqa: E402
-
-from raysim.results import report
 from raysim.engine.driver import sample_clients, split_unseen  # noqa: E402
+from raysim.results import report
+from raysim.scenario import config  # noqa: E402
 
 
 def rounds_idle(scenario: dict) -> dict[int, int]:

@@ -49,8 +49,8 @@ def fashion(tmp: Path, name: str, rounds: int, systems: dict, every: int) -> str
 
 
 def driver(path: str, overrides=()):
-    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
+    from raysim.scenario import config
     return serial_driver(config.load(path, list(overrides)))
 
 

@@ -23,10 +23,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from raysim.federation import compression  # noqa: E402
-
-from raysim.federation import privacy
 from raysim.core.replies import Weighted  # noqa: E402
+from raysim.federation import (
+    compression,  # noqa: E402
+    privacy,
+)
 from raysim.scenario.sections import CommunicationCfg  # noqa: E402
 
 

@@ -314,9 +314,9 @@ def _component_sections(title: str, intro: str, registry: dict, params_of, prefi
 
 def scenario_page() -> str:
     import raysim.algorithms as algorithms
-    from raysim.scenario.config import TOP_KEYS
     from raysim.data import DATASETS, PARTITIONERS, partitions_of
     from raysim.models import MODELS
+    from raysim.scenario.config import TOP_KEYS
     from raysim.scenario.schema import Component
     from raysim.scenario.sections import DataCfg, Scenario
 

@@ -28,9 +28,10 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from raysim.cli import parse_run_id, parse_run_ids
 from raysim.scenario.schema import ScenarioError
@@ -237,12 +238,13 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
     with tempfile.TemporaryDirectory(prefix="raysim-api-") as tmp:
         file = _scenario_file(scenario, tmp) if isinstance(scenario, Mapping) else str(scenario)
         try:
-            from raysim.scenario import config
             from raysim.experiment.preflight import check_run
+            from raysim.scenario import config
             check_run(file, items, None, resume)
             seed_list = config.seeds_of(file, _seeds_text(seeds))
             variants = config.load_variants(file, items, variant, seeds=seed_list)
-            from raysim.experiment.sweep import best_of as best, run_command
+            from raysim.experiment.sweep import best_of as best
+            from raysim.experiment.sweep import run_command
             if best_of:
                 variants = best(file, variants, best_of, variant, verbose)
             summaries = run_command(file, variants, seed_list, overrides=items, engine=engine, address=address,
@@ -512,6 +514,7 @@ def _table(client, parent_run_id: str, metrics: list[str] | None = None, over: s
     there is nothing to compare (no run evaluated), an empty DataFrame and the reason, or
     with ``strict`` the CompareError."""
     import pandas as pd
+
     from raysim.results import compare
     try:
         markdown, (methods, columns, cells) = compare.table(client, [parent_run_id], None, metrics, over, select)

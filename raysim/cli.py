@@ -199,7 +199,7 @@ def _dispatch(args, early_ray: bool = False) -> int:
     variants = config.load_variants(args.file, args.overrides, args.variant, seeds=seeds)
     if args.command == "data":
         from raysim.data import info
-        for variant, sc in variants:
+        for _, sc in variants:
             found = info.describe(sc.data.dataset.name, config.make_source(sc))
             print(info.text(found, args.show))
             if args.plot is not None:

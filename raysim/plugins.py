@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from raysim.errors import ScenarioError
 

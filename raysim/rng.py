@@ -14,7 +14,7 @@ import numpy as np
 SEED = {"min": 0, "max": 2**32 - 1}       # every generator derives from a seed's low 32 bits
 
 if TYPE_CHECKING:       # torch is imported where a torch generator is made: the fleet's and the trace
-    import torch        # tools' draws (numpy only) keep it out of processes that never train
+    import torch  # tools' draws (numpy only) keep it out of processes that never train
 
 
 def _entropy(seed: int, keys: tuple) -> list[int]:

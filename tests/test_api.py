@@ -12,12 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import ROOT, TINY, write_scenario
 from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim.api import ScenarioError
-
-from conftest import ROOT, TINY, write_scenario
 
 FEDEM = TINY.replace("name: fedavg", "name: fedem")
 NOTEBOOK = ROOT / "docs" / "tutorials" / "python-api.ipynb"

@@ -8,7 +8,6 @@ import sqlite3
 import pytest
 
 from raysim import cli
-
 from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 

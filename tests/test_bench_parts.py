@@ -5,13 +5,12 @@ import json
 import sys
 from pathlib import Path
 
-from raysim import cli
-
-from raysim.results import report
-from raysim.results.compare import compare
-
 from conftest import write_scenario
 from test_compare import SWEEP
+
+from raysim import cli
+from raysim.results import report
+from raysim.results.compare import compare
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import pfl_parts  # noqa: E402

@@ -11,11 +11,11 @@ import subprocess
 import pytest
 import torch
 
-from raysim.scenario import config
 from raysim.engine import checkpoint
 from raysim.engine.checkpoint import CheckpointError, CheckpointWriteError
 from raysim.engine.serial import serial_driver
 from raysim.errors import EXIT_FAILED, EXIT_INPUT, explain
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 from tests.test_runs import raysim
 

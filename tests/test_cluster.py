@@ -116,7 +116,9 @@ def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refuse
     import sys
     import tempfile
     import time
+
     import psutil
+
     from tests.conftest import ROOT
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
@@ -192,13 +194,15 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     the process is whole)."""
     import contextlib
     import os
+    import tempfile
     import time
+
     import psutil
     import ray
     from ray._private import services
     from ray._private.node import Node
+
     from raysim.engine import ray_start
-    import tempfile
     before = {name: Node.__dict__[name] for name in (*ray_start.LEAN_SKIPS, "start_log_monitor")}
     build, launch = services._build_python_executable_command_memory_profileable, services.start_ray_process
     # this Ray's own folder: another Ray of this process (the module's cluster) is not looked at
@@ -299,7 +303,9 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
     import subprocess
     import sys
     import time
+
     from ray import _raylet
+
     from raysim.engine import ray_agent, ray_start
     assert ray_start._agent_stand_in_fits()
     node = "7c" * 28
@@ -342,8 +348,10 @@ def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_ref
     import sys
     import time
     import urllib.request
+
     from ray import _raylet
     from ray.core.generated import runtime_env_agent_pb2 as pb
+
     from raysim.engine import ray_agent, ray_start
     assert ray_start._env_stand_in_fits()
     node = "3d" * 28
@@ -433,6 +441,7 @@ def test_joining_a_token_cluster_says_in_one_line_what_to_set_and_joins_with_the
     import sys
     import tempfile
     import time
+
     from tests.conftest import ROOT
     token = "5f" * 32
     plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}

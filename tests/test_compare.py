@@ -4,13 +4,11 @@ import csv
 
 import numpy as np
 import pytest
+from conftest import write_scenario
 
 from raysim import cli
-
 from raysim.results import report
 from raysim.results.compare import CompareError, compare
-
-from conftest import write_scenario
 
 SWEEP = """
 name: tbl

@@ -5,12 +5,10 @@ import csv
 
 import numpy as np
 import pytest
+from conftest import write_scenario
 
 from raysim import cli
-
 from raysim.results import report
-
-from conftest import write_scenario
 
 BENCH = """
 name: bench

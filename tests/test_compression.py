@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from raysim import cli
-
-from raysim.federation import compression
-
-from raysim.scenario import config
 from raysim.core.replies import Weighted
 from raysim.experiment.runner import run as run_scenario
+from raysim.federation import compression
+from raysim.scenario import config
 from raysim.scenario.sections import CommunicationCfg
 from tests.conftest import ROOT, TINY, write_scenario
 from tests.test_bad_inputs import run_refused

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from raysim.algorithms import REGISTRY
 from raysim import cli
+from raysim.algorithms import REGISTRY
 from raysim.scenario import config
 from raysim.scenario.config import ScenarioError
 from tests.conftest import TINY, write_scenario

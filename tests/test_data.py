@@ -201,8 +201,8 @@ def test_fashion_mnist_reads_idx_files_and_its_pixels_decode_normalized(tmp_path
 def test_pixels_decode_to_the_floats_numpy_normalization_of_the_pool_gave(dataset):
     """Every value of every channel, bit for bit: (x / 255 - mean) / std in float32, as the
     pool was normalized before clients held uint8 pixels, so runs keep their numbers."""
-    from raysim.data.vision import CIFAR
     from raysim.core.data import Pixels
+    from raysim.data.vision import CIFAR
     constants = {"fashion_mnist": ((MEAN,), (STD,)), "emnist": ((0.0,), (1.0,)),
                  **{name: (spec["mean"], spec["std"]) for name, spec in CIFAR.items()}}
     mean, std = constants[dataset]
@@ -416,7 +416,9 @@ def test_leaf_femnist_errors_say_how_to_make_the_data(tmp_path):
 def test_digits_read_from_scikit_learns_file_equal_its_loader_without_importing_sklearn_datasets():
     import subprocess
     import sys
+
     from sklearn.datasets import load_digits as sk_load_digits
+
     from raysim.data.synthetic import load_digits
     x, y = load_digits()
     want_x, want_y = sk_load_digits(return_X_y=True)

@@ -1,10 +1,9 @@
 """`raysim data info`: every client's split sizes and train label counts, printed and drawn."""
 import numpy as np
+from conftest import write_scenario
 from PIL import Image
 
 from raysim import cli
-
-from conftest import write_scenario
 
 SCENARIO = """
 name: info

@@ -9,15 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raysim.scenario import config
-
-from raysim.federation import privacy
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import Settings, Supervised, Trainer, make_job
 from raysim.core.tasks import TASKS
-from raysim.models import LinearParams, MLPParams, linear, mlp
 from raysim.experiment.runner import run as run_scenario
+from raysim.federation import privacy
+from raysim.models import LinearParams, MLPParams, linear, mlp
+from raysim.scenario import config
 from tests.conftest import ROOT, TINY, write_scenario
 from tests.test_bad_inputs import run_refused
 
@@ -178,8 +177,8 @@ def test_dp_sgd_fedavg_learns_digits_logs_the_worst_clients_epsilon_and_noise_co
     acc = {n: s["final"]["accuracy"] for n, s in (("clip", clipped), ("dp", private), ("drowned", drowned))}
     # 10 classes: chance is 0.1 (here, seed 0: 0.82 clipped only, 0.70 at z = 3)
     assert acc["clip"] > 0.75 and acc["dp"] > 0.6 and acc["dp"] < acc["clip"] - 0.05 and acc["drowned"] < acc["dp"] - 0.2
-    from raysim.scenario.config import make_source
     from raysim.data.base import Splits, split_sizes
+    from raysim.scenario.config import make_source
     source = make_source(sc)
     sizes = np.array([split_sizes(source.num_samples(c), Splits(0.8, 0.0, 0.2))[0] for c in range(50)])
     # each client's rounds: those the sampler drew it in (25 of 50 a round)
@@ -331,6 +330,7 @@ def test_a_plugin_model_dp_sgd_accepts_has_the_one_sample_loops_per_sample_gradi
     (tmp_path / "dpmodels.py").write_text(PLUGIN_MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))
     import dpmodels
+
     from raysim.core.loop import Trainer
     from raysim.core.tasks import TASKS
     torch.manual_seed(0)
@@ -393,6 +393,7 @@ def test_dittos_epsilon_counts_the_personal_models_dp_sgd_steps_too(tmp_path):
     rounds · (E_w + E_v) · ⌈n/B⌉ steps (dp_accounting's own composition of that many)."""
     import dp_accounting as dpa
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     from tests.test_runs import summary_of, tracked
     text = TINY.replace("rounds: 3", "rounds: 2").replace("sampling: {fraction: 0.5}", "sampling: {fraction: 1.0}").replace(
         "algorithm: {name: fedavg, lr: 0.1, batch_size: 16}", "algorithm: {name: ditto, lr: 0.1, batch_size: 16, personal_epochs: 2}")
@@ -415,6 +416,7 @@ def test_poisson_batches_take_each_sample_with_probability_b_over_n_in_rows_of_o
     them when n ≤ B), a step's samples first in index order, -1 after them, in W columns for any
     n; W is the smallest w with P(Poisson(B) > w) ≤ 1e-12 (scipy's tail, a second library)."""
     from scipy.stats import poisson
+
     from raysim.core.loop import POISSON_TAIL, draw_poisson, poisson_width
     w = poisson_width(10)
     assert poisson.sf(w - 1, 10) <= POISSON_TAIL < poisson.sf(w - 2, 10)      # P(X > w−1) ≤ tail < P(X > w−2)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.scenario import config
 from raysim.engine import checkpoint
 from raysim.engine.driver import sample_clients, split_unseen, summarize
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 
 
@@ -156,14 +156,17 @@ def test_placement_balances_samples_largest_first_deterministically():
     assert Placement.balanced([3] * 5, 2).owner.tolist() == [0, 1, 0, 1, 0]
 
 
-def test_checkpoint_is_loaded_weights_only(tmp_path):
+def test_checkpoint_is_loaded_weights_only(tmp_path, capsys):
+    import pickle
     path = tmp_path / "evil.pt"
+
     class Evil:
         def __reduce__(self):
             return (print, ("pwned",))
     torch.save({"x": Evil()}, path)
-    with pytest.raises(Exception):
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         checkpoint.load(path)
+    assert "pwned" not in capsys.readouterr().out          # the reduce never ran
 
 
 def test_gpu_fraction_selects_cuda_when_present(monkeypatch):
@@ -177,9 +180,9 @@ def test_gpu_fraction_selects_cuda_when_present(monkeypatch):
 
 
 def test_eval_clients_scores_one_seeded_sample_for_the_whole_run(tmp_path):
-    from raysim.scenario.config import load
     from raysim.engine.driver import eval_sample, split_unseen
     from raysim.engine.serial import serial_driver
+    from raysim.scenario.config import load
     from tests.conftest import TINY, write_scenario
     path = write_scenario(tmp_path, TINY.replace("eval: {every: 1}", "eval: {every: 1, clients: 0.25}"))
     sc = load(path)

@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.core.forward import params_of
 from raysim.core.loop import drive
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import write_scenario
-from tests.test_personal_layers import equal, reduce
 from tests.test_algorithms import CPU, client, ctx, make, run
+from tests.test_personal_layers import equal, reduce
 
 # two clients of 3 and 2 samples; batch 3: every step is full batch
 A = client(0, [2.0, -1.0, 0.5], [0, 1, 0], test=([2.0, -1.0, 0.0], [0, 1, 1]))

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedbn import FedBNState
 from raysim.core.data import ClientData
@@ -20,9 +19,10 @@ from raysim.core.norm import BatchNorm1d
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
 from raysim.models import MLPParams, mlp
+from raysim.scenario import config
 from tests.conftest import write_scenario
-from tests.test_personal_layers import equal, reduce
 from tests.test_algorithms import client, ctx, make, run
+from tests.test_personal_layers import equal, reduce
 
 # two clients of 3 and 2 samples; batch 3: every step is full batch
 A = client(0, [2.0, -1.0, 0.5], [0, 1, 0], test=([2.0, -1.0, 0.0], [0, 1, 1]))
@@ -242,6 +242,7 @@ def test_rescoring_a_fedbn_checkpoint_gives_the_runs_scores_and_refit_those_of_a
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import rescore
+
     from raysim import api
     text = FEATURE_SHIFT.replace("SEED", "1").replace("NAME", "fedbn").replace("rounds: 15", "rounds: 8").replace(
         "fraction: 1.0", "count: 2").replace("every: 15", "every: 8")

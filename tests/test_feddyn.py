@@ -1,14 +1,13 @@
 """FedDyn: one round on two clients checked against tensor math written out here (the client's
 linear and proximal terms, h_k, the server's h over all m clients and θ = mean − h/α), and end
 to end on a pathological digits split against FedAvg."""
-import pytest
 import torch
 
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.feddyn import FedDynServer, FedDynState
 from raysim.core.replies import Accumulator
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import write_scenario
 from tests.test_algorithms import client, ctx, make, run
 

@@ -138,8 +138,8 @@ resources: {hosts: 2}
 
 
 def final_accuracy(tmp_path, algorithm):
-    from raysim.scenario import config
     from raysim.engine.serial import serial_driver
+    from raysim.scenario import config
     from tests.conftest import write_scenario
     text = MIXTURE if algorithm == "fedem" else MIXTURE.replace("name: fedem, components: 2,", f"name: {algorithm},")
     d = serial_driver(config.load(write_scenario(tmp_path, text, f"{algorithm}.yaml")))

@@ -8,16 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedrod import BalancedSoftmax, FedRoDState, log_prior
 from raysim.core import forward as fwd
 from raysim.core.forward import params_of
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import write_scenario
 from tests.test_algorithms import client, ctx, make, run
-from tests.test_personal_layers import forward as mlp_forward, tiny_mlp
+from tests.test_personal_layers import forward as mlp_forward
+from tests.test_personal_layers import tiny_mlp
 
 CLS = TASKS["classification"]
 

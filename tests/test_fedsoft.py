@@ -8,16 +8,21 @@ import torch
 from torch import nn
 
 from raysim.algorithms.base import Received
-from raysim.algorithms.fedsoft import (FedSoftServer, FedSoftState, aggregation_weights, importance_weights,
-                                select_per_cluster)
-from raysim.scenario import config
-from raysim.scenario.config import make_source
+from raysim.algorithms.fedsoft import (
+    FedSoftServer,
+    FedSoftState,
+    aggregation_weights,
+    importance_weights,
+    select_per_cluster,
+)
 from raysim.core.data import ClientData
 from raysim.core.replies import Accumulator
 from raysim.data import MixtureParams, PartitionCfg, Splits, build_source
 from raysim.data.mixture import RegressionParams, plan
 from raysim.data.synthetic import DigitsParams
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
+from raysim.scenario.config import make_source
 from tests.conftest import write_scenario
 from tests.test_algorithms import ctx, make, run
 
@@ -292,6 +297,7 @@ def test_cfl_splits_by_cosine_similarity_when_the_mean_update_is_small_and_one_i
 
 def test_cfl_finds_the_rotation_groups_of_real_digits(tmp_path):
     from sklearn.metrics import adjusted_rand_score
+
     from raysim.experiment.runner import run as run_scenario
     sc = config.load(ROOT / "scenarios" / "digits_rotated_cfl.yaml",
                      [f"tracking.uri=sqlite:///{tmp_path}/m.db", f"checkpoint.dir={tmp_path}/ck", "rounds=25"])

@@ -16,12 +16,12 @@ from torch import nn
 
 import raysim.algorithms as algorithms
 from raysim.algorithms.base import Received
-from raysim.scenario import config
-from raysim.scenario.config import FinetuneCfg, ScenarioError
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import drive
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
+from raysim.scenario.config import FinetuneCfg, ScenarioError
 from tests.conftest import TINY, write_scenario
 
 CPU = torch.device("cpu")

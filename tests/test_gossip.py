@@ -2,9 +2,9 @@
 import pytest
 import torch
 
+from raysim.engine.serial import serial_driver
 from raysim.scenario import config
 from raysim.scenario.config import ScenarioError
-from raysim.engine.serial import serial_driver
 from tests.conftest import write_scenario
 from tests.test_runs import tracked
 
@@ -101,6 +101,7 @@ def test_sample_weighted_mixing_step_and_exchange_on_a_path(tmp_path):
     # W' @ theta with W'_ij = W_ij min(1, n_j/n_i) (n = the clients' training samples).
     # Hosts (round robin): 0 and 2 on host 0, 1 on host 1 -> host 0 fetches {1}, host 1 fetches {0, 2}.
     import numpy as np
+
     from raysim.federation import topology
     d, rec, got = path_round(tmp_path, "data.min_samples=10", "data.max_samples=300",
                              "resources.placement=round_robin", weighting="samples")
@@ -316,6 +317,7 @@ def test_failed_links_and_down_clients_by_hand():
     """``surviving``: client draws first, then one draw per edge in order; a down client's links
     go with it. Metropolis on a path 0-1-2 whose link 1-2 failed: 0 and 1 average, 2 keeps its own."""
     import numpy as np
+
     from raysim.federation import topology
     edges = np.array([[0, 1], [1, 2], [2, 3], [3, 0]])
     g = np.random.default_rng(5)
@@ -335,6 +337,7 @@ def test_unreliable_gossip_rebuilds_w_and_down_clients_keep_their_models(tmp_pat
     round's working links, a down client neither trains nor mixes (its model unchanged), and
     the run is the same on 1 and 3 hosts."""
     import numpy as np
+
     from raysim import rng
     from raysim.federation import topology
     sc = load(tmp_path, text, "topology.link_failure=0.3", "topology.node_failure=0.2", "rounds=3")

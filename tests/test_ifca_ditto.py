@@ -8,9 +8,9 @@ import torch
 
 from raysim.algorithms.base import Received
 from raysim.algorithms.ifca import IFCAServer
-from raysim.scenario import config
 from raysim.core.replies import Accumulator
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.test_algorithms import client, ctx, make, run, zeros
 
 ROOT_SCENARIOS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scenarios"

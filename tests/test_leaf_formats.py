@@ -148,7 +148,7 @@ def write_flower(root, files=2):
     from PIL import Image
     root.mkdir(parents=True)
     rows = []
-    for (u, s), (px, ys) in sorted(femnist_samples().items()):
+    for (u, _), (px, ys) in sorted(femnist_samples().items()):
         for img, y in zip(px, ys):
             buf = io.BytesIO()
             Image.fromarray(img, mode="L").save(buf, format="PNG")
@@ -203,8 +203,8 @@ def test_flower_shakespeare_export_gets_leafs_contiguous_split(tmp_path):
 
 
 def test_femnist_fedem_runs_unchanged_on_each_copy_but_for_the_data_path(tmp_path):
-    from raysim.scenario import config
     from raysim.experiment.runner import run as run_scenario
+    from raysim.scenario import config
     finals = {}
     for kind, make in (("leaf", write_leaf_json), ("tff", write_tff)):
         root = make(tmp_path / kind)
@@ -234,6 +234,7 @@ def test_tff_and_flower_errors_name_the_file_and_what_it_lacks(tmp_path):
 
 def test_tff_shakespeare_snippets_become_leafs_windows(tmp_path):
     import h5py
+
     from raysim.data.shakespeare import role_text
     lines = {"train": ["To be, or not to be: that is the question:", "Whether 'tis nobler in the mind to suffer",
                        "The slings and arrows of outrageous fortune,"],

@@ -228,7 +228,7 @@ def test_drive_batches_every_clients_jobs_and_supports_several_phases():
 
     def no_jobs():
         return "plain"
-        yield  # noqa: unreachable, makes this a generator
+        yield  # unreachable: makes this a generator
 
     out = drive([two_phases("x"), "value", two_phases("y"), no_jobs()], fit)
     assert out[0] == ["trained x1", "trained x2", "trained x3"] and out[1] == "value" and out[3] == "plain"
@@ -364,7 +364,8 @@ def test_an_objective_given_as_gradients_keeps_a_jobs_numbers_independent_of_the
     prox = {"anchor": [p + 0.1 for p in start], "mu": 0.3}
     for trainer in (Trainer(model, "always"), Trainer(model, "always", gradients="autograd")):
         def fit(pick):
-            return trainer.fit([make_job(start, datas[i], ctx_of(datas[i]), s, obj, consts=prox) for i in pick])
+            jobs = [make_job(start, datas[i], ctx_of(datas[i]), s, obj, consts=prox) for i in pick]
+            return trainer.fit(jobs)  # noqa: B023 - called in this pass
         everyone = fit(range(5))
         for pick in ([1], [0, 3], [2, 4]):
             for i, f in zip(pick, fit(pick)):
@@ -426,6 +427,7 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
     with copies of the last job, jobs whose steps are done computing on and put back. Every
     job's parameters, loss, steps and kept optimizer state equal the measured-width path's."""
     import dataclasses
+
     from raysim.core.loop import make_rows
     model = mlp(MLPParams((6,)), (4,), 3)
     datas = clients([5, 17, 40, 30, 0, 12, 23], seed=4)

@@ -8,15 +8,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import write_scenario
 
 from raysim import cli
-
-from raysim.results import report
 from raysim.core.tasks import TASKS, ece, lower_is_better
 from raysim.engine.driver import summarize
 from raysim.experiment.runner import best_over, time_to_target
-
-from conftest import write_scenario
+from raysim.results import report
 
 CE = TASKS["classification"]
 

@@ -10,13 +10,11 @@ import time
 import urllib.request
 
 import pytest
-
-from raysim.scenario import config
-
-from raysim.results import report
-from raysim.experiment.runner import run as run_scenario
-
 from conftest import ROOT
+
+from raysim.experiment.runner import run as run_scenario
+from raysim.results import report
+from raysim.scenario import config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -86,7 +84,7 @@ def test_mlflow_ui_run_page_shows_metrics_and_the_report_figures(ui, tmp_path):
     os.makedirs(shots, exist_ok=True)
     png = os.path.join(shots, "mlflow_run_report.png")
     chromium(tmp_path, f"--screenshot={png}", "--window-size=1400,1000", figure)
-    from PIL import Image
     import numpy as np
+    from PIL import Image
     img = Image.open(png)
     assert img.size == (1400, 1000) and np.asarray(img.convert("L")).std() > 15

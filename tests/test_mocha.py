@@ -9,10 +9,10 @@ import torch
 import raysim.algorithms as algorithms
 from raysim.algorithms.base import Received
 from raysim.algorithms.mocha import MochaHyper, MochaServer, MochaState, sqrt_psd
-from raysim.scenario import config
 from raysim.core.data import ClientData, Context
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 
 F64 = torch.float64

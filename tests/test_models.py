@@ -13,9 +13,22 @@ from raysim.core.forward import params_of
 from raysim.core.groups import groups_of
 from raysim.core.loop import Settings, Supervised, Trainer, make_job
 from raysim.core.tasks import TASKS
-from raysim.models import (MODELS, FedSoftCNNParams, MobileNetParams, ResNet9Params, SqueezeNetParams,
-                           TwoNNParams, VGG9Params, fedsoft_cnn, mobilenet, resnet9, squeezenet, twocnn, twonn,
-                           vgg9)
+from raysim.models import (
+    MODELS,
+    FedSoftCNNParams,
+    MobileNetParams,
+    ResNet9Params,
+    SqueezeNetParams,
+    TwoNNParams,
+    VGG9Params,
+    fedsoft_cnn,
+    mobilenet,
+    resnet9,
+    squeezenet,
+    twocnn,
+    twonn,
+    vgg9,
+)
 from tests.conftest import write_scenario
 from tests.test_vision import write_cifar10
 

@@ -7,14 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.moon import MOONState, split_model
-from raysim.core.forward import params_of
 from raysim.core.loop import Batch
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import write_scenario
-from tests.test_algorithms import client, ctx, make, run
+from tests.test_algorithms import ctx, make, run
 
 
 def tiny(variant=0):

@@ -72,6 +72,7 @@ def test_raysim_installed_from_the_wheel_runs_the_quick_start(wheel, tmp_path):
     assert (work / "mlflow.db").exists()
     # an installed raysim is no git checkout: its run records the version, the commit "unknown"
     from mlflow.tracking import MlflowClient
+
     import raysim
     tags = MlflowClient(f"sqlite:///{work}/mlflow.db").get_run(summary["mlflow_run_id"]).data.tags
     assert (tags["raysim.version"], tags["raysim.git_commit"]) == (raysim.__version__, "unknown")

@@ -5,14 +5,14 @@ import torch
 from torch import nn
 
 import raysim.algorithms as algorithms
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.perfedavg import ExactHVP, MetaObjective
-from raysim.scenario.config import FinetuneCfg
 from raysim.core.data import ClientData
 from raysim.core.loop import Batch, Trainer
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
+from raysim.scenario.config import FinetuneCfg
 from tests.conftest import write_scenario
 from tests.test_algorithms import ctx, run
 

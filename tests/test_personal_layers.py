@@ -7,17 +7,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim import cli
 from raysim.algorithms.base import Received
 from raysim.algorithms.fedper import FedPerState
 from raysim.algorithms.lg_fedavg import LGFedAvgState
-from raysim import cli
-from raysim.scenario import config
 from raysim.core.forward import params_of
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import sample_clients
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from raysim.scenario.build import make_algorithm
-from tests.conftest import TINY, write_scenario
+from tests.conftest import write_scenario
 from tests.test_algorithms import CPU, client, ctx, make, run
 
 ROOT_SCENARIOS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scenarios"

@@ -2,25 +2,24 @@
 average over two clients), the server SGD against torch's SGD with momentum, weight decay and
 clipping, a client's Δθ, learning on a pathological digits split above FedAvg with unseen clients
 adapting an embedding, and a checkpoint/resume on the serial engine."""
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from raysim.core.norm import BatchNorm1d
-
-from raysim.scenario import config
 from raysim.algorithms.base import Received
 from raysim.algorithms.pfedhn import PFedHN, PFedHNHyper, PFedHNServer, hyper
+from raysim.core.norm import BatchNorm1d
 from raysim.core.replies import PerClient, reduce
 from raysim.core.tasks import TASKS
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 from tests.test_algorithms import client, ctx, run
 
 
 def make(outputs=1, **hp) -> PFedHN:
-    model_fn = lambda variant=0: nn.Linear(1, outputs)    # the target: w (1, 1) and b (1,) by default
+    def model_fn(variant=0):                               # the target: w (1, 1) and b (1,) by default
+        return nn.Linear(1, outputs)
     return PFedHN(PFedHNHyper(**hp), model_fn, rounds=1, task=TASKS["classification"])
 
 

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from raysim import plugins
-
 from raysim.scenario import config
 from raysim.scenario.config import ScenarioError
 from tests.conftest import ROOT, TINY, write_scenario

@@ -9,12 +9,10 @@ import pytest
 import torch
 
 from raysim import cli
-
-from raysim.scenario import config
-
-from raysim.federation import privacy
 from raysim.core.replies import Accumulator, Weighted
 from raysim.experiment.runner import run as run_scenario
+from raysim.federation import privacy
+from raysim.scenario import config
 from tests.conftest import ROOT, TINY, write_scenario
 from tests.test_bad_inputs import run_refused
 

@@ -6,16 +6,13 @@ import json
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from PIL import Image
 
 from raysim import cli
-
-from raysim.scenario import config
-
-from raysim.results import report
 from raysim.experiment.runner import run as run_scenario
-
-from conftest import ROOT
+from raysim.results import report
+from raysim.scenario import config
 
 
 def looks_drawn(path, min_size=(400, 300)):

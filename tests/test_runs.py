@@ -168,7 +168,7 @@ def test_resume_refuses_unknown_run_and_changed_scenario(tmp_path):
     proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], "--set", "algorithm.lr=0.5",
                   check=False, here=True)
     assert proc.returncode == 2 and "differs" in proc.stderr
-    import shutil                # a failed run whose checkpoint is gone: refused, not silently redone
+    import shutil  # a failed run whose checkpoint is gone: refused, not silently redone
     shutil.rmtree(tmp_path / "ck" / s["mlflow_run_id"])
     proc = raysim("run", path, "--engine", "serial", "--resume", s["mlflow_run_id"], check=False, here=True)
     assert proc.returncode == 2, proc.stderr
@@ -251,8 +251,8 @@ def test_a_serial_run_without_mlflow_imported_tracks_through_a_helper_process_an
     assert out.returncode == 0, out.stderr
     helper = json.loads(out.stdout.strip().splitlines()[-1])
     assert helper["mlflow"] is False
-    from raysim.scenario import config
     from raysim.experiment.runner import run as run_here
+    from raysim.scenario import config
     assert "mlflow" in sys.modules
     threaded = run_here(config.load(path), engine="serial", progress=False)["mlflow_run_id"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -371,8 +371,9 @@ def test_rounds_are_logged_without_waiting_on_the_store_and_written_by_the_end(t
     the store's error raised); a run failing for its own cause keeps that cause."""
     from mlflow.exceptions import MlflowException
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from raysim.scenario import config
+
     from raysim.results.tracking import Tracker
+    from raysim.scenario import config
     write = SqlAlchemyStore.log_batch
 
     def slow(self, run_id, metrics, params, tags):

@@ -5,10 +5,10 @@ import torch
 
 from raysim.algorithms.base import Received
 from raysim.algorithms.scaffold import ScaffoldServer, ScaffoldState
-from raysim.scenario import config
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import sample_clients
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 from tests.test_algorithms import client, ctx, make, run
 

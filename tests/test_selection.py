@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import raysim.algorithms as algorithms
-from raysim.algorithms.base import Algorithm, LocalTraining, Message, PerClient
 from raysim import rng
-from raysim.scenario import config
+from raysim.algorithms.base import Algorithm, LocalTraining, Message, PerClient
 from raysim.engine.serial import message_nbytes, parts_for, serial_driver
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 
 

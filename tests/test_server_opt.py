@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from raysim.scenario import config
 from raysim.core import server_opt
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 
 

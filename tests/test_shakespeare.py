@@ -10,15 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import write_scenario
 
-from raysim.scenario import config
-from raysim.scenario.config import ScenarioError
 from raysim.data import Splits, build_source, shakespeare
 from raysim.data.base import DataError
 from raysim.data.shakespeare import SEQ, VOCAB, ShakespeareParams, leaf_sizes, parse_play, role_text, user_id
 from raysim.models import LSTMParams, build, next_char_lstm
-
-from conftest import write_scenario
+from raysim.scenario import config
+from raysim.scenario.config import ScenarioError
 
 PLAY = """# The Tragedy of Tests
 

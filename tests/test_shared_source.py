@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from raysim.scenario import config
 from raysim.data import PARTITIONERS
 from raysim.engine.driver import prepared_source
 from raysim.engine.serial import serial_driver
+from raysim.scenario import config
 from tests.conftest import write_scenario
 from tests.test_runs import DIGITS
 

@@ -12,12 +12,12 @@ from torch import nn
 from raysim.algorithms import simplex
 from raysim.algorithms.base import UpdateStats
 from raysim.algorithms.sosicfl import SosicFL, SosicFLHyper
-from raysim.scenario import config
 from raysim.core.data import ClientData, Context
 from raysim.core.tasks import TASKS
 from raysim.data import partition as P
 from raysim.engine.serial import serial_driver
 from raysim.models import SimpleCNNParams, simplecnn
+from raysim.scenario import config
 
 
 def fold_counts(folds: int, seed: int, clients: int = 100, per_class: int = 7000):

@@ -9,7 +9,6 @@ from torch import nn
 
 from raysim.algorithms.base import Received, interpolate
 from raysim.algorithms.superfed import SuPerFedObjective, SuPerFedState, add_cos2_grad, cos2, prox
-from raysim.scenario import config
 from raysim.core import forward as fwd
 from raysim.core.data import ClientData
 from raysim.core.loop import Batch, Trainer
@@ -17,6 +16,7 @@ from raysim.core.tasks import TASKS
 from raysim.data.partition import ShardsParams, shards
 from raysim.engine.serial import serial_driver
 from raysim.models import TwoNNParams, twocnn
+from raysim.scenario import config
 from tests.conftest import write_scenario
 from tests.test_algorithms import ctx, make, run
 from tests.test_runs import summary_of

@@ -9,7 +9,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from raysim import cli
-
 from raysim.results import report
 from tests.conftest import write_scenario
 

@@ -7,10 +7,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from raysim import cli
-
-from raysim.scenario import config
-
 from raysim.results import report
+from raysim.scenario import config
 from raysim.scenario.config import ScenarioError
 from tests.conftest import TINY, write_scenario
 

@@ -98,8 +98,8 @@ def test_resuming_a_sweep_refuses_other_variants_a_single_run_and_a_finished_swe
 def test_variant_patterns_choose_the_matching_variants_and_the_sweep_command_keeps_the_pattern(tmp_path):
     import pytest
 
-    from raysim.scenario.config import ScenarioError, load_variants
     from raysim.experiment.sweep import sweep_resume_command
+    from raysim.scenario.config import ScenarioError, load_variants
     grid = TINY + "sweep:\n  a-x: {}\n  a-y: {}\n  b-x: {}\ngrid:\n  algorithm.lr: [0.1, 0.2]\n"
     path = tracked(tmp_path, grid)
     names = lambda pattern: [v for v, _ in load_variants(path, only=pattern)]      # noqa: E731

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from raysim import rng
-from raysim.scenario.config import ScenarioError
 from raysim.engine.serial import serial_driver
-from raysim.scenario.sections import DistCfg, SystemsCfg
 from raysim.federation.fleet import MBIT, Fleet, Profiles, TraceError, Windows, read_devices, read_windows
+from raysim.scenario.config import ScenarioError
+from raysim.scenario.sections import DistCfg, SystemsCfg
 from tests.conftest import TINY
 from tests.test_gossip import DFEDEM, load, resumed, run
 from tests.test_gossip import strip as strip_timings
@@ -414,6 +414,7 @@ def test_the_asynchronous_update_weighs_each_reply_by_its_staleness(tmp_path, ag
     checked against the arrived clients trained one by one, from the models they started
     from, through the synchronous path."""
     import copy
+
     import torch
     sc = load(tmp_path, TINY, ASYNC % aggregation, "sampling={count: 6}", "rounds=8")
     d = serial_driver(sc, 2)
@@ -506,6 +507,7 @@ def test_fednova_normalizes_each_update_by_its_steps_by_hand():
     p = (1/4, 3/4), d̄ = 0.2375, τ_eff = 3.5, x ← 1 − 3.5 · 0.2375 = 0.16875 (FedAvg: 0.15).
     With momentum ρ = 0.5, two steps weigh a = (2 − 0.5·0.75/0.5)/0.5 = 2.5."""
     import torch
+
     from algorithms.fednova import FedNova, NovaReply
     from raysim.core.replies import Accumulator, Weighted
     from raysim.core.tasks import TASKS
@@ -546,6 +548,7 @@ def test_the_resume_command_keeps_an_override_with_braces():
     """A run started with ``--set systems={...}`` (a mapping in braces) is told how to resume
     with that override intact (the command is a format string for the run id)."""
     import shlex
+
     from raysim.experiment.sweep import resume_command
     cmd = resume_command("s.yaml", ["systems={speed: {value: 20}, deadline_s: 8}"], "serial", None, None)
     filled = cmd.format(run_id="abc123")

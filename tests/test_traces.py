@@ -9,7 +9,6 @@ import time
 import pytest
 
 from raysim import cli
-
 from raysim.federation import traces
 from raysim.federation.fleet import TraceError, read_devices, read_windows
 

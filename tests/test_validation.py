@@ -18,16 +18,16 @@ from torch import nn
 import raysim
 import raysim.algorithms as algorithms
 from raysim import cli
-from raysim.scenario import config
-from raysim.results import report
 from raysim.algorithms.base import Received
-from raysim.scenario.config import FinetuneCfg, ScenarioError
 from raysim.core.data import ClientData, Context
 from raysim.core.loop import drive
 from raysim.core.tasks import TASKS
 from raysim.engine.driver import validation
 from raysim.engine.serial import serial_driver
 from raysim.experiment.runner import make_summary, val_selection
+from raysim.results import report
+from raysim.scenario import config
+from raysim.scenario.config import FinetuneCfg, ScenarioError
 from tests.conftest import TINY, write_scenario
 
 CPU = torch.device("cpu")

@@ -75,7 +75,7 @@ class Terms:
     scale: torch.Tensor | None = None
     shift: list[torch.Tensor] | None = None
 
-    def head(self, n: int) -> "Terms":
+    def head(self, n: int) -> Terms:
         """The terms of the first n sets (a pass's last steps, where its shorter jobs are done)."""
         def cut(v):
             return None if v is None else v[:n] if isinstance(v, torch.Tensor) else [u[:n] for u in v]
@@ -105,7 +105,7 @@ class Chain:
         return (isinstance(task, (Classification, Regression)) and params == self.count
                 and set(consts) <= {"mu", "anchor", "linear"})
 
-    def terms(self, consts: dict, train_mask: tuple[bool, ...]) -> "Terms":
+    def terms(self, consts: dict, train_mask: tuple[bool, ...]) -> Terms:
         """The objective's gradient terms beside the data's, as c·w + d per trained parameter:
         a proximal pull μ(w − anchor) and a ``linear`` correction give c = μ (K,) and
         d = linear − μ·anchor (constant over a pass's steps: made once per pass)."""
@@ -115,7 +115,7 @@ class Chain:
             anchors = [a for a, t in zip(consts["anchor"], train_mask) if t]
             uniform = bool((c == c[0]).all())
             # one anchor for every set (stride 0) and one μ: d is one row too, seen K times
-            d = [shared_row(a, lambda r: r * -c[:1].view(-1, *([1] * (a.dim() - 1))))
+            d = [shared_row(a, lambda r: r * -c[:1].view(-1, *([1] * (a.dim() - 1))))  # noqa: B023 - called at once
                  if uniform and a.stride(0) == 0 else a * -c.view(-1, *([1] * (a.dim() - 1))) for a in anchors]
         if "linear" in consts:
             lins = [l for l, t in zip(consts["linear"], train_mask) if t]

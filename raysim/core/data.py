@@ -20,7 +20,7 @@ class Context:
     group: int = 0        # the group the server chose for this client this round (cluster, ...)
     work: float = 1.0     # the share of its local steps the client has time for (a straggler's partial work)
 
-    def fork(self) -> "Context":
+    def fork(self) -> Context:
         """This context with a generator of its own that starts where this one stands: a second
         pass (the validation scoring) draws what the first draws, and the first's draws are not
         moved by it."""
@@ -71,7 +71,7 @@ class ClientData:
     def num_test(self) -> int:
         return int(self.test_y.shape[0])
 
-    def val_as_test(self) -> "ClientData":
+    def val_as_test(self) -> ClientData:
         """This shard with its validation split in the test split's place (and still in its
         own): what ``Algorithm.evaluations`` hands ``evaluate`` for the ``val_*`` metrics, so
         every method scores its validation split exactly as its test split, with no code of its
@@ -79,7 +79,7 @@ class ClientData:
         as it does for the test metrics."""
         return ClientData(self.cid, self.train_x, self.train_y, self.val_x, self.val_y, self.val_x, self.val_y)
 
-    def to(self, device: torch.device) -> "ClientData":
+    def to(self, device: torch.device) -> ClientData:
         if device.type == "cpu":
             return self
         return ClientData(self.cid, *(t.to(device) for t in (

@@ -37,8 +37,9 @@ from __future__ import annotations
 import bisect
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -297,7 +298,7 @@ class Trainer:
                                 steps[k])
         return results
 
-    def fit_rows(self, job: "Rows") -> tuple[list[torch.Tensor], list[float]]:
+    def fit_rows(self, job: Rows) -> tuple[list[torch.Tensor], list[float]]:
         """Train a host's jobs given as arrays (``Rows``: parameters stacked (K, ...), the clients'
         rows of one pooled data tensor): the same passes as ``fit`` on the K jobs one by one, so
         the same numbers, without a ``Job`` per client. Returns the trained parameters stacked

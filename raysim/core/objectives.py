@@ -7,8 +7,8 @@ method's own objective lives in its file (``algorithms/``). ``loop`` re-exports 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,7 +164,7 @@ class Accumulator:
         self._add_leaves(("tensor",), [(total, None)])
         self.count += int(values.shape[0])
 
-    def merge(self, other: "Accumulator") -> None:
+    def merge(self, other: Accumulator) -> None:
         if other.leaves is None:
             return
         self._add_leaves(other.spec, [v if isinstance(v, (PerClient, _Keyed)) else (v.cpu(), None)

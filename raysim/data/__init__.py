@@ -9,8 +9,8 @@ May import ``raysim.core`` and the foundation modules (``raysim.plugins``, ``rng
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from raysim import plugins
 
@@ -18,10 +18,10 @@ from . import partition as _p
 from .base import DataError, FederatedSource, PooledSource, Splits, split_client
 from .fashion import FashionMNIST, FashionParams
 from .leaf import LeafFEMNIST, LeafParams, Sent140Params, leaf_source
-from .shakespeare import Shakespeare, ShakespeareParams
 from .mixture import MixtureParams, MixtureParts, RegressionMixture, RegressionParams, mixture
-from .vision import CIFAR10, CIFAR100, EMNIST, CifarParams, EmnistParams
+from .shakespeare import Shakespeare, ShakespeareParams
 from .synthetic import Digits, DigitsParams, Gaussian, GaussianParams, SyntheticMixture, SyntheticParams
+from .vision import CIFAR10, CIFAR100, EMNIST, CifarParams, EmnistParams
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,6 @@ memory-mapped from a local cache in each process, so ``client(cid)`` reads only 
 """
 from __future__ import annotations
 
-from raysim.errors import BadInput
-
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +17,7 @@ import numpy as np
 import torch
 
 from raysim.core.data import ClientData, Pixels
+from raysim.errors import BadInput
 from raysim.rng import generator
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache
 from raysim.core.data import Pixels
 
+from . import cache
 from .base import DataError, GroupParams, PooledSource, Splits
 
 IMAGES, LABELS = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"), ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")

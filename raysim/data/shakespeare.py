@@ -50,8 +50,7 @@ import numpy as np
 import torch
 
 from raysim.core.data import ClientData
-from raysim.rng import generator
-from raysim.rng import SEED
+from raysim.rng import SEED, generator
 
 from . import cache
 from .base import DataError, FederatedSource, Splits, split_client

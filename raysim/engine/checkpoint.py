@@ -42,9 +42,10 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

@@ -17,23 +17,20 @@ import numpy as np
 import torch
 
 from raysim import rng
-
-from raysim.federation import compression
-
-from raysim.federation import privacy
-from raysim.scenario.config import Scenario, ScenarioError, make_source, split_unseen  # noqa: F401 - re-exported
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator, float_numbers
 from raysim.core.tasks import VAL, Bins, lower_is_better, mean_std, val_name
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, tree_to_state
-from raysim.scenario.build import make_algorithm
+from raysim.federation import compression, privacy
 from raysim.federation.fleet import Fleet
+from raysim.scenario.build import make_algorithm
+from raysim.scenario.config import Scenario, ScenarioError, make_source, split_unseen  # noqa: F401 - re-exported
 
 
 class Transport(Protocol):
     num_hosts: int
-    placement: "Placement"
+    placement: Placement
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
     def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
@@ -61,11 +58,11 @@ class Placement:
         self._clients = [np.flatnonzero(self.owner == h).tolist() for h in range(hosts)]
 
     @classmethod
-    def round_robin(cls, clients: int, hosts: int) -> "Placement":
+    def round_robin(cls, clients: int, hosts: int) -> Placement:
         return cls(np.arange(clients) % hosts, hosts)
 
     @classmethod
-    def balanced(cls, sizes, hosts: int) -> "Placement":
+    def balanced(cls, sizes, hosts: int) -> Placement:
         sizes = np.asarray(sizes, dtype=np.int64)
         order = np.lexsort((np.arange(len(sizes)), -sizes))      # largest first, then by id
         owner = np.empty(len(sizes), dtype=np.int64)

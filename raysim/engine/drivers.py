@@ -3,8 +3,8 @@ FedAsync) when its fleet aggregates asynchronously, or the gossip scheduler when
 has a topology."""
 from __future__ import annotations
 
-from raysim.scenario.config import Scenario
 from raysim.engine.driver import RoundDriver, Transport
+from raysim.scenario.config import Scenario
 
 
 def make_driver(sc: Scenario, transport: Transport, source=None) -> RoundDriver:

@@ -23,13 +23,10 @@ import numpy as np
 import torch
 
 from raysim import rng
-
-from raysim.federation import compression
-
-from raysim.federation import topology
-from raysim.scenario.config import Scenario
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
+from raysim.federation import compression, topology
+from raysim.scenario.config import Scenario
 
 
 class GossipDriver(RoundDriver):

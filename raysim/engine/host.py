@@ -20,19 +20,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Received
 from raysim import rng
-from raysim.federation import compression
-from raysim.federation import privacy
-from raysim.scenario.config import Scenario, make_source
+from raysim.algorithms.base import Received
 from raysim.core import mixing
 from raysim.core.data import Block, ClientData, Context, pack
-from raysim.core.loop import drive, pool as loop_pool
+from raysim.core.loop import drive
+from raysim.core.loop import pool as loop_pool
 from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
+from raysim.federation import compression, privacy
 from raysim.scenario.build import make_algorithm
-
+from raysim.scenario.config import Scenario, make_source
 
 ROWS = True        # the host-level path where the method has one (tests switch it off to compare)
 

@@ -23,16 +23,15 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raysim.scenario.config import Scenario, ScenarioError
-from raysim.engine import checkpoint
+from raysim.engine import checkpoint, faults
 from raysim.engine.driver import HostLost, Placement, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
-from raysim.engine import faults
 from raysim.engine.ray_start import embedded
 from raysim.engine.serial import message_nbytes, parts_for
 from raysim.engine.trees import from_numpy, to_numpy
 from raysim.errors import raised_at
+from raysim.scenario.config import Scenario, ScenarioError
 
 PLACEMENT_TIMEOUT_S = 120      # a local Ray (checked to fit beforehand)
 

@@ -4,15 +4,15 @@ start can begin before torch and the engine are imported.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import ray
 
@@ -130,7 +130,8 @@ def check_join_auth(address: str, timeout_s: float = 10.0) -> None:
         from ray._private import services
         from ray._private.authentication import authentication_token_setup as setup
         from ray._private.authentication.grpc_authentication_client_interceptor import (
-            SyncAuthenticationMetadataClientInterceptor)
+            SyncAuthenticationMetadataClientInterceptor,
+        )
         from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
         from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
     except ImportError:
@@ -183,6 +184,7 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     dashboard agent's stand-in, Ray's check of its dashboard's packages
     (``_agent_options_unread``)."""
     import importlib
+
     from ray._private.node import Node
 
     def module(name: str) -> Any:               # None where this Ray lacks it
@@ -242,6 +244,7 @@ def _agent_stand_in_fits() -> bool:
     port names, and Ray's own ``persist_port`` writing the same file as the stand-in's. Where
     not (another Ray), Ray's agent is started as Ray has it."""
     import tempfile
+
     from raysim.engine import ray_agent
     try:
         from ray import _raylet

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
-from raysim.scenario.config import Scenario
 from raysim.engine import ray_engine, ray_start
+from raysim.scenario.config import Scenario
 
 SERVER_SHARE = 0.001   # the server bundle's claim on the driver's node: a pin, not a CPU
 

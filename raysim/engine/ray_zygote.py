@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 
 # -- the driver's side ---------------------------------------------------------------------------
-def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
+def start(preload: tuple[str, ...]) -> tuple[str, subprocess.Popen] | None:
     """Start the zygote: (its socket's name, to be put in ``ZYGOTE_ENV`` before Ray starts,
     its process); None where forking workers is not available (not Linux). Call it from the
     thread that starts the local Ray, which lives as long as the process: the zygote dies
@@ -87,7 +87,7 @@ def start(preload: tuple[str, ...]) -> tuple[str, "subprocess.Popen"] | None:
     return name, proc
 
 
-def stop(zygote: tuple[str, "subprocess.Popen"] | None) -> None:
+def stop(zygote: tuple[str, subprocess.Popen] | None) -> None:
     """Stop a zygote ``start`` returned (its workers and its socket go with it)."""
     if zygote is not None:
         _, proc = zygote

@@ -5,12 +5,12 @@ from typing import Any
 
 import torch
 
-from raysim.scenario.config import Scenario
 from raysim.engine import checkpoint
 from raysim.engine.driver import RoundDriver, place, prepared_source
 from raysim.engine.drivers import make_driver
 from raysim.engine.host import Host
 from raysim.engine.trees import nbytes
+from raysim.scenario.config import Scenario
 
 
 def parts_for(message: Any, groups: dict[int, int]) -> dict[int, Any]:

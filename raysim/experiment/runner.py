@@ -11,11 +11,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from raysim.engine import checkpoint, faults
+from raysim.engine.driver import HostLost
 from raysim.results.compare import bottom_decile
 from raysim.scenario.config import Scenario, ScenarioError
-from raysim.engine import checkpoint
-from raysim.engine.driver import HostLost
-from raysim.engine import faults
 from raysim.signals import DeferredInterrupt
 
 SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")

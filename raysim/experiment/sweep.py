@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysim.scenario.config import Scenario, absolute_uri
 from raysim.errors import RunsFailed
 from raysim.results.report import INDEX_TAG
+from raysim.scenario.config import Scenario, absolute_uri
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,7 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     several = len(variants) > 1
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
-        from raysim.results import tracker_process
-        from raysim.results import tracking
+        from raysim.results import tracker_process, tracking
         tracker_process.discard()       # the runs track in threads: MLflow is imported here now
         # one tracking store for every run, fixed here (trials start in folders of their own)
         uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))

@@ -23,8 +23,6 @@ costs a few array operations a round on the driver.
 """
 from __future__ import annotations
 
-from raysim.errors import BadInput
-
 import bisect
 import csv
 import math
@@ -33,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raysim import rng
+from raysim.errors import BadInput
 
 MBIT = 1e6 / 8          # bytes a second in one Mbit/s
 DAY = 86400.0
@@ -298,7 +297,7 @@ class Fleet:
         return int(math.ceil(k * self.cfg.over_selection - 1e-9))
 
     def round(self, round_: int, t: float, cids: np.ndarray, wanted: int, secs: np.ndarray,
-              compute: np.ndarray | None = None) -> "Outcome":
+              compute: np.ndarray | None = None) -> Outcome:
         """The round starting at virtual time ``t`` with the selected ``cids`` (ascending), each
         needing ``secs`` (``Profiles.seconds``; ``compute`` of them training), of which the server
         wants ``wanted`` replies: who reports in time, with what share of its work, and how long

@@ -10,17 +10,16 @@ May import ``raysim.core`` and the foundation modules (``raysim.plugins``, ``ray
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from torch import nn
 
 from raysim import plugins
 from raysim.core.norm import BatchNorm1d, BatchNorm2d
-
 from raysim.models import vision
-from raysim.models.vision import group_norm as _group_norm, load_weights as _load_weights
-
+from raysim.models.vision import group_norm as _group_norm
+from raysim.models.vision import load_weights as _load_weights
 
 INITS = ("default", "xavier_normal")
 

@@ -28,8 +28,6 @@ are the last evaluation's, read from the runs' metrics; accuracies are shown in 
 """
 from __future__ import annotations
 
-from raysim.errors import BadInput
-
 import csv
 import dataclasses
 import math
@@ -37,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from raysim.errors import BadInput
 
 
 @dataclass
@@ -65,7 +65,7 @@ class CompareError(BadInput):
 def select(client, run_ids: list[str], experiment: str | None) -> list:
     """The runs to compare: the given ones (a parent expanded to its finished children) and
     every finished run of ``experiment`` that is not a parent."""
-    from raysim.results.report import expand, ReportError
+    from raysim.results.report import ReportError, expand
     try:
         runs = [r for r in expand(client, run_ids) if r.info.status == "FINISHED" or r.info.run_id in run_ids]
     except ReportError as e:
@@ -108,7 +108,7 @@ def rows(runs, metrics: list[str] | None = None) -> list[Row]:
         for metric in metrics or [primary]:
             if metric not in m:
                 continue
-            get = lambda k: float(m[k]) if k in m else None      # noqa: E731
+            get = lambda k: float(m[k]) if k in m else None  # noqa: E731, B023 - used in this pass only
             out.append(Row(r.info.run_id, method, tags.get("dataset", "?"),
                            tags.get("seed", r.data.params.get("seed", "?")), metric, float(m[metric]),
                            get(bottom_decile(metric)), get(f"{metric}_std"), algorithm, variant,
@@ -200,7 +200,7 @@ def pick_variants(found: list[Row], metric: str) -> dict[tuple[str, str], Choice
         scored = {m: [r for r in rs if r.seed in shared] or rs for m, rs in by_method.items()}
         means = [(m, float(np.mean([r.value for r in rs])), len(rs)) for m, rs in scored.items()]
         best = min(range(len(means)), key=lambda i: (sign * means[i][1], i))
-        label = lambda m: by_method[m][0].variant or by_method[m][0].algorithm      # noqa: E731
+        label = lambda m: by_method[m][0].variant or by_method[m][0].algorithm  # noqa: E731, B023 - used in this pass only
         out[key] = Choice(means[best][0], label(means[best][0]), means[best][1],
                           [(label(m), v, n) for m, v, n in means])
     return out

@@ -25,8 +25,6 @@ seeds with a ±std band; ``compare_accuracy.csv`` holds the numbers drawn.
 """
 from __future__ import annotations
 
-from raysim.errors import BadInput
-
 import csv
 import json
 import math
@@ -34,7 +32,10 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import numpy as np
+
+from raysim.errors import BadInput
 
 _ROWS = 200          # clients drawn at most in a heat map
 _NODES = 300         # graph nodes drawn at most
@@ -216,8 +217,8 @@ def graph_figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]
         ax.grid(alpha=0.3)
         paths.append(_save(fig, out / "consensus.png"))
     if scenario and scenario.get("topology"):
-        from raysim.scenario import config
         from raysim.federation import topology
+        from raysim.scenario import config
         sc = config.validate(dict(scenario), "resolved.json", check_data=False)
         g = topology.scenario_graph(sc.topology, sc.data.clients, sc.seed, 0)
         import networkx as nx

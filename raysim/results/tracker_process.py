@@ -202,7 +202,7 @@ class TrackerProcess:
             raise value
         return value
 
-    def ready(self) -> "TrackerProcess":
+    def ready(self) -> TrackerProcess:
         """The run created (or reopened): its id and the store's URI known; the helper's error
         (a store that cannot be opened, a run that cannot be resumed) raised here."""
         if self.failed is not None:
@@ -216,7 +216,7 @@ class TrackerProcess:
                 raise
         return self
 
-    def started(self) -> "TrackerProcess":
+    def started(self) -> TrackerProcess:
         """Without waiting: the rounds may start while the helper creates the run (the calls
         queue up in the pipe); ``check`` and the first use of ``run_id`` surface its error."""
         return self

@@ -28,9 +28,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -110,7 +110,7 @@ def provenance() -> dict[str, str]:
     return {VERSION_TAG: raysim.__version__, **source_commit(Path(raysim.__file__).resolve().parent.parent)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source_commit(root: Path) -> dict[str, str]:
     """``provenance``'s git tags for the source tree at ``root`` (looked up once a process)."""
     tags = {COMMIT_TAG: "unknown"}

@@ -8,11 +8,10 @@ from __future__ import annotations
 import torch
 
 import raysim.algorithms as algorithms
-from raysim import plugins, rng
+from raysim import models, plugins, rng
+from raysim.core.tasks import TASKS
 from raysim.federation import privacy
 from raysim.scenario.config import Scenario, ScenarioError
-from raysim.core.tasks import TASKS
-from raysim import models
 
 
 def make_model_fn(sc: Scenario, source):

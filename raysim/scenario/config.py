@@ -17,12 +17,25 @@ import numpy as np
 import yaml
 
 from raysim import plugins, rng
-from raysim.scenario.schema import (SEED, Ctx, ScenarioError, check_range, coerce, component,
-                           load_dataclass)
-from raysim.scenario.sections import (TIMEOUT_MAX, CheckpointCfg, DataCfg, EvalCfg, FinetuneCfg, ResourcesCfg,  # noqa: F401
-                             CommunicationCfg, DistCfg, PrivacyCfg, SamplingCfg, Scenario, ServerCfg, SplitsCfg, SystemsCfg, TopologyCfg,
-                             TrackingCfg)
-
+from raysim.scenario.schema import SEED, Ctx, ScenarioError, check_range, coerce, component, load_dataclass
+from raysim.scenario.sections import (  # noqa: F401
+    TIMEOUT_MAX,
+    CheckpointCfg,
+    CommunicationCfg,
+    DataCfg,
+    DistCfg,
+    EvalCfg,
+    FinetuneCfg,
+    PrivacyCfg,
+    ResourcesCfg,
+    SamplingCfg,
+    Scenario,
+    ServerCfg,
+    SplitsCfg,
+    SystemsCfg,
+    TopologyCfg,
+    TrackingCfg,
+)
 
 TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
             "resources", "tracking", "checkpoint", "topology", "server", "systems", "privacy", "communication")
@@ -308,7 +321,7 @@ class RunSpec:
     resolved: dict
 
     @classmethod
-    def of(cls, sc) -> "RunSpec":
+    def of(cls, sc) -> RunSpec:
         return cls(sc.name, sc.algorithm.name, sc.data.dataset.name, sc.model.name, str(sc.path), sc.seed,
                    TrackingRef(sc.tracking.uri, sc.tracking.experiment), sc.raw, resolved(sc))
 
@@ -329,7 +342,8 @@ def named(ctx: Ctx, path: str, mapping, key: str, builtins: dict, lookup, params
 
 def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     import raysim.algorithms as algorithms
-    from raysim import data as datasets, models
+    from raysim import data as datasets
+    from raysim import models
     from raysim.data import DATASETS, PARTITIONERS, partitions_of
     from raysim.data.mixture import problem as mixture_problem
     from raysim.models import MODELS
@@ -681,7 +695,7 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
                 ctx.fail(f"systems.{key}", f"no such file {path}")
             cfg = replace(cfg, **{key: os.path.abspath(path)})
             if key == "device_trace":            # the file read now, so a bad row stops the run before it starts
-                from raysim.federation import fleet       # (the availability trace: with the training clients, below)
+                from raysim.federation import fleet  # (the availability trace: with the training clients, below)
                 try:
                     fleet.read_devices(path, clients)
                 except fleet.TraceError as e:
@@ -737,12 +751,12 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     """Open the data source (files present and well-formed), build the model once and, with
     a topology, its first graph."""
     import raysim.algorithms as algorithms
-    from raysim.data import DataError
     from raysim.core.groups import groups_of
+    from raysim.data import DataError
     from raysim.models import build as build_model
 
     if sc.topology is not None:
-        from raysim.federation import topology       # networkx and scipy: only a decentralized run needs them
+        from raysim.federation import topology  # networkx and scipy: only a decentralized run needs them
         try:
             topology.check_scenario(sc.topology, sc.data.clients, sc.seed)
         except topology.TopologyError as e:

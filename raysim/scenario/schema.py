@@ -24,7 +24,6 @@ from typing import Any
 from raysim.errors import ScenarioError  # noqa: F401 - the scenario's error, raised and re-exported here
 from raysim.rng import SEED  # noqa: F401 - the seeds' range, checked here
 
-
 INT_MIN, INT_MAX = -2**63, 2**63 - 1                    # int64
 FLOAT_MAX = 3.4028234663852886e+38                      # float32's largest
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from raysim.core import OPTIMIZERS
 from raysim.scenario.schema import Component
 
-
 TIMEOUT_MAX = 1e6        # seconds (11.6 days); Ray's waits overflow on vast timeouts
 
 
