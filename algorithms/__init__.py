@@ -5,6 +5,7 @@ REGISTRY holds the built-in methods by name. The engine finds a scenario's metho
 group ``raysim.algorithms``, or ``module:Name``) through ``raysim.plugins``. This package
 imports nothing of raysim's but ``raysim.core`` and ``raysim.plugins``.
 """
+
 from raysim import plugins
 
 from .apfl import APFL
@@ -36,10 +37,38 @@ from .scaffold import Scaffold
 from .sosicfl import SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
 
-REGISTRY: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, FedProx, Local, FedAvgPlus, FedEM, IFCA, Ditto, FedSoft, CFL,
-                                                           SuPerFedMM, SuPerFedLM, APFL, PFedMe, SosicFL, SosicFLPlus,
-                                                           Floco, FlocoPlus, Scaffold, FedPer, FedRep, LGFedAvg, Mocha,
-                                                           FedDyn, MOON, PFedHN, FedBN, FedBABU)}
+REGISTRY: dict[str, type[Algorithm]] = {
+    a.name: a
+    for a in (
+        FedAvg,
+        FedProx,
+        Local,
+        FedAvgPlus,
+        FedEM,
+        IFCA,
+        Ditto,
+        FedSoft,
+        CFL,
+        SuPerFedMM,
+        SuPerFedLM,
+        APFL,
+        PFedMe,
+        SosicFL,
+        SosicFLPlus,
+        Floco,
+        FlocoPlus,
+        Scaffold,
+        FedPer,
+        FedRep,
+        LGFedAvg,
+        Mocha,
+        FedDyn,
+        MOON,
+        PFedHN,
+        FedBN,
+        FedBABU,
+    )
+}
 REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova)})
 
 
@@ -48,8 +77,9 @@ def get(name: str) -> type[Algorithm]:
     return REGISTRY[name]
 
 
-PLUGINS = plugins.Kind("raysim.algorithms", "algorithm", REGISTRY, Algorithm, "raysim.algorithms.REGISTRY",
-                       subclass=True)
+PLUGINS = plugins.Kind(
+    "raysim.algorithms", "algorithm", REGISTRY, Algorithm, "raysim.algorithms.REGISTRY", subclass=True
+)
 
 
 def resolve(name: str) -> type[Algorithm]:

@@ -22,6 +22,7 @@ settings apply to w and v (momentum and weight decay too); α takes plain projec
 Decentralized (a ``topology``; the paper has a server): each client's copy of w is mixed with
 its neighbours' after the local steps; v and α stay on the client.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,14 +37,19 @@ from .fedavg import FedAvg, FedAvgHyper
 class APFLHyper(FedAvgHyper):
     alpha: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "help": "α₀, the local model's initial share"})
     adapt_alpha: bool = field(default=True, metadata={"help": "learn α by projected gradient steps (false: fixed α)"})
-    mix: str = field(default="weights", metadata={
-        "choices": ("weights", "logits"), "help": "weights: v̄ in weight space (the paper); logits: outputs mixed (authors' code)"})
+    mix: str = field(
+        default="weights",
+        metadata={
+            "choices": ("weights", "logits"),
+            "help": "weights: v̄ in weight space (the paper); logits: outputs mixed (authors' code)",
+        },
+    )
 
 
 @dataclass
 class APFLState:
     v: list[torch.Tensor]
-    alpha: torch.Tensor              # (1,)
+    alpha: torch.Tensor  # (1,)
 
 
 class APFLObjective(Objective):
@@ -58,16 +64,17 @@ class APFLObjective(Objective):
 
     def gradients(self, grad, params, batch, consts, draws):
         n = self.n
-        w, v, alpha = params[:n], params[n:2 * n], params[2 * n][:, 0]
+        w, v, alpha = params[:n], params[n : 2 * n], params[2 * n][:, 0]
         seen, g_w = grad(w)
-        _, g = grad(interpolate(w, v, alpha))               # ∇f(v̄)
+        _, g = grad(interpolate(w, v, alpha))  # ∇f(v̄)
         assign = {}
         if self.adapt:
             pairs = [(x, y, gi) for x, y, gi in zip(w, v, g) if gi is not None]
-            slope = set_dot(torch._foreach_sub([y for _, y, _ in pairs], [x for x, _, _ in pairs]),
-                            [gi for _, _, gi in pairs])
+            slope = set_dot(
+                torch._foreach_sub([y for _, y, _ in pairs], [x for x, _, _ in pairs]), [gi for _, _, gi in pairs]
+            )
             assign[2 * n] = (alpha - consts["lr"] * slope).clamp(0.0, 1.0).unsqueeze(1)
-        for gi in g:                                        # ∇_v f(v̄) = α·∇f(v̄), in place
+        for gi in g:  # ∇_v f(v̄) = α·∇f(v̄), in place
             if gi is not None:
                 gi.mul_(alpha.view(-1, *[1] * (gi.dim() - 1)))
         return seen, g_w + g + [None], assign
@@ -83,7 +90,7 @@ class APFLLogits(Objective):
 
     def loss(self, forward, params, batch, consts, draws):
         n = self.n
-        w, v = params[:n], params[n:2 * n]
+        w, v = params[:n], params[n : 2 * n]
         alpha = params[2 * n].detach()[:, 0].requires_grad_(self.adapt)
         out_w = forward(w, batch.x)
         a = alpha.view(-1, *[1] * (out_w.dim() - 1))
@@ -99,7 +106,7 @@ class APFLLogits(Objective):
 
 
 class APFL(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "apfl"
     summary = "APFL (Deng et al. 2020): global and local models mixed with an adaptive α per client"
     paper = "Deng, Kamani & Mahdavi, arXiv 2020"
@@ -109,13 +116,16 @@ class APFL(FedAvg):
     Hyper = APFLHyper
     ClientState = APFLState
     decentralized = True
-    personalized_is_global = False       # a personal model beside the global one
+    personalized_is_global = False  # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
         n = sum(1 for _ in model_fn().parameters())
-        self.mixed = (APFLObjective(task, n, hyper.adapt_alpha) if hyper.mix == "weights"
-                      else APFLLogits(task, n, hyper.adapt_alpha))
+        self.mixed = (
+            APFLObjective(task, n, hyper.adapt_alpha)
+            if hyper.mix == "weights"
+            else APFLLogits(task, n, hyper.adapt_alpha)
+        )
 
     def _state(self, state, glob) -> APFLState:
         if state is None:
@@ -128,8 +138,11 @@ class APFL(FedAvg):
         n = len(glob)
         lr = torch.tensor(self.hp.lr_at(ctx.round, ctx.rounds))
         (fit,) = yield [self.job(glob + st.v + [st.alpha], data, ctx, objective=self.mixed, consts={"lr": lr})]
-        return (APFLState(fit.params[n:2 * n], fit.params[2 * n]), self.reply(fit.params[:n], received.shared, data.num_train),
-                fit.loss)
+        return (
+            APFLState(fit.params[n : 2 * n], fit.params[2 * n]),
+            self.reply(fit.params[:n], received.shared, data.num_train),
+            fit.loss,
+        )
 
     def personalized(self, st: APFLState, glob, x, device) -> torch.Tensor:
         """v̄'s outputs on x."""
@@ -145,7 +158,11 @@ class APFL(FedAvg):
         out_g, out_v = self.outputs([glob, st.v], data.test_x, ctx.device)
         mixed = self.personalized(st, glob, data.test_x, ctx.device)
         task = self.task
-        return {**task.scores(mixed, data.test_y), **task.scores(out_g, data.test_y, "global_"),
-                **task.scores(out_v, data.test_y, "local_"), "alpha": float(st.alpha)}
+        return {
+            **task.scores(mixed, data.test_y),
+            **task.scores(out_g, data.test_y, "global_"),
+            **task.scores(out_v, data.test_y, "local_"),
+            "alpha": float(st.alpha),
+        }
 
     personalize = Algorithm.personalize_by_training

@@ -49,6 +49,7 @@ job, no Python object per client; the host then keeps its clients' models as one
 must give the numbers ``train`` then ``aggregate`` give, client by client (tests hold it to
 them bit for bit); a subclass that overrides any of the per-client steps loses it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -76,32 +77,70 @@ class LocalTraining:
     """Local-training settings every algorithm has (a method's paper defaults live in its
     subclass, each set with ``training_field`` so that it keeps the field's metadata)."""
 
-    lr: float = field(default=0.05, metadata={"help": (
-        "η, the local optimizer's learning rate (the base rate; lr_schedule scales it by round)")})
-    local_epochs: int = field(default=1, metadata={"help": (
-        "E, passes over the client's train split per round, each in a fresh shuffled order "
-        "(⌈n / batch_size⌉ steps)")})
-    batch_size: int = field(default=32, metadata={"help": (
-        "B, samples per local mini-batch (an epoch's last batch holds the remainder)")})
-    optimizer: str = field(default="sgd", metadata={"choices": OPTIMIZERS, "help": (
-        "the local optimizer: sgd (with momentum) or adam (β₁ 0.9, β₂ 0.999, ε 1e-8); its state "
-        "starts afresh every round unless the method keeps it")})
-    momentum: float = field(default=0.0, metadata={"help": (
-        "SGD's momentum coefficient (heavy ball, no dampening or Nesterov; 0: plain SGD; adam ignores it)")})
-    weight_decay: float = field(default=0.0, metadata={"help": (
-        "L2 coefficient added to every gradient (coupled weight decay, sgd and adam alike; 0: none)")})
-    lr_schedule: str = field(default="constant", metadata={
-        "choices": ("constant", "step", "exponential"),
-        "help": "the lr over rounds t = 0..R−1: constant; step: ×0.1 from t = ⌊R/2⌋ and ×0.01 from "
-                "⌊3R/4⌋ (FedEM's official schedule); exponential: ×lr_decay^t (SuPerFed's)"})
-    lr_decay: float = field(default=0.999, metadata={"gt": 0.0, "max": 1.0, "help": (
-        "γ, the exponential schedule's factor per round: lr·γ^t at round t (other schedules ignore it)")})
+    lr: float = field(
+        default=0.05,
+        metadata={"help": ("η, the local optimizer's learning rate (the base rate; lr_schedule scales it by round)")},
+    )
+    local_epochs: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "E, passes over the client's train split per round, each in a fresh shuffled order "
+                "(⌈n / batch_size⌉ steps)"
+            )
+        },
+    )
+    batch_size: int = field(
+        default=32, metadata={"help": ("B, samples per local mini-batch (an epoch's last batch holds the remainder)")}
+    )
+    optimizer: str = field(
+        default="sgd",
+        metadata={
+            "choices": OPTIMIZERS,
+            "help": (
+                "the local optimizer: sgd (with momentum) or adam (β₁ 0.9, β₂ 0.999, ε 1e-8); its state "
+                "starts afresh every round unless the method keeps it"
+            ),
+        },
+    )
+    momentum: float = field(
+        default=0.0,
+        metadata={
+            "help": ("SGD's momentum coefficient (heavy ball, no dampening or Nesterov; 0: plain SGD; adam ignores it)")
+        },
+    )
+    weight_decay: float = field(
+        default=0.0,
+        metadata={
+            "help": ("L2 coefficient added to every gradient (coupled weight decay, sgd and adam alike; 0: none)")
+        },
+    )
+    lr_schedule: str = field(
+        default="constant",
+        metadata={
+            "choices": ("constant", "step", "exponential"),
+            "help": "the lr over rounds t = 0..R−1: constant; step: ×0.1 from t = ⌊R/2⌋ and ×0.01 from "
+            "⌊3R/4⌋ (FedEM's official schedule); exponential: ×lr_decay^t (SuPerFed's)",
+        },
+    )
+    lr_decay: float = field(
+        default=0.999,
+        metadata={
+            "gt": 0.0,
+            "max": 1.0,
+            "help": ("γ, the exponential schedule's factor per round: lr·γ^t at round t (other schedules ignore it)"),
+        },
+    )
     stacking: str = fwd.stacking_field()
-    gradients: str = field(default="auto", metadata={
-        "choices": ("auto", "autograd"),
-        "help": "how a step's gradients are computed: auto: by hand for chains of linear layers trained on the "
-                "task's loss (raysim/core/chain.py; 2-3x faster at small batches, SGD fused into the update), "
-                "autograd elsewhere; autograd: always autograd (equal to auto up to float32 rounding)"})
+    gradients: str = field(
+        default="auto",
+        metadata={
+            "choices": ("auto", "autograd"),
+            "help": "how a step's gradients are computed: auto: by hand for chains of linear layers trained on the "
+            "task's loss (raysim/core/chain.py; 2-3x faster at small batches, SGD fused into the update), "
+            "autograd elsewhere; autograd: always autograd (equal to auto up to float32 rounding)",
+        },
+    )
 
     POSITIVE: ClassVar[tuple[str, ...]] = ("lr", "local_epochs", "batch_size")
     NONNEGATIVE: ClassVar[tuple[str, ...]] = ("momentum", "weight_decay")
@@ -114,15 +153,21 @@ class LocalTraining:
             if round_ >= rounds // 2:
                 return 0.1
         if self.lr_schedule == "exponential":
-            return self.lr_decay ** round_
+            return self.lr_decay**round_
         return 1.0
 
     def lr_at(self, round_: int, rounds: int) -> float:
         return self.lr * self.lr_factor(round_, rounds)
 
     def settings(self, round_: int, rounds: int, epochs: int | None = None) -> Settings:
-        return Settings(self.lr_at(round_, rounds), self.local_epochs if epochs is None else epochs,
-                        self.batch_size, self.optimizer, self.momentum, self.weight_decay)
+        return Settings(
+            self.lr_at(round_, rounds),
+            self.local_epochs if epochs is None else epochs,
+            self.batch_size,
+            self.optimizer,
+            self.momentum,
+            self.weight_decay,
+        )
 
 
 def training_field(name: str, default, help: str | None = None):
@@ -177,11 +222,11 @@ class Algorithm:
     personal: ClassVar[str] = ""
     sends: ClassVar[str] = ""
     Hyper: ClassVar[type] = LocalTraining
-    ClientState: ClassVar[type | None] = None     # a dataclass of tensors (checkpointed)
-    decentralized: ClassVar[bool] = False         # has a gossip form (shared / with_shared)
-    no_gossip: ClassVar[str] = ""                  # why not (a topology's refusal says it)
-    split: ClassVar[bool] = False                 # needs a model with a body and a head (groups)
-    unseen: ClassVar[bool] = True                 # can score clients that never trained (personalize)
+    ClientState: ClassVar[type | None] = None  # a dataclass of tensors (checkpointed)
+    decentralized: ClassVar[bool] = False  # has a gossip form (shared / with_shared)
+    no_gossip: ClassVar[str] = ""  # why not (a topology's refusal says it)
+    split: ClassVar[bool] = False  # needs a model with a body and a head (groups)
+    unseen: ClassVar[bool] = True  # can score clients that never trained (personalize)
     # the personalized model is the global model (FedAvg, FedProx, SCAFFOLD): with eval.finetune
     # the unprefixed metrics are the tuned model's (FedAvg-LU), ``global_*`` the untuned one's
     personalized_is_global: ClassVar[bool] = False
@@ -193,33 +238,42 @@ class Algorithm:
 
     def __init__(self, hyper: Any, model_fn, rounds: int, task: Task):
         self.hp = hyper
-        self.model_fn = model_fn   # (variant=0) -> nn.Module with the run's initial weights
+        self.model_fn = model_fn  # (variant=0) -> nn.Module with the run's initial weights
         self.rounds = rounds
         self.task = task
         self.objective = Supervised(task)
         self._trainer: Trainer | None = None
-        self.finetune = None       # eval.finetune's options (raysim.scenario.config.FinetuneCfg), set by setup
+        self.finetune = None  # eval.finetune's options (raysim.scenario.config.FinetuneCfg), set by setup
         # privacy.level sample's (C, z, Poisson batches), set by setup
         self.dp_sgd_settings: tuple[float, float, bool] | None = None
         # stored inputs -> model inputs (an image source's uint8 pixels: raysim.core.data.Pixels), set by
         # setup; the trainer applies it to every batch and every evaluated block
         self.decode: Callable[[torch.Tensor], torch.Tensor] | None = None
-        self._tune_objective = Supervised(task)     # the local update's: the task loss alone
+        self._tune_objective = Supervised(task)  # the local update's: the task loss alone
 
     # -- helpers ---------------------------------------------------------------------------
     def trainer(self, device: torch.device) -> Trainer:
         """The host's trainer: a scratch model (weights never used) and the vectorized loop."""
         if self._trainer is None:
-            self._trainer = Trainer(self.model_fn().to(device), self.hp.stacking, gradients=self.hp.gradients,
-                                    decode=self.decode)
+            self._trainer = Trainer(
+                self.model_fn().to(device), self.hp.stacking, gradients=self.hp.gradients, decode=self.decode
+            )
         return self._trainer
 
-    def job(self, params: list[torch.Tensor], data: ClientData, ctx: Context, *, epochs: int | None = None,
-            objective=None, **kw) -> Job:
+    def job(
+        self,
+        params: list[torch.Tensor],
+        data: ClientData,
+        ctx: Context,
+        *,
+        epochs: int | None = None,
+        objective=None,
+        **kw,
+    ) -> Job:
         """A job training ``params`` on the client's train split with this round's settings
         (see ``raysim.core.loop.make_job`` for weights, consts, opt_state, orders)."""
         settings = self.hp.settings(ctx.round, ctx.rounds, epochs)
-        if self.dp_sgd_settings is not None:          # every step DP-SGD's (privacy.level: sample)
+        if self.dp_sgd_settings is not None:  # every step DP-SGD's (privacy.level: sample)
             clip, noise, poisson = self.dp_sgd_settings
             settings = dataclasses.replace(settings, dp_clip=clip, dp_noise=noise, poisson=poisson)
         return make_job(params, data, ctx, settings, objective or self.objective, **kw)
@@ -243,8 +297,9 @@ class Algorithm:
         return self.trainer(device).outputs(sets, x)
 
     @torch.no_grad()
-    def losses(self, sets: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
-               device: torch.device) -> torch.Tensor:
+    def losses(
+        self, sets: list[list[torch.Tensor]], x: torch.Tensor, y: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
         """Per-sample task losses of each parameter set on (x, y): (K, n)."""
         out = self.outputs(sets, x, device)
         return self.task.per_sample(out, y.expand(out.shape[0], *y.shape))
@@ -268,8 +323,9 @@ class Algorithm:
     def absorb_stats(self, server: Any, reduced: Any, round_: int) -> Any:
         return server
 
-    def select(self, server: Any, round_: int, sampled: np.ndarray, candidates: np.ndarray,
-               rng: np.random.Generator) -> dict[int, int]:
+    def select(
+        self, server: Any, round_: int, sampled: np.ndarray, candidates: np.ndarray, rng: np.random.Generator
+    ) -> dict[int, int]:
         """{client id: group} of this round's trainers; ``sampled`` is the scenario's draw,
         ``candidates`` every training client, ``rng`` derived from (seed, "select", round)."""
         return {int(c): 0 for c in sampled}
@@ -372,7 +428,7 @@ class Algorithm:
         would leave behind."""
         return cls.has_server_params() and cls.not_asynchronous is None
 
-    dp_sgd = False       # its local training is the task's loss (a proximal pull at most): DP-SGD's path
+    dp_sgd = False  # its local training is the task's loss (a proximal pull at most): DP-SGD's path
 
     @classmethod
     def trains_with_dp_sgd(cls) -> bool:
@@ -416,6 +472,7 @@ class Algorithm:
         def opt(name):
             v = getattr(f, name, None)
             return getattr(hp, name) if v is None else v
+
         lr = opt("lr")
         if getattr(f, "lr_source", "base") == "schedule":
             lr = lr * hp.lr_factor(ctx.round, ctx.rounds)
@@ -443,7 +500,9 @@ class Algorithm:
         vctx = ctx.fork() if on_val is not None else None
         if type(self).evaluation is not Algorithm.evaluation:
             test = yield from _result(self.evaluation(state, received, data, ctx))
-            return test, None if on_val is None else (yield from _result(self.evaluation(state, received, on_val, vctx)))
+            return test, None if on_val is None else (
+                yield from _result(self.evaluation(state, received, on_val, vctx))
+            )
         test = yield from _result(self.evaluate(state, received, data, ctx))
         valm = None if on_val is None else (yield from _result(self.evaluate(state, received, on_val, vctx)))
         tuned = yield from self._locally_updated(state, received, data, ctx)
@@ -483,7 +542,7 @@ class Algorithm:
     def personalize(self, received: Received, data: ClientData, ctx: Context):
         """State of a client that never trained (``eval.unseen_fraction``), adapted with the
         shared parts frozen; by default its initial state."""
-        seed = int(torch.randint(2**31, (1,), generator=ctx.generator))   # derived, like every draw
+        seed = int(torch.randint(2**31, (1,), generator=ctx.generator))  # derived, like every draw
         return self.init_client(ctx.cid, np.random.default_rng(seed))
 
     def personalize_by_training(self, received: Received, data: ClientData, ctx: Context):
@@ -507,23 +566,42 @@ class Algorithm:
     # client's training loss). Only for a method whose client has no state and whose server
     # state is the list of its model's parameters, all of them shared.
     train_rows = None
-    ROWS_STEPS: ClassVar[tuple[str, ...]] = ("train", "aggregate", "reply", "shared", "with_shared", "message",
-                                             "init_client", "init_server")
+    ROWS_STEPS: ClassVar[tuple[str, ...]] = (
+        "train",
+        "aggregate",
+        "reply",
+        "shared",
+        "with_shared",
+        "message",
+        "init_client",
+        "init_server",
+    )
 
     @classmethod
     def has_rows(cls) -> bool:
         """Whether ``train_rows`` stands for this class's per-client steps: defined, and none of
         them overridden below the class that defines it."""
         owner = next((c for c in cls.__mro__ if c.__dict__.get("train_rows") is not None), None)
-        return (owner is not None and cls.ClientState is None
-                and all(getattr(cls, m) is getattr(owner, m) for m in cls.ROWS_STEPS))
+        return (
+            owner is not None
+            and cls.ClientState is None
+            and all(getattr(cls, m) is getattr(owner, m) for m in cls.ROWS_STEPS)
+        )
 
-    def rows_job(self, params: list[torch.Tensor], block: Block, *, consts: dict | None = None,
-                 objective=None) -> Rows:
+    def rows_job(self, params: list[torch.Tensor], block: Block, *, consts: dict | None = None, objective=None) -> Rows:
         """``job`` for all of a block's clients at once: each client's sample orders from its
         "train" generator of the round, as ``job`` draws them from its context."""
-        return make_rows(params, block.x, block.y, block.starts, block.ns, block.seeds,
-                         self.hp.settings(block.round, block.rounds), objective or self.objective, consts)
+        return make_rows(
+            params,
+            block.x,
+            block.y,
+            block.starts,
+            block.ns,
+            block.seeds,
+            self.hp.settings(block.round, block.rounds),
+            objective or self.objective,
+            consts,
+        )
 
 
 def _result(scored):
@@ -585,7 +663,7 @@ def interpolate(a: list[torch.Tensor], b: list[torch.Tensor], t) -> list[torch.T
     for x, y, s in zip(a, b, ts):
         if isinstance(s, torch.Tensor) and s.dim() == 1:
             s = s.view(-1, *[1] * (x.dim() - 1))
-        if not x.is_floating_point():          # an integer buffer (a batch count): the formula
+        if not x.is_floating_point():  # an integer buffer (a batch count): the formula
             out.append((1 - s) * x + s * y)
             continue
         out.append(torch.lerp(x, y, s.to(x.dtype) if isinstance(s, torch.Tensor) else s))
@@ -609,7 +687,31 @@ def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[to
     return new
 
 
-__all__ = ["Algorithm", "Batch", "ByKey", "ClientData", "Context", "Fitted", "Groups", "Job", "LocalTraining", "Message",
-           "Objective", "PerClient", "Received", "StatsRequest", "Supervised", "Tracked", "UpdateStats", "Weighted",
-           "flatten", "head_index", "interpolate",
-           "lower_is_better", "mean_std", "means_by_key", "params_of", "unflatten"]
+__all__ = [
+    "Algorithm",
+    "Batch",
+    "ByKey",
+    "ClientData",
+    "Context",
+    "Fitted",
+    "Groups",
+    "Job",
+    "LocalTraining",
+    "Message",
+    "Objective",
+    "PerClient",
+    "Received",
+    "StatsRequest",
+    "Supervised",
+    "Tracked",
+    "UpdateStats",
+    "Weighted",
+    "flatten",
+    "head_index",
+    "interpolate",
+    "lower_is_better",
+    "mean_std",
+    "means_by_key",
+    "params_of",
+    "unflatten",
+]

@@ -24,6 +24,7 @@ in the round a cluster splits stay with the part that keeps the cluster's index.
 otherwise follow the official notebook: SGD lr 0.1, momentum 0.9, lr ×0.99 per round, 1 epoch
 of batch 128.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,22 +58,27 @@ class CFLHyper(LocalTraining):
     eps2: float = field(default=1.6, metadata={"gt": 0.0, "help": "... and max ‖update‖ > eps2"})
     split_after: int = field(default=20, metadata={"min": 0, "help": "no split in the first split_after rounds"})
     min_split_size: int = field(default=2, metadata={"min": 1, "help": "split only clusters of more clients"})
-    weighting: str = field(default="uniform", metadata={
-        "choices": ("uniform", "samples"),
-        "help": "mean update: unweighted (official code) or weighted by n_k (the paper)"})
+    weighting: str = field(
+        default="uniform",
+        metadata={
+            "choices": ("uniform", "samples"),
+            "help": "mean update: unweighted (official code) or weighted by n_k (the paper)",
+        },
+    )
 
 
 @dataclass
 class CFLServer:
-    models: list[list[torch.Tensor]]       # current model of each cluster
-    member: dict[int, int]                 # client -> cluster, for clients not in cluster 0
-    cache: list[list[torch.Tensor]]        # models cached at splits
-    lineage: list[list[int]]               # per cluster, the cache entries along its history
+    models: list[list[torch.Tensor]]  # current model of each cluster
+    member: dict[int, int]  # client -> cluster, for clients not in cluster 0
+    cache: list[list[torch.Tensor]]  # models cached at splits
+    lineage: list[list[int]]  # per cluster, the cache entries along its history
 
 
 def bipartition(updates: torch.Tensor) -> np.ndarray:
     """Labels 0/1 of the rows of ``updates`` (m, d): complete linkage on 1 − cosine similarity."""
     from sklearn.cluster import AgglomerativeClustering  # here: scikit-learn costs every host ~1 s to import
+
     unit = updates / updates.norm(dim=1, keepdim=True).clamp_min(1e-12)
     dist = (1.0 - unit @ unit.T).clamp_min(0.0).double().numpy()
     np.fill_diagonal(dist, 0.0)
@@ -103,8 +109,9 @@ class CFL(Algorithm):
 
     def message(self, server, round_):
         # a cluster's part: its model, then the models cached along its history
-        return Message(None, {c: [m, *(server.cache[j] for j in server.lineage[c])]
-                              for c, m in enumerate(server.models)})
+        return Message(
+            None, {c: [m, *(server.cache[j] for j in server.lineage[c])] for c, m in enumerate(server.models)}
+        )
 
     def centers(self, server):
         return server.models
@@ -114,8 +121,10 @@ class CFL(Algorithm):
         (fitted,) = yield [self.job(start, data, ctx)]
         delta = [a - b for a, b in zip(fitted.params, start)]
         w = float(data.num_train) if self.hp.weighting == "samples" else float(data.num_train > 0)
-        reply = (ByKey({ctx.group: Weighted(delta, w)}),
-                 PerClient({ctx.cid: [flatten([delta]), torch.tensor(w, dtype=torch.float64)]}))
+        reply = (
+            ByKey({ctx.group: Weighted(delta, w)}),
+            PerClient({ctx.cid: [flatten([delta]), torch.tensor(w, dtype=torch.float64)]}),
+        )
         return state, reply, fitted.loss
 
     def aggregate(self, server, reduced, round_):
@@ -139,9 +148,9 @@ class CFL(Algorithm):
             if mean_norm >= self.hp.eps1 or float(flat.norm(dim=1).max()) <= self.hp.eps2:
                 continue
             labels = bipartition(flat)
-            labels = labels if labels[0] == 0 else 1 - labels     # the lowest id's part keeps index c
+            labels = labels if labels[0] == 0 else 1 - labels  # the lowest id's part keeps index c
             new = len(models)
-            cache.append(models[c])                       # the cluster's federated model
+            cache.append(models[c])  # the cluster's federated model
             lineage[c] = lineage[c] + [len(cache) - 1]
             lineage.append(list(lineage[c]))
             weights = torch.stack([updates[k][1] for k in cids])

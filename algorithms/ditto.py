@@ -17,6 +17,7 @@ Decentralized (a ``topology``; the paper has a server): each client trains its c
 its v as above, mixes w with its neighbours and keeps v, pulled each round towards its own
 mixed copy of w.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,8 +30,10 @@ from .fedavg import FedAvg, FedAvgHyper
 @dataclass(frozen=True)
 class DittoHyper(FedAvgHyper):
     lam: float = field(default=1.0, metadata={"min": 0.0, "help": "λ, pull of the personal model towards w"})
-    personal_epochs: int | None = field(default=None, metadata={
-        "min": 1, "help": "epochs of the personal model per round (default: local_epochs, interleaved)"})
+    personal_epochs: int | None = field(
+        default=None,
+        metadata={"min": 1, "help": "epochs of the personal model per round (default: local_epochs, interleaved)"},
+    )
 
 
 @dataclass
@@ -52,19 +55,21 @@ class Ditto(FedAvg):
     def client_work(self, n_train):
         """The global model's E epochs and the personal model's epochs."""
         return float((self.hp.local_epochs + (self.hp.personal_epochs or self.hp.local_epochs)) * n_train)
-    personalized_is_global = False       # a personal model beside the global one
+
+    personalized_is_global = False  # a personal model beside the global one
 
     def private_epochs(self):
         """Both models train on the client's data each round: w's epochs and v's (DP-SGD counts both)."""
         return self.hp.local_epochs + (self.hp.personal_epochs or self.hp.local_epochs)
 
     def init_client(self, cid, rng):
-        return None                         # v = the initial global model until the client trains
+        return None  # v = the initial global model until the client trains
 
     def _personal_job(self, v, received, data, ctx, orders=None):
         epochs = self.hp.personal_epochs or self.hp.local_epochs
-        return self.job(v, data, ctx, epochs=epochs, orders=orders,
-                        consts={"anchor": received.shared, "mu": self.hp.lam})
+        return self.job(
+            v, data, ctx, epochs=epochs, orders=orders, consts={"anchor": received.shared, "mu": self.hp.lam}
+        )
 
     def train(self, state, received, data, ctx):
         v = received.shared if state is None else state.personal

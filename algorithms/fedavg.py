@@ -9,6 +9,7 @@ Decentralized (a ``topology``), this is D-SGD (Lian et al., "Can Decentralized A
 Outperform Centralized Algorithms?", NeurIPS 2017): local SGD on the client's own model, then
 θ_i ← Σ_j W_ij θ_j over its neighbours.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,8 +19,10 @@ from .base import Algorithm, LocalTraining, Received, Tracked, UpdateStats, Weig
 
 @dataclass(frozen=True)
 class FedAvgHyper(LocalTraining):
-    track_variance: bool = field(default=False, metadata={
-        "help": "log each round's total variance of the clients' last-layer updates (SosicFL's eq. 10)"})
+    track_variance: bool = field(
+        default=False,
+        metadata={"help": "log each round's total variance of the clients' last-layer updates (SosicFL's eq. 10)"},
+    )
 
 
 class FedAvg(Algorithm):
@@ -31,8 +34,8 @@ class FedAvg(Algorithm):
     sends = "its model, weighted by n_k (with a topology: to its neighbours)"
     Hyper = FedAvgHyper
     decentralized = True
-    personalized_is_global = True        # subclasses with a personal model set False
-    dp_sgd = True                        # subclasses with an objective of their own set False
+    personalized_is_global = True  # subclasses with a personal model set False
+    dp_sgd = True  # subclasses with an objective of their own set False
 
     @classmethod
     def check(cls, hp, decentralized):
@@ -42,8 +45,12 @@ class FedAvg(Algorithm):
 
     @classmethod
     def averages_one_model(cls) -> bool:
-        return (cls.reply is FedAvg.reply and cls.aggregate is FedAvg.aggregate
-                and cls.select is Algorithm.select and cls.message is Algorithm.message)
+        return (
+            cls.reply is FedAvg.reply
+            and cls.aggregate is FedAvg.aggregate
+            and cls.select is Algorithm.select
+            and cls.message is Algorithm.message
+        )
 
     def init_server(self, rng):
         return params_of(self.model_fn())
@@ -52,7 +59,7 @@ class FedAvg(Algorithm):
         """The client's reply: its model weighted by n_k, with the statistics of its
         last-layer update (params − received) beside it under ``track_variance``."""
         w = Weighted(params, float(n))
-        if not getattr(self.hp, "track_variance", False):      # pFedMe's settings lack it
+        if not getattr(self.hp, "track_variance", False):  # pFedMe's settings lack it
             return w
         i = self.head()
         return Tracked(w, UpdateStats.of(params[i] - received[i]))

@@ -14,6 +14,7 @@ each client tunes its own copy.
 
 ``tune_epochs``: deprecated alias of ``eval.finetune.epochs`` (which wins when both are given).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,8 +24,10 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass(frozen=True)
 class FedAvgPlusHyper(FedAvgHyper):
-    tune_epochs: int | None = field(default=None, metadata={
-        "min": 1, "help": "deprecated: use eval.finetune.epochs (local-update epochs; default 1 here)"})
+    tune_epochs: int | None = field(
+        default=None,
+        metadata={"min": 1, "help": "deprecated: use eval.finetune.epochs (local-update epochs; default 1 here)"},
+    )
 
 
 class FedAvgPlus(FedAvg):

@@ -51,6 +51,7 @@ Decentralized: gossip FedBABU makes sense and is cheap: every client trains its 
 fixed head and mixes its body with its neighbours (``shared``: the body); the head, identical
 everywhere, is never mixed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,13 +65,17 @@ class FedBABUHyper(LocalTraining):
     lr: float = training_field("lr", 0.1)
     momentum: float = training_field("momentum", 0.9)
     batch_size: int = training_field("batch_size", 50)
-    weighting: str = field(default="samples", metadata={
-        "choices": ("samples", "uniform"),
-        "help": "the server's average of the bodies: samples (n_k weights) or uniform (1/|S|, the official code's)"})
+    weighting: str = field(
+        default="samples",
+        metadata={
+            "choices": ("samples", "uniform"),
+            "help": "the server's average of the bodies: samples (n_k weights) or uniform (1/|S|, the official code's)",
+        },
+    )
 
 
 class FedBABU(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "fedbabu"
     summary = "FedBABU (Oh et al. 2022): FedAvg on the body, the head fixed at its random init; fine-tuned to evaluate"
     paper = "Oh, Kim & Yun, ICLR 2022"
@@ -80,11 +85,11 @@ class FedBABU(FedAvg):
     Hyper = FedBABUHyper
     split = True
     decentralized = True
-    personalized_is_global = True     # the unprefixed metrics are the fine-tuned global model's
+    personalized_is_global = True  # the unprefixed metrics are the fine-tuned global model's
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
-        self.objective = Supervised(task, trainable=self.groups.mask("body"))   # the head frozen
+        self.objective = Supervised(task, trainable=self.groups.mask("body"))  # the head frozen
 
     @classmethod
     def check(cls, hp, decentralized):

@@ -56,6 +56,7 @@ layers, keeps them and mixes w with its neighbours (``SplitMethod``'s gossip): t
 layers, weights and running statistics, never travel, as at the star. The paper has a server;
 the gossip form keeps its one rule, normalization stays local.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -70,23 +71,36 @@ from .fedper import SplitMethod
 @dataclass(frozen=True)
 class FedBNHyper(LocalTraining):
     lr: float = training_field("lr", 0.01)
-    weighting: str = field(default="samples", metadata={
-        "choices": ("samples", "uniform"),
-        "help": "the server's average of the non-normalization parameters: samples (n_k weights) or "
-                "uniform (1/|S|, the paper's Algorithm 1 and official code, equal-sized clients there)"})
-    eval_stats: str = field(default="kept", metadata={
-        "choices": ("kept", "refit"),
-        "help": "the running statistics a client is scored with: kept (its own, from the last round it trained: "
-                "Algorithm 1) or refit (re-estimated on its train split under the received weights, one pass in "
-                "training mode before scoring; training is unchanged)"})
-    unseen_epochs: int | None = field(default=None, metadata={
-        "min": 1, "help": "epochs an unseen client trains its own normalization layers, the rest frozen "
-                          "(default: local_epochs)"})
+    weighting: str = field(
+        default="samples",
+        metadata={
+            "choices": ("samples", "uniform"),
+            "help": "the server's average of the non-normalization parameters: samples (n_k weights) or "
+            "uniform (1/|S|, the paper's Algorithm 1 and official code, equal-sized clients there)",
+        },
+    )
+    eval_stats: str = field(
+        default="kept",
+        metadata={
+            "choices": ("kept", "refit"),
+            "help": "the running statistics a client is scored with: kept (its own, from the last round it trained: "
+            "Algorithm 1) or refit (re-estimated on its train split under the received weights, one pass in "
+            "training mode before scoring; training is unchanged)",
+        },
+    )
+    unseen_epochs: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": "epochs an unseen client trains its own normalization layers, the rest frozen "
+            "(default: local_epochs)",
+        },
+    )
 
 
 @dataclass
 class FedBNState:
-    norm: list[torch.Tensor]          # the client's normalization layers: γ, β, running mean and variance
+    norm: list[torch.Tensor]  # the client's normalization layers: γ, β, running mean and variance
 
 
 class FedBN(SplitMethod):
@@ -100,14 +114,16 @@ class FedBN(SplitMethod):
     ClientState = FedBNState
     keeps = "norm"
     shares = "~norm"
-    split = False                     # no head/body needed: the split is the normalization layers
-    REFIT_BLOCK = 1024                # rows per pass of eval_stats: refit
+    split = False  # no head/body needed: the split is the normalization layers
+    REFIT_BLOCK = 1024  # rows per pass of eval_stats: refit
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
         if not self.groups.norm:
-            raise ValueError("fedbn keeps the model's batch-norm layers local, and this model has no "
-                             "normalization layer; use a model with norm: batch (e.g. mlp, resnet9, vgg9)")
+            raise ValueError(
+                "fedbn keeps the model's batch-norm layers local, and this model has no "
+                "normalization layer; use a model with norm: batch (e.g. mlp, resnet9, vgg9)"
+            )
         self.norm_only = Supervised(task, trainable=self.groups.mask("norm"))
         self._refitters: dict[str, tuple[torch.nn.Module, list[torch.nn.Module]]] = {}
 
@@ -135,12 +151,12 @@ class FedBN(SplitMethod):
         model, norms = self._refitters[key]
         for q, v in zip(model.parameters(), params):
             q.copy_(v)
-        model.eval()                   # dropout, if any, off; the batch-norm layers alone in training mode
+        model.eval()  # dropout, if any, off; the batch-norm layers alone in training mode
         for m in norms:
             m.train()
         for k, i in enumerate(range(0, len(x), self.REFIT_BLOCK), start=1):
             for m in norms:
                 m.momentum = 1.0 / k
-            block = x[i:i + self.REFIT_BLOCK]
+            block = x[i : i + self.REFIT_BLOCK]
             model(self.decode(block) if self.decode is not None else block)
         return [p.detach().clone() for p in model.parameters()]

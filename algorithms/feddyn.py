@@ -47,6 +47,7 @@ Decentralized: no. h is the network mean of the h_k and θ^t a server step on it
 would need every client to track that mean (a different algorithm, as for SCAFFOLD), so a
 scenario with a ``topology`` is refused.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -58,30 +59,37 @@ from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted, par
 
 @dataclass(frozen=True)
 class FedDynHyper(LocalTraining):
-    alpha: float = field(default=0.01, metadata={
-        "gt": 0.0, "help": "α, the dynamic regularizer's coefficient (the paper's common 0.01)"})
-    alpha_scaling: str = field(default="uniform", metadata={
-        "choices": ("uniform", "by_size"),
-        "help": "uniform: one α for every client (the paper's Algorithm 1); by_size: the authors' code, "
-                "α_k = α / (n_k m / Σ_j n_j), a client with more data pulled less towards θ"})
+    alpha: float = field(
+        default=0.01, metadata={"gt": 0.0, "help": "α, the dynamic regularizer's coefficient (the paper's common 0.01)"}
+    )
+    alpha_scaling: str = field(
+        default="uniform",
+        metadata={
+            "choices": ("uniform", "by_size"),
+            "help": "uniform: one α for every client (the paper's Algorithm 1); by_size: the authors' code, "
+            "α_k = α / (n_k m / Σ_j n_j), a client with more data pulled less towards θ",
+        },
+    )
 
 
 @dataclass
 class FedDynServer:
-    theta: list[torch.Tensor]        # θ^t, the global model
-    h: list[torch.Tensor]            # h^t = −(α/m) Σ_k Σ_t (θ_k^t − θ^{t−1}) (uniform: (1/m) Σ_k h_k)
-    clients: float = 0.0             # m: every training client (0: not counted yet)
-    samples: float = 0.0             # Σ_j n_j over them (alpha_scaling: by_size)
+    theta: list[torch.Tensor]  # θ^t, the global model
+    h: list[torch.Tensor]  # h^t = −(α/m) Σ_k Σ_t (θ_k^t − θ^{t−1}) (uniform: (1/m) Σ_k h_k)
+    clients: float = 0.0  # m: every training client (0: not counted yet)
+    samples: float = 0.0  # Σ_j n_j over them (alpha_scaling: by_size)
 
 
 @dataclass
 class FedDynState:
-    h: list[torch.Tensor]            # h_k, the client's gradient estimate ∇L_k(θ_k^{t−1})
+    h: list[torch.Tensor]  # h_k, the client's gradient estimate ∇L_k(θ_k^{t−1})
 
 
 class FedDyn(Algorithm):
     name = "feddyn"
-    summary = "FedDyn (Acar et al. 2021): local loss with a linear term h_k and (α/2)‖θ − θ_global‖², server correction −h/α"
+    summary = (
+        "FedDyn (Acar et al. 2021): local loss with a linear term h_k and (α/2)‖θ − θ_global‖², server correction −h/α"
+    )
     paper = "Acar et al., ICLR 2021"
     family = "global model"
     personal = "h_k, its gradient estimate (one tensor per parameter)"
@@ -130,7 +138,7 @@ class FedDyn(Algorithm):
                 theta.append(mean.to(t0.dtype))
                 h.append(h0)
                 continue
-            drift = s - count * t0.double()                    # Σ_{k∈P_t} (θ_k^t − θ^{t−1})
+            drift = s - count * t0.double()  # Σ_{k∈P_t} (θ_k^t − θ^{t−1})
             hn = h0.double() - (a / m) * drift
             h.append(hn.to(h0.dtype))
             theta.append((mean - hn / a).to(t0.dtype))
@@ -141,11 +149,9 @@ class FedDyn(Algorithm):
         theta = received.shared
         hk = [torch.zeros_like(p) for p in theta] if state is None else state.h
         a = self.client_alpha(received, data.num_train)
-        (fit,) = yield [self.job(theta, data, ctx, consts={
-            "linear": [-h for h in hk], "anchor": theta, "mu": a})]
+        (fit,) = yield [self.job(theta, data, ctx, consts={"linear": [-h for h in hk], "anchor": theta, "mu": a})]
         stats = set(self.groups.stats)
-        new = [h if i in stats else h - a * (p1 - p0)
-               for i, (h, p0, p1) in enumerate(zip(hk, theta, fit.params))]
+        new = [h if i in stats else h - a * (p1 - p0) for i, (h, p0, p1) in enumerate(zip(hk, theta, fit.params))]
         return FedDynState(new), Weighted(fit.params, 1.0), fit.loss
 
     def global_model(self, state, received):

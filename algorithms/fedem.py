@@ -26,6 +26,7 @@ lr ×0.1 at R/2 and 3R/4, M = 3. Two choices where paper and official code diffe
   components — a step damped by the sampled share of the data. It needs Σ_all n, which the
   server asks every client for before round 1. Equal under full participation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,28 +45,38 @@ class FedEMHyper(LocalTraining):
     weight_decay: float = training_field("weight_decay", 5e-4)
     lr_schedule: str = training_field("lr_schedule", "step")
     components: int = field(default=3, metadata={"min": 1, "help": "mixture components M"})
-    unseen_tol: float = field(default=1e-6, metadata={
-        "gt": 0.0, "help": "unseen clients: stop the E-step + pi updates when pi moves less (L1)"})
+    unseen_tol: float = field(
+        default=1e-6,
+        metadata={"gt": 0.0, "help": "unseen clients: stop the E-step + pi updates when pi moves less (L1)"},
+    )
     unseen_max_steps: int = field(default=1000, metadata={"min": 1, "help": "unseen clients: at most this many"})
-    keep_momentum: bool = field(default=False, metadata={
-        "help": "each client keeps its SGD momentum per component from round to round, as the official "
-                "code's per-client optimizers do; false: a fresh buffer every round (the paper)"})
-    server_average: str = field(default="sampled", metadata={
-        "choices": ("sampled", "all"),
-        "help": "sampled: average the sampled clients' components by n_k (the paper); all: average over "
-                "every client, unsampled ones contributing the previous components (the official code)"})
+    keep_momentum: bool = field(
+        default=False,
+        metadata={
+            "help": "each client keeps its SGD momentum per component from round to round, as the official "
+            "code's per-client optimizers do; false: a fresh buffer every round (the paper)"
+        },
+    )
+    server_average: str = field(
+        default="sampled",
+        metadata={
+            "choices": ("sampled", "all"),
+            "help": "sampled: average the sampled clients' components by n_k (the paper); all: average over "
+            "every client, unsampled ones contributing the previous components (the official code)",
+        },
+    )
 
 
 @dataclass
 class FedEMServer:
     components: list[list[torch.Tensor]]
-    total_samples: float = 0.0       # Σ n_k over every training client (server_average: all)
+    total_samples: float = 0.0  # Σ n_k over every training client (server_average: all)
 
 
 @dataclass
 class FedEMState:
-    pi: torch.Tensor                  # (M,) mixture weights of this client
-    momentum: list[dict] | None = None   # keep_momentum: each component's optimizer state
+    pi: torch.Tensor  # (M,) mixture weights of this client
+    momentum: list[dict] | None = None  # keep_momentum: each component's optimizer state
 
 
 def e_step(log_pi: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
@@ -88,7 +99,9 @@ def mixture_log_prob(pi: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 class FedEM(Algorithm):
     name = "fedem"
-    summary = "FedEM (Marfoq et al. 2021): M shared components, per-client mixture weights by EM; D-FedEM with a topology"
+    summary = (
+        "FedEM (Marfoq et al. 2021): M shared components, per-client mixture weights by EM; D-FedEM with a topology"
+    )
     paper = "Marfoq et al., NeurIPS 2021"
     family = "mixture"
     personal = "its mixture weights π (with keep_momentum also its SGD momentum)"
@@ -134,9 +147,10 @@ class FedEM(Algorithm):
             if r.weight == 0:
                 comps.append(old)
             elif self.hp.server_average == "all":
-                rest = server.total_samples - r.weight      # unsampled clients hold the old component
-                comps.append([((v + rest * o.double()) / server.total_samples).to(o.dtype)
-                              for v, o in zip(r.values, old)])
+                rest = server.total_samples - r.weight  # unsampled clients hold the old component
+                comps.append(
+                    [((v + rest * o.double()) / server.total_samples).to(o.dtype) for v, o in zip(r.values, old)]
+                )
             else:
                 comps.append(r.mean(old[0].dtype))
         return FedEMServer(comps, server.total_samples)
@@ -158,16 +172,23 @@ class FedEM(Algorithm):
     def train(self, state: FedEMState, received, data, ctx):
         comps = received.shared
         n = data.num_train
-        if n == 0:                 # nothing to learn from: pi and components unchanged
-            return (FedEMState(state.pi.clone(), state.momentum),
-                    [Weighted([p.clone() for p in c], 0.0) for c in comps], 0.0)
+        if n == 0:  # nothing to learn from: pi and components unchanged
+            return (
+                FedEMState(state.pi.clone(), state.momentum),
+                [Weighted([p.clone() for p in c], 0.0) for c in comps],
+                0.0,
+            )
         nll, q = em_step(state.pi.to(ctx.device), self.losses(comps, data.train_x, data.train_y, ctx.device))
         keep = bool(self.hp.keep_momentum and self.hp.momentum)
         moms = state.momentum if keep and state.momentum else [None] * len(comps)
-        fitted = yield [self.job(c, data, ctx, weights=q[m], opt_state=moms[m], keep_state=keep)
-                        for m, c in enumerate(comps)]
-        return (FedEMState(q.mean(dim=1).cpu(), [f.opt_state for f in fitted] if keep else None),
-                [Weighted(f.params, float(n)) for f in fitted], nll)
+        fitted = yield [
+            self.job(c, data, ctx, weights=q[m], opt_state=moms[m], keep_state=keep) for m, c in enumerate(comps)
+        ]
+        return (
+            FedEMState(q.mean(dim=1).cpu(), [f.opt_state for f in fitted] if keep else None),
+            [Weighted(f.params, float(n)) for f in fitted],
+            nll,
+        )
 
     def personalize(self, received, data, ctx) -> FedEMState:
         pi = self.init_client(ctx.cid, None).pi.to(ctx.device)

@@ -15,6 +15,7 @@ eq. 9, as its official code accumulates it step by step). Equal steps everywhere
 exactly (up to rounding). With FedProx's proximal term (``mu``) the paper's a_k changes further;
 raysim's FedNova trains on the task's loss alone.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class NovaReply:
 
 
 class FedNova(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "fednova"
     summary = "FedNova (Wang et al. 2020): updates normalized by each client's local steps, rescaled by τ_eff"
     paper = "Wang et al., NeurIPS 2020"
@@ -56,7 +57,7 @@ class FedNova(FedAvg):
         rho = self.hp.momentum if self.hp.optimizer == "sgd" else 0.0
         if rho == 0.0:
             return float(steps)
-        return (steps - rho * (1.0 - rho ** steps) / (1.0 - rho)) / (1.0 - rho)
+        return (steps - rho * (1.0 - rho**steps) / (1.0 - rho)) / (1.0 - rho)
 
     def train(self, state, received, data, ctx):
         (fitted,) = yield [self.job(received.shared, data, ctx)]
@@ -69,8 +70,9 @@ class FedNova(FedAvg):
         if reduced is None or reduced.update.weight == 0:
             return server
         tau = float(reduced.steps.values[0][0]) / reduced.steps.weight
-        return [(x.double() - tau * v / reduced.update.weight).to(x.dtype)
-                for x, v in zip(server, reduced.update.values)]
+        return [
+            (x.double() - tau * v / reduced.update.weight).to(x.dtype) for x, v in zip(server, reduced.update.values)
+        ]
 
     def round_metrics(self, reduced):
         return {"tau_eff": float(reduced.steps.values[0][0]) / reduced.steps.weight} if reduced is not None else {}

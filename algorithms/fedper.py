@@ -48,6 +48,7 @@ personalization); the FedPer paper itself has a server.
 group each client keeps (``keeps``) and a group the server averages (``shares``), selected by
 name (``self.groups``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -73,16 +74,25 @@ class FedPerHyper(LocalTraining):
     batch_size: int = training_field("batch_size", 10)
     momentum: float = training_field("momentum", 0.5)
     weight_decay: float = training_field("weight_decay", 1e-4)
-    weighting: str = field(default="samples", metadata={
-        "choices": ("samples", "uniform"),
-        "help": "the server's average of the shared layers: samples (n_k weights, FedAvg's) or uniform (1/|S|)"})
-    unseen_epochs: int | None = field(default=None, metadata={
-        "min": 1, "help": "epochs an unseen client trains its own part, the shared part frozen (default: local_epochs)"})
+    weighting: str = field(
+        default="samples",
+        metadata={
+            "choices": ("samples", "uniform"),
+            "help": "the server's average of the shared layers: samples (n_k weights, FedAvg's) or uniform (1/|S|)",
+        },
+    )
+    unseen_epochs: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": "epochs an unseen client trains its own part, the shared part frozen (default: local_epochs)",
+        },
+    )
 
 
 @dataclass
 class FedPerState:
-    head: list[torch.Tensor]          # the client's personalization layers W_P,j
+    head: list[torch.Tensor]  # the client's personalization layers W_P,j
 
 
 class SplitMethod(Algorithm):
@@ -90,10 +100,10 @@ class SplitMethod(Algorithm):
     averages (``shares``: the server state holds the whole model, the shared group averaged,
     the other at its initial values). Replies carry the shared group only."""
 
-    keeps: ClassVar[str] = "head"      # the group each client keeps
-    shares: ClassVar[str] = "body"     # the group the server averages
+    keeps: ClassVar[str] = "head"  # the group each client keeps
+    shares: ClassVar[str] = "body"  # the group the server averages
     split = True
-    decentralized = True               # gossip mixes the shared group; the kept one stays
+    decentralized = True  # gossip mixes the shared group; the kept one stays
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)

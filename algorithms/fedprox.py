@@ -3,6 +3,7 @@
 FedAvg whose local objective adds the proximal term (μ/2)·‖w − w_global‖², which keeps local
 models close to the broadcast global model under heterogeneous data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -49,6 +49,7 @@ head step alone, ``head_epochs`` epochs, from the initial model's head.
 Decentralized (a ``topology``): each client runs FedRep's two steps on its copy of φ with its
 own head, keeps the head and mixes φ with its neighbours (``SplitMethod``'s gossip).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -59,18 +60,26 @@ from .fedper import FedPerState, SplitMethod
 
 @dataclass(frozen=True)
 class FedRepHyper(LocalTraining):
-    lr: float = training_field("lr", 0.01, help=(
-        "α, the learning rate of both the head and the body step (lr_schedule scales it by round)"))
-    local_epochs: int = training_field("local_epochs", 1, help=(
-        "τ_φ, epochs of the body step (the head frozen), after head_epochs of the head step"))
+    lr: float = training_field(
+        "lr", 0.01, help=("α, the learning rate of both the head and the body step (lr_schedule scales it by round)")
+    )
+    local_epochs: int = training_field(
+        "local_epochs", 1, help=("τ_φ, epochs of the body step (the head frozen), after head_epochs of the head step")
+    )
     batch_size: int = training_field("batch_size", 10)
     momentum: float = training_field("momentum", 0.5)
     weight_decay: float = training_field("weight_decay", 1e-4)
-    head_epochs: int = field(default=10, metadata={
-        "min": 1, "help": "epochs of the head step (the body frozen) before local_epochs of the body step"})
-    weighting: str = field(default="uniform", metadata={
-        "choices": ("uniform", "samples"),
-        "help": "the server's average of the bodies: uniform (1/|S|, the paper) or samples (n_k weights)"})
+    head_epochs: int = field(
+        default=10,
+        metadata={"min": 1, "help": "epochs of the head step (the body frozen) before local_epochs of the body step"},
+    )
+    weighting: str = field(
+        default="uniform",
+        metadata={
+            "choices": ("uniform", "samples"),
+            "help": "the server's average of the bodies: uniform (1/|S|, the paper) or samples (n_k weights)",
+        },
+    )
 
 
 class FedRep(SplitMethod):
@@ -88,7 +97,7 @@ class FedRep(SplitMethod):
         (head,) = yield [self.job(start, data, ctx, epochs=self.hp.head_epochs, objective=self.head_only)]
         (body,) = yield [self.job(head.params, data, ctx, objective=self.body_only)]
         e_h, e_b = self.hp.head_epochs, self.hp.local_epochs
-        loss = (e_h * head.loss + e_b * body.loss) / (e_h + e_b)      # the mean over every epoch, as the official code
+        loss = (e_h * head.loss + e_b * body.loss) / (e_h + e_b)  # the mean over every epoch, as the official code
         return self.keep(body.params), self.reply(body.params, data.num_train), loss
 
     def personalize(self, received, data, ctx):

@@ -50,6 +50,7 @@ Decentralized (a ``topology``): each client trains its copy of the generic model
 softmax) with its personal head, keeps the head and mixes the generic model with its
 neighbours; the personal heads never travel (the paper has a server).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,14 +63,15 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass(frozen=True)
 class FedRoDHyper(FedAvgHyper):
-    lr: float = training_field("lr", 0.01, help=(
-        "η, the learning rate of the body, the generic head and the personal head alike"))
+    lr: float = training_field(
+        "lr", 0.01, help=("η, the learning rate of the body, the generic head and the personal head alike")
+    )
     batch_size: int = training_field("batch_size", 10)
 
 
 @dataclass
 class FedRoDState:
-    head: list[torch.Tensor]          # the personal head p_k, in the head group's layout
+    head: list[torch.Tensor]  # the personal head p_k, in the head group's layout
 
 
 class BalancedSoftmax(Objective):
@@ -89,7 +91,7 @@ class BalancedSoftmax(Objective):
         return self.task.per_sample(out + log_prior.unsqueeze(1), y)
 
     def loss(self, forward, params, batch, consts, draws):
-        model, personal = params[:self.n], params[self.n:]
+        model, personal = params[: self.n], params[self.n :]
         out_g = forward(model, batch.x)
         bsm = self.balanced(out_g, batch.y, consts["log_prior"])
         body = [p.detach() for p in model]
@@ -105,7 +107,7 @@ class BalancedSoftmax(Objective):
         the balanced softmax's at the generic model (its outputs offset by log π), then the
         personal loss's at the model with the personal head, its outputs offset by the generic
         logits, differentiated in the head only."""
-        model, personal = params[:self.n], params[self.n:]
+        model, personal = params[: self.n], params[self.n :]
         _, g_model, out_g = grad(model, offset=consts["log_prior"].unsqueeze(1), outputs=True)
         _, g_p = grad(self.groups.merge(model, "head", personal), offset=out_g, train=self.head_mask)
         plain = (self.task.per_sample(out_g, batch.y) * batch.valid).sum(1)
@@ -119,10 +121,12 @@ def log_prior(y: torch.Tensor, classes: int) -> torch.Tensor:
 
 
 class FedRoD(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "fedrod"
-    summary = ("FedRoD (Chen & Chao 2022): generic model trained with the balanced softmax and averaged; "
-               "a personal head added to its logits")
+    summary = (
+        "FedRoD (Chen & Chao 2022): generic model trained with the balanced softmax and averaged; "
+        "a personal head added to its logits"
+    )
     paper = "Chen & Chao, ICLR 2022"
     family = "personalized"
     personal = "its personal head p_k"
@@ -130,7 +134,7 @@ class FedRoD(FedAvg):
     Hyper = FedRoDHyper
     ClientState = FedRoDState
     decentralized = True
-    personalized_is_global = False       # a personal head beside the generic model
+    personalized_is_global = False  # a personal head beside the generic model
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
@@ -152,8 +156,7 @@ class FedRoD(FedAvg):
         head = self._head(state, glob[0].device)
         prior = log_prior(data.train_y, self.classes).to(glob[0].device)
         (fit,) = yield [self.job(glob + head, data, ctx, objective=self.bsm, consts={"log_prior": prior})]
-        return (FedRoDState(fit.params[self.n:]), self.reply(fit.params[:self.n], glob, data.num_train),
-                fit.loss)
+        return (FedRoDState(fit.params[self.n :]), self.reply(fit.params[: self.n], glob, data.num_train), fit.loss)
 
     def evaluate(self, state, received, data, ctx):
         glob = received.shared

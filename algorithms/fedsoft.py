@@ -36,6 +36,7 @@ followed where it departs from the paper (see the fact sheet).
 Unseen clients (``eval.unseen_fraction``) estimate u under the current centers and run one
 local update from the shared initialization.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -68,27 +69,32 @@ class FedSoftHyper(LocalTraining):
     sigma: float = field(default=1e-4, metadata={"gt": 0.0, "lt": 1.0, "help": "counter smoother σ"})
     tau: int = field(default=2, metadata={"min": 1, "help": "estimate importance weights every tau rounds"})
     per_cluster: int = field(default=30, metadata={"min": 1, "help": "clients K each center selects per round"})
-    selection: bool = field(default=True, metadata={
-        "help": "false: every client trains every round and c_s = Σ_k v_sk w_k"})
-    keep_optimizer: bool = field(default=True, metadata={
-        "help": "clients keep their optimizer state (Adam moments) across rounds, as the paper's code"})
-    eval_train: bool = field(default=False, metadata={
-        "help": "also score local models on their training data (train_*), as the paper reports"})
+    selection: bool = field(
+        default=True, metadata={"help": "false: every client trains every round and c_s = Σ_k v_sk w_k"}
+    )
+    keep_optimizer: bool = field(
+        default=True,
+        metadata={"help": "clients keep their optimizer state (Adam moments) across rounds, as the paper's code"},
+    )
+    eval_train: bool = field(
+        default=False,
+        metadata={"help": "also score local models on their training data (train_*), as the paper reports"},
+    )
 
 
 @dataclass
 class FedSoftServer:
     centers: list[list[torch.Tensor]]
-    ids: torch.Tensor                 # client ids, ascending, of the last estimation
-    un: torch.Tensor                  # (clients, S) float64: u_ks·n_k of each
-    estimated: int = -1               # round of the last estimation
+    ids: torch.Tensor  # client ids, ascending, of the last estimation
+    un: torch.Tensor  # (clients, S) float64: u_ks·n_k of each
+    estimated: int = -1  # round of the last estimation
 
 
 @dataclass
 class FedSoftState:
-    w: list[torch.Tensor]             # the local model
-    u: torch.Tensor                   # (S,) float64 importance weights
-    opt: dict | None = None           # optimizer state (keep_optimizer)
+    w: list[torch.Tensor]  # the local model
+    u: torch.Tensor  # (S,) float64 importance weights
+    opt: dict | None = None  # optimizer state (keep_optimizer)
 
 
 def importance_weights(losses: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -130,8 +136,11 @@ class FedSoft(Algorithm):
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng) -> FedSoftServer:
         s = self.hp.clusters
-        return FedSoftServer([params_of(self.model_fn(1 + i)) for i in range(s)],
-                             torch.zeros(0, dtype=torch.long), torch.zeros(0, s, dtype=torch.float64))
+        return FedSoftServer(
+            [params_of(self.model_fn(1 + i)) for i in range(s)],
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, s, dtype=torch.float64),
+        )
 
     def stats_request(self, server, round_):
         if round_ % self.hp.tau == 0 and server.estimated != round_:
@@ -140,15 +149,15 @@ class FedSoft(Algorithm):
 
     def absorb_stats(self, server, reduced, round_):
         ids = sorted(reduced)
-        return FedSoftServer(server.centers, torch.tensor(ids, dtype=torch.long),
-                             torch.stack([reduced[c] for c in ids]), round_)
+        return FedSoftServer(
+            server.centers, torch.tensor(ids, dtype=torch.long), torch.stack([reduced[c] for c in ids]), round_
+        )
 
     def select(self, server, round_, sampled, candidates, rng):
         full = (1 << self.hp.clusters) - 1
         if not self.hp.selection:
             return {int(c): full for c in candidates}
-        return select_per_cluster(server.ids.numpy(), aggregation_weights(server.un).numpy(),
-                                  self.hp.per_cluster, rng)
+        return select_per_cluster(server.ids.numpy(), aggregation_weights(server.un).numpy(), self.hp.per_cluster, rng)
 
     def message(self, server, round_):
         return Message(server.centers)
@@ -177,8 +186,16 @@ class FedSoft(Algorithm):
         total = float(u.sum())
         anchor = [sum(float(u[s]) * c[i] for s, c in enumerate(centers)) / total for i in range(len(state.w))]
         keep = self.hp.keep_optimizer
-        (fitted,) = yield [self.job(state.w, data, ctx, consts={"mu": self.hp.lam * total, "anchor": anchor},
-                                    opt_state=state.opt if keep else None, keep_state=keep)]
+        (fitted,) = yield [
+            self.job(
+                state.w,
+                data,
+                ctx,
+                consts={"mu": self.hp.lam * total, "anchor": anchor},
+                opt_state=state.opt if keep else None,
+                keep_state=keep,
+            )
+        ]
         return FedSoftState(fitted.params, u, fitted.opt_state), fitted
 
     def train(self, state, received, data, ctx):
@@ -195,7 +212,7 @@ class FedSoft(Algorithm):
 
     def personalize(self, received, data, ctx):
         state = self.init_client(ctx.cid, None)
-        state = FedSoftState([p.to(ctx.device) for p in state.w], state.u)      # the host's device
+        state = FedSoftState([p.to(ctx.device) for p in state.w], state.u)  # the host's device
         if data.num_train == 0:
             return state
         state = FedSoftState(state.w, self.estimate(received.shared, data, ctx.device))
@@ -206,9 +223,12 @@ class FedSoft(Algorithm):
         x = torch.cat([data.test_x, data.train_x]) if self.hp.eval_train else data.test_x
         local = self.outputs([state.w], x, ctx.device)[0]
         best = int(state.u.argmax())
-        out = {**self.task.scores(local[:data.num_test], data.test_y),
-               **self.task.scores(self.outputs([received.shared[best]], data.test_x, ctx.device)[0],
-                                  data.test_y, "center_")}
+        out = {
+            **self.task.scores(local[: data.num_test], data.test_y),
+            **self.task.scores(
+                self.outputs([received.shared[best]], data.test_x, ctx.device)[0], data.test_y, "center_"
+            ),
+        }
         if self.hp.eval_train:
-            out.update(self.task.scores(local[data.num_test:], data.train_y, "train_"))
+            out.update(self.task.scores(local[data.num_test :], data.train_y, "train_"))
         return out

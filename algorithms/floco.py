@@ -3,6 +3,7 @@ code: the paper's body was not available to us). It shares
 SosicFL's simplex head, samplers and simplex-learning phase (``sosicfl.py``); what differs is
 where each client sits on the simplex.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,8 +19,13 @@ from .sosicfl import Personal, SimplexHyper, SosicFL, _lam_field, _personal_fiel
 @dataclass(frozen=True)
 class FlocoHyper(SimplexHyper):
     endpoints: int = field(default=10, metadata={"min": 2, "help": "simplex vertices (M + 1)"})
-    tau: int = field(default=250, metadata={
-        "min": 1, "help": "τ: before this round (1-based) every client is placed on the simplex; α ~ U(Δ) until then"})
+    tau: int = field(
+        default=250,
+        metadata={
+            "min": 1,
+            "help": "τ: before this round (1-based) every client is placed on the simplex; α ~ U(Δ) until then",
+        },
+    )
     rho: float = field(default=0.1, metadata={"gt": 0.0, "help": "ρ: L1 radius of each client's subregion"})
 
 
@@ -27,9 +33,13 @@ class FlocoHyper(SimplexHyper):
 class FlocoPlusHyper(FlocoHyper):
     lam: float = _lam_field()
     personal: str = _personal_field("all")
-    personal_pool: int = field(default=0, metadata={
-        "min": 0, "help": "α draws a round for the personal copy (0: a fresh one every mini-batch, as Floco+)"})
-
+    personal_pool: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": "α draws a round for the personal copy (0: a fresh one every mini-batch, as Floco+)",
+        },
+    )
 
 
 class Floco(SosicFL):
@@ -50,12 +60,16 @@ class Floco(SosicFL):
 
     no_gossip = "the server assigns each client its region of the solution simplex"
     name = "floco"
-    summary = "Floco (NeurIPS 2024): a simplex head, each client placed on it from its trained classifier (PCA, Riesz energy)"
+    summary = (
+        "Floco (NeurIPS 2024): a simplex head, each client placed on it from its trained classifier (PCA, Riesz energy)"
+    )
     paper = "Grinwald, Wiesner & Nakajima, NeurIPS 2024"
     family = "personalized"
     personal = "nothing (the server keeps its place β_k on the simplex)"
-    sends = ("the shared parameters and the simplex endpoints, weighted by n_k; once, before round τ, its "
-             "trained classifier endpoints")
+    sends = (
+        "the shared parameters and the simplex endpoints, weighted by n_k; once, before round τ, its "
+        "trained classifier endpoints"
+    )
     Hyper = FlocoHyper
 
     @staticmethod
@@ -75,8 +89,9 @@ class Floco(SosicFL):
     def absorb_stats(self, server, reduced, round_):
         ids = sorted(reduced)
         server.ids = torch.tensor(ids, dtype=torch.long)
-        server.alpha = torch.from_numpy(place_on_simplex(torch.stack([reduced[c] for c in ids]).double().numpy(),
-                                                         self.ends))
+        server.alpha = torch.from_numpy(
+            place_on_simplex(torch.stack([reduced[c] for c in ids]).double().numpy(), self.ends)
+        )
         server.z = server.ids.clone()
         server.eta, server.prepared = float(self.hp.rho), True
         return server
@@ -99,8 +114,12 @@ class Floco(SosicFL):
     def report(self, results, server):
         if not server.prepared:
             return {}
-        return {"simplex": {"alpha": {int(c): [float(v) for v in b] for c, b in zip(server.ids, server.alpha)},
-                            "eta": server.eta}}
+        return {
+            "simplex": {
+                "alpha": {int(c): [float(v) for v in b] for c, b in zip(server.ids, server.alpha)},
+                "eta": server.eta,
+            }
+        }
 
 
 class FlocoPlus(Personal, Floco):
@@ -109,8 +128,10 @@ class FlocoPlus(Personal, Floco):
     paper = "Grinwald, Wiesner & Nakajima, NeurIPS 2024"
     family = "personalized"
     personal = "a personal copy of every parameter (personal: endpoints, of the simplex endpoints)"
-    sends = ("the shared parameters and the simplex endpoints, weighted by n_k; once, before round τ, its "
-             "trained classifier endpoints")
+    sends = (
+        "the shared parameters and the simplex endpoints, weighted by n_k; once, before round τ, its "
+        "trained classifier endpoints"
+    )
     Hyper = FlocoPlusHyper
 
 
@@ -122,6 +143,7 @@ def place_on_simplex(weights: np.ndarray, endpoints: int, steps: int = 1000) -> 
     whose coordinates are of magnitude ≲ 1 (classifier weights are); far larger ones all
     project onto vertices."""
     from sklearn.decomposition import PCA
+
     k = min(endpoints, *weights.shape)
     kappa = PCA(n_components=k, svd_solver="full").fit_transform(weights)
     if k < endpoints:

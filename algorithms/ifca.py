@@ -23,6 +23,7 @@ is picked by at least ``init_min_share`` of the clients (default 0.8/S; measured
 rotated digits, S = 4: purity 1.0 on 4 of 5 seeds, against 2 of 5 without redraws) — the official CIFAR code's
 ``find_good_initializer``. ``init_redraws: 0`` is the plain random initialization.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,26 +36,40 @@ from .base import Algorithm, ByKey, LocalTraining, Message, StatsRequest, Weight
 @dataclass(frozen=True)
 class IFCAHyper(LocalTraining):
     clusters: int = field(default=2, metadata={"min": 1, "help": "cluster models S"})
-    weighting: str = field(default="samples", metadata={
-        "choices": ("samples", "uniform"),
-        "help": "average a cluster's members weighted by n_k (samples) or equally (uniform, official code)"})
-    init_redraws: int = field(default=20, metadata={
-        "min": 0, "help": "redraw the initial models up to this often until every cluster gets init_min_share"})
-    init_min_share: float | None = field(default=None, metadata={
-        "min": 0.0, "max": 1.0, "help": "share of the clients every cluster must get under the initial models "
-                                        "(default 0.8 / clusters)"})
+    weighting: str = field(
+        default="samples",
+        metadata={
+            "choices": ("samples", "uniform"),
+            "help": "average a cluster's members weighted by n_k (samples) or equally (uniform, official code)",
+        },
+    )
+    init_redraws: int = field(
+        default=20,
+        metadata={
+            "min": 0,
+            "help": "redraw the initial models up to this often until every cluster gets init_min_share",
+        },
+    )
+    init_min_share: float | None = field(
+        default=None,
+        metadata={
+            "min": 0.0,
+            "max": 1.0,
+            "help": "share of the clients every cluster must get under the initial models (default 0.8 / clusters)",
+        },
+    )
 
 
 @dataclass
 class IFCAServer:
     models: list[list[torch.Tensor]]
-    draws: int = 0                   # initializations drawn so far beyond the first
-    ready: bool = False              # the initialization is settled
+    draws: int = 0  # initializations drawn so far beyond the first
+    ready: bool = False  # the initialization is settled
 
 
 @dataclass
 class IFCAState:
-    cluster: torch.Tensor            # the client's last pick (a 0-d int64 tensor)
+    cluster: torch.Tensor  # the client's last pick (a 0-d int64 tensor)
 
 
 class IFCA(Algorithm):
@@ -64,8 +79,10 @@ class IFCA(Algorithm):
     paper = "Ghosh et al., NeurIPS 2020"
     family = "clustered"
     personal = "its last cluster pick (for evaluation and the report)"
-    sends = ("the model of the cluster it picked, under that cluster's key (before round 1: its pick under "
-             "the initial models)")
+    sends = (
+        "the model of the cluster it picked, under that cluster's key (before round 1: its pick under "
+        "the initial models)"
+    )
     Hyper = IFCAHyper
     ClientState = IFCAState
 

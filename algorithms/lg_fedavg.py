@@ -50,6 +50,7 @@ global layers, keeps the local model and mixes the global layers with its neighb
 (``SplitMethod``'s gossip). ``warmup_rounds`` (a FedAvg of the whole model) is refused there:
 what gossip mixes is one group for the whole run.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,16 +65,25 @@ from .fedper import FedPerHyper, SplitMessage, SplitMethod
 class LGFedAvgHyper(FedPerHyper):
     lr: float = training_field("lr", 0.05)
     weight_decay: float = training_field("weight_decay", 0.0)
-    weighting: str = field(default="uniform", metadata={
-        "choices": ("uniform", "samples"),
-        "help": "the server's average of the global layers: uniform (1/|M|, the official code) or samples (n_m weights)"})
-    warmup_rounds: int = field(default=0, metadata={
-        "min": 0, "help": "first rounds of FedAvg on the whole model (the official code starts from a FedAvg model)"})
+    weighting: str = field(
+        default="uniform",
+        metadata={
+            "choices": ("uniform", "samples"),
+            "help": "the server's average of the global layers: uniform (1/|M|, the official code) or samples (n_m weights)",
+        },
+    )
+    warmup_rounds: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": "first rounds of FedAvg on the whole model (the official code starts from a FedAvg model)",
+        },
+    )
 
 
 @dataclass
 class LGFedAvgState:
-    body: list[torch.Tensor]          # the client's local model ℓ_m
+    body: list[torch.Tensor]  # the client's local model ℓ_m
 
 
 class LGFedAvg(SplitMethod):
@@ -91,8 +101,11 @@ class LGFedAvg(SplitMethod):
     @classmethod
     def check(cls, hp, decentralized):
         if decentralized and hp.warmup_rounds:
-            return ("warmup_rounds", "a FedAvg of the whole model has no gossip form here (gossip mixes the "
-                                     "global layers, the same group every round); use 0 with a topology")
+            return (
+                "warmup_rounds",
+                "a FedAvg of the whole model has no gossip form here (gossip mixes the "
+                "global layers, the same group every round); use 0 with a topology",
+            )
         return super().check(hp, decentralized)
 
     def warming(self, round_: int) -> bool:

@@ -6,6 +6,7 @@ persistent model, which lives in the client's state on its host. An unseen clien
 (``eval.unseen_fraction``) trains a model of its own on its train split before it is scored,
 ``unseen_epochs`` epochs (default: as many as a client sampled every round gets in the run).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,8 +18,10 @@ from .base import Algorithm, LocalTraining, params_of
 
 @dataclass(frozen=True)
 class LocalHyper(LocalTraining):
-    unseen_epochs: int | None = field(default=None, metadata={
-        "min": 1, "help": "epochs an unseen client trains on its own data (default: rounds x local_epochs)"})
+    unseen_epochs: int | None = field(
+        default=None,
+        metadata={"min": 1, "help": "epochs an unseen client trains on its own data (default: rounds x local_epochs)"},
+    )
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Local(Algorithm):
     ClientState = LocalState
 
     def init_server(self, rng):
-        return params_of(self.model_fn())          # the common initialization
+        return params_of(self.model_fn())  # the common initialization
 
     def aggregate(self, server, reduced, round_):
         return server

@@ -92,6 +92,7 @@ Determinism: the SDCA order comes from the client's context generator (seed, rou
 the local steps run in float64 on the CPU, replies are per client (``PerClient``, no sums) and
 the server's float64 math runs once: the same numbers for any number of hosts.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,35 +103,51 @@ import torch
 
 from .base import Algorithm, Message, PerClient, StatsRequest
 
-EIG_FLOOR = 1e-7        # fmtl: eigenvalues of WᵀW raised to this when any is negative
+EIG_FLOOR = 1e-7  # fmtl: eigenvalues of WᵀW raised to this when any is negative
 
 
 @dataclass(frozen=True)
 class MochaHyper:
-    lam: float = field(default=1e-4, metadata={
-        "gt": 0.0, "help": "λ of the regularizer (λ/2)·tr(W Ω Wᵀ) (fmtl optimization_driver: 1e-4; tune it on val)"})
-    sdca_frac: float = field(default=0.5, metadata={
-        "gt": 0.0, "help": "local SDCA coordinate steps a round, as a fraction of the client's training samples (fmtl: 0.5)"})
-    omega_every: int = field(default=100, metadata={
-        "min": 1, "help": "rounds between Ω updates (fmtl model_driver: 100 inner iterations per outer)"})
-    w_map: str = field(default="dual", metadata={
-        "choices": ("dual", "fmtl"),
-        "help": "dual: W = B Σ/λ recomputed after an Ω update (the paper); fmtl: W only incremented (run_mocha.m)"})
+    lam: float = field(
+        default=1e-4,
+        metadata={
+            "gt": 0.0,
+            "help": "λ of the regularizer (λ/2)·tr(W Ω Wᵀ) (fmtl optimization_driver: 1e-4; tune it on val)",
+        },
+    )
+    sdca_frac: float = field(
+        default=0.5,
+        metadata={
+            "gt": 0.0,
+            "help": "local SDCA coordinate steps a round, as a fraction of the client's training samples (fmtl: 0.5)",
+        },
+    )
+    omega_every: int = field(
+        default=100,
+        metadata={"min": 1, "help": "rounds between Ω updates (fmtl model_driver: 100 inner iterations per outer)"},
+    )
+    w_map: str = field(
+        default="dual",
+        metadata={
+            "choices": ("dual", "fmtl"),
+            "help": "dual: W = B Σ/λ recomputed after an Ω update (the paper); fmtl: W only incremented (run_mocha.m)",
+        },
+    )
 
 
 @dataclass
 class MochaServer:
-    ids: torch.Tensor            # (m,) the training clients' ids, ascending (empty until counted)
-    b: torch.Tensor              # (m, d) float64: b_t = X_tᵀ α_t / n_t
-    w: torch.Tensor              # (m, d) float64: the personalized models w_t (rows)
-    sigma: torch.Tensor          # (m, m) float64: Σ = Ω⁻¹, trace 1
-    rho: float = 1.0             # σ'
-    omega_updates: int = 0       # Ω updates made so far
+    ids: torch.Tensor  # (m,) the training clients' ids, ascending (empty until counted)
+    b: torch.Tensor  # (m, d) float64: b_t = X_tᵀ α_t / n_t
+    w: torch.Tensor  # (m, d) float64: the personalized models w_t (rows)
+    sigma: torch.Tensor  # (m, m) float64: Σ = Ω⁻¹, trace 1
+    rho: float = 1.0  # σ'
+    omega_updates: int = 0  # Ω updates made so far
 
 
 @dataclass
 class MochaState:
-    alpha: torch.Tensor          # (n_t,) float64: the client's dual variables
+    alpha: torch.Tensor  # (n_t,) float64: the client's dual variables
 
 
 def sqrt_psd(a: np.ndarray) -> np.ndarray:
@@ -152,21 +169,30 @@ def omega_update(w: np.ndarray) -> tuple[np.ndarray, float] | None:
         return None
     sigma = sq / tr
     diag = np.diag(sigma)
-    ok = diag > 0               # a zero row of W can leave Σ_tt = 0: that task takes no σ' of its own
+    ok = diag > 0  # a zero row of W can leave Σ_tt = 0: that task takes no σ' of its own
     rho = float(np.max(np.abs(sigma).sum(1)[ok] / diag[ok]))
     return sigma, rho
 
 
-def sdca(x: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray, sigma_tt: float, rho: float,
-         lam: float, order: np.ndarray, loss: str) -> np.ndarray:
+def sdca(
+    x: np.ndarray,
+    y: np.ndarray,
+    alpha: np.ndarray,
+    w: np.ndarray,
+    sigma_tt: float,
+    rho: float,
+    lam: float,
+    order: np.ndarray,
+    loss: str,
+) -> np.ndarray:
     """The local solver: SDCA coordinate steps on ``x`` (n, d), labels ``y`` (±1 for hinge),
     duals ``alpha`` (updated in place) from the model ``w``, over the coordinates ``order``;
     returns Δb = X_tᵀ Δα / n."""
     n = x.shape[0]
-    u = w.copy()                              # w_t + σ' Δw_t
+    u = w.copy()  # w_t + σ' Δw_t
     db = np.zeros_like(w)
-    step = rho * sigma_tt / (lam * n)         # Δu per unit Δα: σ' Σ_tt x / (λ n)
-    q = step * np.einsum("ij,ij->i", x, x)    # the coordinates' curvatures
+    step = rho * sigma_tt / (lam * n)  # Δu per unit Δα: σ' Σ_tt x / (λ n)
+    q = step * np.einsum("ij,ij->i", x, x)  # the coordinates' curvatures
     hinge = loss == "hinge"
     for i in order:
         xi, yi, old = x[i], y[i], alpha[i]
@@ -190,8 +216,10 @@ class _NoJobs:
 
 class Mocha(Algorithm):
     name = "mocha"
-    unseen = False         # one task per training client: none for a newcomer
-    summary = "MOCHA (Smith et al. 2017): federated multi-task linear models, primal-dual SDCA with learned task relations Ω"
+    unseen = False  # one task per training client: none for a newcomer
+    summary = (
+        "MOCHA (Smith et al. 2017): federated multi-task linear models, primal-dual SDCA with learned task relations Ω"
+    )
     paper = "Smith et al., NeurIPS 2017"
     family = "personalized"
     personal = "its dual variables α_t, one per training sample (the server keeps its linear model w_t)"
@@ -207,18 +235,23 @@ class Mocha(Algorithm):
         layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         plain = all(isinstance(m, (torch.nn.Linear, torch.nn.Flatten, torch.nn.Sequential)) for m in model.modules())
         if len(layers) != 1 or not plain:
-            raise ValueError(f"mocha trains linear models only; use model: {{name: linear}} "
-                             f"(got a {type(model).__name__} with {len(layers)} linear layers)")
+            raise ValueError(
+                f"mocha trains linear models only; use model: {{name: linear}} "
+                f"(got a {type(model).__name__} with {len(layers)} linear layers)"
+            )
         layer = layers[0]
         if task.name == "classification":
             if layer.out_features != 2:
-                raise ValueError(f"mocha: binary classification only (fmtl's hinge loss on ±1 labels); "
-                                 f"the data have {layer.out_features} classes")
+                raise ValueError(
+                    f"mocha: binary classification only (fmtl's hinge loss on ±1 labels); "
+                    f"the data have {layer.out_features} classes"
+                )
             self.loss = "hinge"
         elif task.name == "regression":
             if layer.out_features != 1:
-                raise ValueError(f"mocha: scalar regression only (squared loss); the targets have "
-                                 f"{layer.out_features} dimensions")
+                raise ValueError(
+                    f"mocha: scalar regression only (squared loss); the targets have {layer.out_features} dimensions"
+                )
             self.loss = "squared"
         else:
             raise ValueError(f"mocha: no loss for the task {task.name!r}")
@@ -226,10 +259,10 @@ class Mocha(Algorithm):
         self.dim = layer.in_features + int(self.bias)
 
     def warm_up(self, input_shape, device):
-        return None               # no torch model is trained
+        return None  # no torch model is trained
 
     def trainer(self, device):
-        return _NoJobs()          # the host's loop asks for one; MOCHA's steps yield no jobs
+        return _NoJobs()  # the host's loop asks for one; MOCHA's steps yield no jobs
 
     # -- features --------------------------------------------------------------------------
     def features(self, x: torch.Tensor) -> np.ndarray:
@@ -253,11 +286,15 @@ class Mocha(Algorithm):
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng):
         f64 = torch.float64
-        return MochaServer(torch.zeros(0, dtype=torch.long), torch.zeros(0, self.dim, dtype=f64),
-                           torch.zeros(0, self.dim, dtype=f64), torch.zeros(0, 0, dtype=f64))
+        return MochaServer(
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, self.dim, dtype=f64),
+            torch.zeros(0, self.dim, dtype=f64),
+            torch.zeros(0, 0, dtype=f64),
+        )
 
     def stats_request(self, server, round_):
-        return StatsRequest("all") if len(server.ids) == 0 else None     # the m tasks, once
+        return StatsRequest("all") if len(server.ids) == 0 else None  # the m tasks, once
 
     def client_stats(self, state, received, data, ctx):
         return state, PerClient({ctx.cid: float(data.num_train)})
@@ -265,11 +302,17 @@ class Mocha(Algorithm):
     def absorb_stats(self, server, reduced, round_):
         ids = sorted(int(c) for c in reduced)
         m, f64 = len(ids), torch.float64
-        return MochaServer(torch.tensor(ids, dtype=torch.long), torch.zeros(m, self.dim, dtype=f64),
-                           torch.zeros(m, self.dim, dtype=f64), torch.eye(m, dtype=f64) / m, 1.0, 0)
+        return MochaServer(
+            torch.tensor(ids, dtype=torch.long),
+            torch.zeros(m, self.dim, dtype=f64),
+            torch.zeros(m, self.dim, dtype=f64),
+            torch.eye(m, dtype=f64) / m,
+            1.0,
+            0,
+        )
 
     def select(self, server, round_, sampled, candidates, rng):
-        return {int(c): int(c) for c in sampled}          # each client is its own group: its w_t
+        return {int(c): int(c) for c in sampled}  # each client is its own group: its w_t
 
     def eval_groups(self, server, cids):
         known = {int(c) for c in server.ids}
@@ -326,7 +369,9 @@ class Mocha(Algorithm):
         n = len(y)
         alpha = np.zeros(n) if state is None else state.alpha.to("cpu", torch.float64).numpy().copy()
         loss = self.mean_loss(x @ w, y)
-        db = sdca(x, y, alpha, w, sigma_tt, rho, self.hp.lam, self.order(n, ctx), self.loss) if n else np.zeros(self.dim)
+        db = (
+            sdca(x, y, alpha, w, sigma_tt, rho, self.hp.lam, self.order(n, ctx), self.loss) if n else np.zeros(self.dim)
+        )
         return MochaState(torch.from_numpy(alpha)), PerClient({ctx.cid: torch.from_numpy(db)}), loss
 
     def evaluate(self, state, received, data, ctx):
@@ -336,5 +381,6 @@ class Mocha(Algorithm):
         return self.task.scores(out, data.test_y)
 
     def personalize(self, received, data, ctx):
-        raise ValueError("mocha learns a model only for the training clients (one task each); "
-                         "use eval.unseen_fraction: 0")
+        raise ValueError(
+            "mocha learns a model only for the training clients (one task each); use eval.unseen_fraction: 0"
+        )

@@ -48,6 +48,7 @@ model is its own copy after the last mixing (its neighbourhood's average): the c
 pulls its representation towards that copy's and away from its previous local model's, the
 trained model is mixed with its neighbours, and the previous local model stays on the client.
 """
+
 from __future__ import annotations
 
 import copy
@@ -66,14 +67,19 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass(frozen=True)
 class MOONHyper(FedAvgHyper):
-    mu: float = field(default=1.0, metadata={
-        "min": 0.0, "help": "μ, weight of the model-contrastive loss (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 on CIFAR-10)"})
+    mu: float = field(
+        default=1.0,
+        metadata={
+            "min": 0.0,
+            "help": "μ, weight of the model-contrastive loss (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 on CIFAR-10)",
+        },
+    )
     tau: float = field(default=0.5, metadata={"gt": 0.0, "help": "τ, temperature of the contrastive loss (paper: 0.5)"})
 
 
 @dataclass
 class MOONState:
-    prev: list[torch.Tensor]         # the client's local model after its last round
+    prev: list[torch.Tensor]  # the client's local model after its last round
 
 
 def split_model(model: nn.Module, body: tuple[int, ...]) -> tuple[nn.Sequential, nn.Sequential]:
@@ -88,8 +94,9 @@ def split_model(model: nn.Module, body: tuple[int, ...]) -> tuple[nn.Sequential,
     body_ids = {ids[i] for i in body}
     cut = next((i for i, m in enumerate(leaves) if any(id(p) not in body_ids for p in m.parameters())), len(leaves))
     first, second = nn.Sequential(*leaves[:cut]), nn.Sequential(*leaves[cut:])
-    if [id(p) for p in first.parameters()] + [id(p) for p in second.parameters()] != ids or \
-            {id(p) for p in first.parameters()} != body_ids:
+    if [id(p) for p in first.parameters()] + [id(p) for p in second.parameters()] != ids or {
+        id(p) for p in first.parameters()
+    } != body_ids:
         raise ValueError("MOON needs the head to be the model's last layers (model.head)")
     return first, second
 
@@ -201,12 +208,13 @@ class MOONObjective(Objective):
                 con = self.contrastive(leaf.flatten(2), zg, zp)
                 (g,) = torch.autograd.grad((con * batch.weight).sum() * self.mu, leaf)
             return g
+
         seen, g = grad(params, hidden=(self.head_idx[0], pull))
         return seen, g, {}
 
 
 class MOON(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "moon"
     summary = "MOON (Li et al. 2021): FedAvg plus a contrastive loss pulling representations to the global model's"
     paper = "Li, He & Song, CVPR 2021"
@@ -220,7 +228,7 @@ class MOON(FedAvg):
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
-        g = self.groups          # made once, here: a model that cannot be split fails at setup
+        g = self.groups  # made once, here: a model that cannot be split fails at setup
         self.moon = MOONObjective(task, model_fn(), g.body, g.head, hyper.mu, hyper.tau)
 
     def train(self, state, received, data, ctx):

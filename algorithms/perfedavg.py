@@ -46,6 +46,7 @@ Decentralized (a ``topology``): each client takes its meta-steps on its copy of 
 and mixes it with its neighbours, as D-SGD does with FedAvg's model (the paper has a server).
 The evaluation's local step then starts from the client's own copy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -58,19 +59,43 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass(frozen=True)
 class PerFedAvgHyper(FedAvgHyper):
-    lr: float = training_field("lr", 0.001, help=(
-        "β, the outer (meta) step's learning rate: w ← w − β·(meta-gradient) (lr_schedule scales it by round)"))
-    batch_size: int = training_field("batch_size", 10, help=(
-        "B, samples in each of D, D′ (and D″): a local step draws 2B (fo) or 3B (hf) samples"))
-    alpha: float = field(default=0.01, metadata={"gt": 0.0, "help": (
-        "α, the inner step's learning rate w̃ = w − α∇f(w; D), and the local update's at evaluation")})
-    variant: str = field(default="fo", metadata={"choices": ("fo", "hf"), "help": (
-        "fo: the gradient at w̃ applied to w; hf: times (I − α∇²f(w; D″)) (Hessian-free)")})
-    hvp: str = field(default="autograd", metadata={"choices": ("autograd", "difference"), "help": (
-        "hf's Hessian-vector product: autograd (exact) or difference (central, step delta; the paper's)")})
+    lr: float = training_field(
+        "lr",
+        0.001,
+        help=("β, the outer (meta) step's learning rate: w ← w − β·(meta-gradient) (lr_schedule scales it by round)"),
+    )
+    batch_size: int = training_field(
+        "batch_size", 10, help=("B, samples in each of D, D′ (and D″): a local step draws 2B (fo) or 3B (hf) samples")
+    )
+    alpha: float = field(
+        default=0.01,
+        metadata={
+            "gt": 0.0,
+            "help": ("α, the inner step's learning rate w̃ = w − α∇f(w; D), and the local update's at evaluation"),
+        },
+    )
+    variant: str = field(
+        default="fo",
+        metadata={
+            "choices": ("fo", "hf"),
+            "help": ("fo: the gradient at w̃ applied to w; hf: times (I − α∇²f(w; D″)) (Hessian-free)"),
+        },
+    )
+    hvp: str = field(
+        default="autograd",
+        metadata={
+            "choices": ("autograd", "difference"),
+            "help": ("hf's Hessian-vector product: autograd (exact) or difference (central, step delta; the paper's)"),
+        },
+    )
     delta: float = field(default=0.001, metadata={"gt": 0.0, "help": "δ of hvp: difference"})
-    personal_epochs: int = field(default=1, metadata={"min": 0, "help": (
-        "epochs of the local update at lr α before scoring when eval.finetune.epochs is null (0: none)")})
+    personal_epochs: int = field(
+        default=1,
+        metadata={
+            "min": 0,
+            "help": ("epochs of the local update at lr α before scoring when eval.finetune.epochs is null (0: none)"),
+        },
+    )
 
 
 def _parts(batch, parts: int) -> list[torch.Tensor]:
@@ -102,14 +127,15 @@ class MetaObjective(Objective):
 
     def gradients(self, grad, params, batch, consts, draws):
         w_d, w_d2, *rest = _parts(batch, self.parts)
-        seen, g1 = grad(params, w_d)                    # the whole batch's loss is reported
+        seen, g1 = grad(params, w_d)  # the whole batch's loss is reported
         tilde = [p if g is None else p - self.alpha * g for p, g in zip(params, g1)]
         _, meta = grad(tilde, w_d2)
-        if self.variant == "hf":                        # − α·(∇f(w + δv) − ∇f(w − δv)) / (2δ) on D″
+        if self.variant == "hf":  # − α·(∇f(w + δv) − ∇f(w − δv)) / (2δ) on D″
             _, up = grad([p if v is None else p + self.delta * v for p, v in zip(params, meta)], rest[0])
             _, down = grad([p if v is None else p - self.delta * v for p, v in zip(params, meta)], rest[0])
-            meta = [None if m is None else m - self.alpha * (a - b) / (2 * self.delta)
-                    for m, a, b in zip(meta, up, down)]
+            meta = [
+                None if m is None else m - self.alpha * (a - b) / (2 * self.delta) for m, a, b in zip(meta, up, down)
+            ]
         return seen, list(meta), {}
 
 
@@ -147,22 +173,27 @@ class ExactHVP(Objective):
 
 
 class PerFedAvg(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "perfedavg"
-    summary = ("Per-FedAvg (Fallah et al. 2020): FedAvg on the MAML objective; clients personalize "
-               "by a local step at α before scoring")
+    summary = (
+        "Per-FedAvg (Fallah et al. 2020): FedAvg on the MAML objective; clients personalize "
+        "by a local step at α before scoring"
+    )
     paper = "Fallah, Mokhtari & Ozdaglar, NeurIPS 2020"
     family = "personalized"
     personal = "nothing (the personalized model is the global one after a local step at evaluation)"
     sends = "its model, weighted by n_k"
     Hyper = PerFedAvgHyper
     decentralized = True
-    personalized_is_global = True        # the personalized model is the locally updated global one
+    personalized_is_global = True  # the personalized model is the locally updated global one
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
-        self.meta = (ExactHVP(task, hyper.alpha) if hyper.variant == "hf" and hyper.hvp == "autograd"
-                     else MetaObjective(task, hyper.alpha, hyper.variant, hyper.delta))
+        self.meta = (
+            ExactHVP(task, hyper.alpha)
+            if hyper.variant == "hf" and hyper.hvp == "autograd"
+            else MetaObjective(task, hyper.alpha, hyper.variant, hyper.delta)
+        )
 
     def train(self, state, received, data, ctx):
         # the job's batch holds D, D′ (and D″): parts × B rows

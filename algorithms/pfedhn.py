@@ -67,6 +67,7 @@ Decentralized: no. The hypernetwork and the embedding table are a server's objec
 typically much larger than the target model); a gossip variant would replicate φ on every node,
 a different method.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -84,40 +85,70 @@ class PFedHNHyper(LocalTraining):
     batch_size: int = training_field("batch_size", 64)
     momentum: float = training_field("momentum", 0.9)
     weight_decay: float = training_field("weight_decay", 5e-5)
-    embed_dim: int = field(default=0, metadata={"min": 0, "help": (
-        "d, the client embeddings' size (0: the official code's 1 + N/4 for N training clients)")})
+    embed_dim: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": ("d, the client embeddings' size (0: the official code's 1 + N/4 for N training clients)"),
+        },
+    )
     hidden_dim: int = field(default=100, metadata={"min": 1, "help": "H, the hypernetwork's hidden width"})
-    n_hidden: int = field(default=3, metadata={"min": 0, "help": (
-        "hidden Linear(H, H) layers of the hypernetwork's trunk after its first Linear(d, H)")})
+    n_hidden: int = field(
+        default=3,
+        metadata={
+            "min": 0,
+            "help": ("hidden Linear(H, H) layers of the hypernetwork's trunk after its first Linear(d, H)"),
+        },
+    )
     server_lr: float = field(default=1e-2, metadata={"gt": 0.0, "help": "the hypernetwork's SGD learning rate"})
-    embed_lr: float | None = field(default=None, metadata={"gt": 0.0, "help": (
-        "the embeddings' SGD learning rate (default: server_lr)")})
-    server_momentum: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0, "help": (
-        "the server SGD's momentum (φ and the embeddings)")})
-    server_weight_decay: float = field(default=1e-3, metadata={"min": 0.0, "help": (
-        "the server SGD's weight decay (φ and the embeddings)")})
-    clip_norm: float = field(default=50.0, metadata={"min": 0.0, "help": (
-        "clip the norm of the server's averaged gradient (φ and embeddings together) to this (0: off)")})
-    combine: str = field(default="mean", metadata={"choices": ("mean", "sum"), "help": (
-        "the round's clients' VJPs in one server step: their mean, or their sum (to first order "
-        "the paper's one step per client, in sequence)")})
-    unseen_epochs: int | None = field(default=None, metadata={"min": 1, "help": (
-        "epochs an unseen client trains its new embedding with φ frozen (default: local_epochs)")})
+    embed_lr: float | None = field(
+        default=None, metadata={"gt": 0.0, "help": ("the embeddings' SGD learning rate (default: server_lr)")}
+    )
+    server_momentum: float = field(
+        default=0.9, metadata={"min": 0.0, "lt": 1.0, "help": ("the server SGD's momentum (φ and the embeddings)")}
+    )
+    server_weight_decay: float = field(
+        default=1e-3, metadata={"min": 0.0, "help": ("the server SGD's weight decay (φ and the embeddings)")}
+    )
+    clip_norm: float = field(
+        default=50.0,
+        metadata={
+            "min": 0.0,
+            "help": ("clip the norm of the server's averaged gradient (φ and embeddings together) to this (0: off)"),
+        },
+    )
+    combine: str = field(
+        default="mean",
+        metadata={
+            "choices": ("mean", "sum"),
+            "help": (
+                "the round's clients' VJPs in one server step: their mean, or their sum (to first order "
+                "the paper's one step per client, in sequence)"
+            ),
+        },
+    )
+    unseen_epochs: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": ("epochs an unseen client trains its new embedding with φ frozen (default: local_epochs)"),
+        },
+    )
 
 
 @dataclass
 class PFedHNServer:
-    phi: list[torch.Tensor]          # the hypernetwork: trunk (W, b)…, then a head (W, b) per target tensor
-    embeddings: torch.Tensor         # V: (N, d), row i for the client ids[i]
-    ids: torch.Tensor                # the training clients' ids (empty until counted)
-    phi_buf: list[torch.Tensor]      # the server SGD's momentum buffers
+    phi: list[torch.Tensor]  # the hypernetwork: trunk (W, b)…, then a head (W, b) per target tensor
+    embeddings: torch.Tensor  # V: (N, d), row i for the client ids[i]
+    ids: torch.Tensor  # the training clients' ids (empty until counted)
+    phi_buf: list[torch.Tensor]  # the server SGD's momentum buffers
     embed_buf: torch.Tensor
-    seed: int = 0                    # the hypernetwork's initialization draws
+    seed: int = 0  # the hypernetwork's initialization draws
 
 
 @dataclass
 class PFedHNState:
-    model: list[torch.Tensor]        # an unseen client's personalized model h(v; φ)
+    model: list[torch.Tensor]  # an unseen client's personalized model h(v; φ)
 
 
 @dataclass
@@ -128,13 +159,15 @@ class Generator:
     embedding: torch.Tensor
 
 
-UNSEEN = -2                          # the message's group of the hypernetwork (unseen clients)
+UNSEEN = -2  # the message's group of the hypernetwork (unseen clients)
 
 
-def hyper(phi: list[torch.Tensor], v: torch.Tensor, shapes: list[tuple[int, ...]], n_layers: int,
-          stacked: bool = False) -> list[torch.Tensor]:
+def hyper(
+    phi: list[torch.Tensor], v: torch.Tensor, shapes: list[tuple[int, ...]], n_layers: int, stacked: bool = False
+) -> list[torch.Tensor]:
     """h(v; φ): the target's tensors for embeddings v (B, d) → each (B, *shape). ``stacked``:
     φ's tensors carry a leading job dimension K matching v's (K, d), as in the one loop."""
+
     def linear(x, w, b):
         return (torch.einsum("ki,koi->ko", x, w) if stacked else x @ w.mT) + b
 
@@ -143,7 +176,7 @@ def hyper(phi: list[torch.Tensor], v: torch.Tensor, shapes: list[tuple[int, ...]
         if i:
             x = torch.relu(x)
         x = linear(x, phi[2 * i], phi[2 * i + 1])
-    heads = phi[2 * n_layers:]
+    heads = phi[2 * n_layers :]
     return [linear(x, heads[2 * j], heads[2 * j + 1]).reshape(x.shape[0], *s) for j, s in enumerate(shapes)]
 
 
@@ -173,8 +206,10 @@ class PFedHN(Algorithm):
     def __init__(self, hyper_, model_fn, rounds, task):
         super().__init__(hyper_, model_fn, rounds, task)
         if self.groups.stats:
-            raise ValueError("pfedhn: the target model has running statistics (batch norm), which a "
-                             "hypernetwork does not generate; use a model without them")
+            raise ValueError(
+                "pfedhn: the target model has running statistics (batch norm), which a "
+                "hypernetwork does not generate; use a model without them"
+            )
         self.shapes = [tuple(p.shape) for p in params_of(model_fn())]
         self.n_layers = 1 + self.hp.n_hidden
         self.n_phi = 2 * self.n_layers + 2 * len(self.shapes)
@@ -183,11 +218,10 @@ class PFedHN(Algorithm):
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng):
         e = torch.zeros(0)
-        return PFedHNServer([], torch.zeros(0, 0), torch.zeros(0, dtype=torch.long), [], e,
-                            int(rng.integers(2**31)))
+        return PFedHNServer([], torch.zeros(0, 0), torch.zeros(0, dtype=torch.long), [], e, int(rng.integers(2**31)))
 
     def stats_request(self, server, round_):
-        return StatsRequest("all") if len(server.ids) == 0 else None      # the N clients, once
+        return StatsRequest("all") if len(server.ids) == 0 else None  # the N clients, once
 
     def client_stats(self, state, received, data, ctx):
         return state, PerClient({ctx.cid: 1.0})
@@ -200,7 +234,7 @@ class PFedHN(Algorithm):
         sizes = [(d, h)] + [(h, h)] * self.hp.n_hidden + [(h, int(np.prod(s))) for s in self.shapes]
         phi = []
         for fan_in, out in sizes:
-            bound = 1.0 / fan_in ** 0.5
+            bound = 1.0 / fan_in**0.5
             phi.append((torch.rand(out, fan_in, generator=g) * 2 - 1) * bound)
             phi.append((torch.rand(out, generator=g) * 2 - 1) * bound)
         return phi, torch.randn(n, d, generator=g)
@@ -208,8 +242,14 @@ class PFedHN(Algorithm):
     def absorb_stats(self, server, reduced, round_):
         ids = sorted(int(c) for c in reduced)
         phi, v = self.build(len(ids), server.seed)
-        return PFedHNServer(phi, v, torch.tensor(ids, dtype=torch.long), [torch.zeros_like(p) for p in phi],
-                            torch.zeros_like(v), server.seed)
+        return PFedHNServer(
+            phi,
+            v,
+            torch.tensor(ids, dtype=torch.long),
+            [torch.zeros_like(p) for p in phi],
+            torch.zeros_like(v),
+            server.seed,
+        )
 
     def models(self, server) -> list[list[torch.Tensor]]:
         """θ_k = h(v_k; φ) for every training client, in ``ids`` order."""
@@ -218,7 +258,7 @@ class PFedHN(Algorithm):
         return [[t[k] for t in out] for k in range(len(server.ids))]
 
     def select(self, server, round_, sampled, candidates, rng):
-        return {int(c): int(c) for c in sampled}          # each client is its own group: its θ_k
+        return {int(c): int(c) for c in sampled}  # each client is its own group: its θ_k
 
     def eval_groups(self, server, cids):
         known = {int(c) for c in server.ids}
@@ -240,8 +280,9 @@ class PFedHN(Algorithm):
         v = server.embeddings.detach().clone().requires_grad_(True)
         with torch.enable_grad():
             thetas = hyper(phi, v[rows], self.shapes, self.n_layers)
-            dot = sum((t * torch.stack([-d[j].to(t.dtype) for d in deltas.values()])).sum()
-                      for j, t in enumerate(thetas))
+            dot = sum(
+                (t * torch.stack([-d[j].to(t.dtype) for d in deltas.values()])).sum() for j, t in enumerate(thetas)
+            )
             grads = torch.autograd.grad(dot / (len(deltas) if self.hp.combine == "mean" else 1), phi + [v])
         return list(grads[:-1]), grads[-1]
 
@@ -253,7 +294,7 @@ class PFedHN(Algorithm):
         hp = self.hp
         if hp.clip_norm > 0:
             norm = torch.sqrt(sum((g * g).sum() for g in g_phi) + (g_v * g_v).sum())
-            scale = min(1.0, hp.clip_norm / (float(norm) + 1e-6))   # torch's clip_grad_norm_
+            scale = min(1.0, hp.clip_norm / (float(norm) + 1e-6))  # torch's clip_grad_norm_
             g_phi, g_v = [g * scale for g in g_phi], g_v * scale
 
         def sgd(p, g, buf, lr):
@@ -262,8 +303,7 @@ class PFedHN(Algorithm):
             return p - lr * buf, buf
 
         phi, bufs = zip(*(sgd(p, g, b, hp.server_lr) for p, g, b in zip(server.phi, g_phi, server.phi_buf)))
-        v, vbuf = sgd(server.embeddings, g_v, server.embed_buf,
-                      hp.server_lr if hp.embed_lr is None else hp.embed_lr)
+        v, vbuf = sgd(server.embeddings, g_v, server.embed_buf, hp.server_lr if hp.embed_lr is None else hp.embed_lr)
         return PFedHNServer(list(phi), v, server.ids, list(bufs), vbuf, server.seed)
 
     # -- client ----------------------------------------------------------------------------

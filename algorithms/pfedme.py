@@ -27,6 +27,7 @@ Decentralized (a ``topology``; the paper has a server): each client is its own s
 copy of w takes the β step towards its own w_loc, w ← (1 − β)·w + β·w_loc, and is then mixed
 with its neighbours'; θ stays on the client.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,9 +40,14 @@ from .fedavg import FedAvg
 
 @dataclass(frozen=True)
 class PFedMeHyper(LocalTraining):
-    lr: float = training_field("lr", 0.005, help=(
-        "η, the local model's step towards θ once per mini-batch: w_loc ← w_loc − η·λ(w_loc − θ) "
-        "(lr_schedule scales it by round)"))
+    lr: float = training_field(
+        "lr",
+        0.005,
+        help=(
+            "η, the local model's step towards θ once per mini-batch: w_loc ← w_loc − η·λ(w_loc − θ) "
+            "(lr_schedule scales it by round)"
+        ),
+    )
     batch_size: int = training_field("batch_size", 20)
     lam: float = field(default=15.0, metadata={"gt": 0.0, "help": "λ of the Moreau envelope"})
     inner_steps: int = field(default=5, metadata={"min": 1, "help": "K: steps on θ per mini-batch"})
@@ -51,7 +57,7 @@ class PFedMeHyper(LocalTraining):
 
 @dataclass
 class PFedMeState:
-    theta: list[torch.Tensor]        # the personalized model
+    theta: list[torch.Tensor]  # the personalized model
 
 
 class PFedMeObjective(Objective):
@@ -67,7 +73,7 @@ class PFedMeObjective(Objective):
         n, lam, lr = self.n, self.lam, self.lr
         theta, w_loc = params[:n], params[n:]
         seen = None
-        for _ in range(self.steps):                  # θ ← θ − η_p (∇f(θ) + λ(θ − w_loc))
+        for _ in range(self.steps):  # θ ← θ − η_p (∇f(θ) + λ(θ − w_loc))
             data_sum, g = grad(theta)
             if seen is None:
                 seen = data_sum
@@ -78,7 +84,7 @@ class PFedMeObjective(Objective):
 
 
 class PFedMe(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "pfedme"
     summary = "pFedMe (Dinh et al. 2020): Moreau-envelope personalization, θ solved per batch around w_loc"
     paper = "Dinh, Tran & Nguyen, NeurIPS 2020"
@@ -88,7 +94,7 @@ class PFedMe(FedAvg):
     Hyper = PFedMeHyper
     ClientState = PFedMeState
     decentralized = True
-    personalized_is_global = False       # a personal model beside the global one
+    personalized_is_global = False  # a personal model beside the global one
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
@@ -96,7 +102,7 @@ class PFedMe(FedAvg):
         self.inner = PFedMeObjective(task, n, hyper.lam, hyper.inner_steps, hyper.personal_lr)
 
     def aggregate(self, server, reduced, round_):
-        mean, b = super().aggregate(server, reduced, round_), self.hp.beta     # FedAvg's average
+        mean, b = super().aggregate(server, reduced, round_), self.hp.beta  # FedAvg's average
         if b == 1.0:
             return mean
         return [(1 - b) * w + b * m for w, m in zip(server, mean)]

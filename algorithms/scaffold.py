@@ -52,6 +52,7 @@ client's c_i and a server step; a gossip variant would need each client to track
 mean of the c_i as well (a different algorithm), so SCAFFOLD is star-only, like Ditto and
 pFedMe, and a scenario with a ``topology`` is refused.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,22 +65,26 @@ from .base import Algorithm, LocalTraining, Message, StatsRequest, Weighted, par
 @dataclass(frozen=True)
 class ScaffoldHyper(LocalTraining):
     server_lr: float = field(default=1.0, metadata={"gt": 0.0, "help": "η_g, the server's step on the mean Δy"})
-    weighting: str = field(default="uniform", metadata={
-        "choices": ("uniform", "samples"),
-        "help": "uniform: 1/|S| and 1/N (the paper); samples: by the clients' sample counts"})
+    weighting: str = field(
+        default="uniform",
+        metadata={
+            "choices": ("uniform", "samples"),
+            "help": "uniform: 1/|S| and 1/N (the paper); samples: by the clients' sample counts",
+        },
+    )
 
 
 @dataclass
 class ScaffoldServer:
-    x: list[torch.Tensor]            # the global model
-    c: list[torch.Tensor]            # the server control variate
-    clients: float = 0.0             # N: every training client (0: not counted yet)
-    samples: float = 0.0             # Σ n_j over every training client (weighting: samples)
+    x: list[torch.Tensor]  # the global model
+    c: list[torch.Tensor]  # the server control variate
+    clients: float = 0.0  # N: every training client (0: not counted yet)
+    samples: float = 0.0  # Σ n_j over every training client (weighting: samples)
 
 
 @dataclass
 class ScaffoldState:
-    c: list[torch.Tensor]            # the client control variate c_i
+    c: list[torch.Tensor]  # the client control variate c_i
 
 
 @dataclass
@@ -90,8 +95,8 @@ class ScaffoldMessage:
 
 @dataclass
 class ScaffoldReply:
-    dy: Weighted                     # Δy_i = y_i − x, weight 1 or n_i
-    dc: Weighted                     # Δc_i = c_i⁺ − c_i, weight 1 or n_i
+    dy: Weighted  # Δy_i = y_i − x, weight 1 or n_i
+    dc: Weighted  # Δc_i = c_i⁺ − c_i, weight 1 or n_i
 
 
 class Scaffold(Algorithm):
@@ -106,8 +111,10 @@ class Scaffold(Algorithm):
     decentralized = False
     no_gossip = "its server control variate c, the mean of every client's, has no counterpart on a graph"
     personalized_is_global = True
-    not_asynchronous = ("its server control variate c is updated from every round's replies; an asynchronous "
-                        "server steps only the model")
+    not_asynchronous = (
+        "its server control variate c is updated from every round's replies; an asynchronous "
+        "server steps only the model"
+    )
 
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng):
@@ -140,8 +147,9 @@ class Scaffold(Algorithm):
         return self.groups.pick(server.x, self.global_indices())
 
     def with_server_params(self, server, params):
-        return ScaffoldServer(self.groups.merge(server.x, self.global_indices(), params), server.c,
-                              server.clients, server.samples)
+        return ScaffoldServer(
+            self.groups.merge(server.x, self.global_indices(), params), server.c, server.clients, server.samples
+        )
 
     # -- client ----------------------------------------------------------------------------
     def steps(self, n: int) -> int:
@@ -158,10 +166,11 @@ class Scaffold(Algorithm):
             new = ci
         else:
             scale = 1.0 / (k * self.hp.lr_at(ctx.round, ctx.rounds))
-            new = [a - b + (p0 - p1) * scale for a, b, p0, p1 in zip(ci, c, x, y)]     # option II
+            new = [a - b + (p0 - p1) * scale for a, b, p0, p1 in zip(ci, c, x, y)]  # option II
         w = float(data.num_train) if self.hp.weighting == "samples" else 1.0
-        reply = ScaffoldReply(Weighted([p1 - p0 for p0, p1 in zip(x, y)], w),
-                              Weighted([a - b for a, b in zip(new, ci)], w))
+        reply = ScaffoldReply(
+            Weighted([p1 - p0 for p0, p1 in zip(x, y)], w), Weighted([a - b for a, b in zip(new, ci)], w)
+        )
         return ScaffoldState(new), reply, fit.loss
 
     def global_model(self, state, received):

@@ -29,6 +29,7 @@ coordinates (one per endpoint), α ≥ 0, Σα = 1.
 
 Every random draw comes from a generator the caller passes (derived from the run's seed).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,7 +38,7 @@ import torch
 
 def uniform(generator: torch.Generator, n: int, dim: int, dtype=torch.float64) -> torch.Tensor:
     """n points uniform on the simplex with ``dim`` = M + 1 coordinates: (n, dim)."""
-    e = -torch.log1p(-torch.rand(n, dim, generator=generator, dtype=torch.float64))    # Exp(1)
+    e = -torch.log1p(-torch.rand(n, dim, generator=generator, dtype=torch.float64))  # Exp(1)
     return (e / e.sum(1, keepdim=True)).to(dtype)
 
 
@@ -48,11 +49,12 @@ def mean_l1_to_uniform(mu: np.ndarray) -> np.ndarray:
     return (2.0 / d) * ((1.0 - mu) ** d).sum(-1)
 
 
-def sample_ball(generator: torch.Generator, mu: torch.Tensor, eta: float, n: int,
-                max_proposals: int = 1 << 22) -> torch.Tensor:
+def sample_ball(
+    generator: torch.Generator, mu: torch.Tensor, eta: float, n: int, max_proposals: int = 1 << 22
+) -> torch.Tensor:
     """n points uniform on {α ∈ Δ^M : ‖α − μ‖₁ ≤ η} (exact rejection from the sub-simplex
     α ≥ max(μ − η/2, 0)): (n, M + 1) float64."""
-    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()     # drawn on the CPU, as the generator
+    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()  # drawn on the CPU, as the generator
     d = mu.shape[0]
     lo = (mu - eta / 2).clamp_min(0.0)
     s = float(1.0 - lo.sum())
@@ -65,33 +67,42 @@ def sample_ball(generator: torch.Generator, mu: torch.Tensor, eta: float, n: int
         have += keep.shape[0]
         tried += batch
         if tried > max_proposals and have < n:
-            raise ValueError(f"the subregion (η = {eta:g} in Δ^{d - 1}) accepts too few proposals; "
-                             f"use a larger rho or fewer endpoints")
+            raise ValueError(
+                f"the subregion (η = {eta:g} in Δ^{d - 1}) accepts too few proposals; "
+                f"use a larger rho or fewer endpoints"
+            )
         batch = min(4 * batch, max_proposals)
     return torch.cat(out)[:n]
 
 
 def sample_ball_floco(generator: torch.Generator, mu: torch.Tensor, rho: float, n: int) -> torch.Tensor:
     """The official Floco sampler: μ + r·u/‖u‖₁, u ~ U(−1, 1)^{M+1}, r ~ U(0, ρ): (n, M + 1)."""
-    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()     # drawn on the CPU, as the generator
+    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()  # drawn on the CPU, as the generator
     u = 2 * torch.rand(n, mu.shape[0], generator=generator, dtype=torch.float64) - 1
     u = u / u.abs().sum(1, keepdim=True)
     r = rho * torch.rand(n, 1, generator=generator, dtype=torch.float64)
     return mu + r * u
 
 
-def lda_alphas(counts: np.ndarray, topics: int, restarts: int, seed: int, input: str = "counts",
-               max_iter: int = 10) -> np.ndarray:
+def lda_alphas(
+    counts: np.ndarray, topics: int, restarts: int, seed: int, input: str = "counts", max_iter: int = 10
+) -> np.ndarray:
     """Each client's topic weights α_k ∈ Δ^M (M + 1 = ``topics``) from its label counts
     (K, L): the best of ``restarts`` online LDA fits (random_state seed + r) by ``score``."""
     from sklearn.decomposition import LatentDirichletAllocation
+
     x = np.asarray(counts, dtype=np.float64)
     if input == "proportions":
         x = x / np.maximum(x.sum(1, keepdims=True), 1.0)
     best, best_score = None, -np.inf
     for r in range(restarts):
-        lda = LatentDirichletAllocation(n_components=topics, learning_method="online", max_iter=max_iter,
-                                        batch_size=max(1, -(-len(x) // 10)), random_state=seed + r)
+        lda = LatentDirichletAllocation(
+            n_components=topics,
+            learning_method="online",
+            max_iter=max_iter,
+            batch_size=max(1, -(-len(x) // 10)),
+            random_state=seed + r,
+        )
         lda.fit(x)
         score = lda.score(x)
         if score > best_score:
@@ -109,8 +120,14 @@ def distances(p: np.ndarray, q: np.ndarray, kind: str) -> np.ndarray:
     return lg.max(-1) - lg.min(-1)
 
 
-def cluster(alpha: np.ndarray, k: int, distance: str = "l1", n_init: int = 10, iters: int = 100,
-            rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+def cluster(
+    alpha: np.ndarray,
+    k: int,
+    distance: str = "l1",
+    n_init: int = 10,
+    iters: int = 100,
+    rng: np.random.Generator | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Centre-based clustering of simplex points (n, d) into k clusters: (assignments (n,),
     centres (k, d)). Each of ``n_init`` runs: k-means++ seeding (D² sampling under the
     distance), then Lloyd iterations (assign to the nearest centre, centre = the members'

@@ -57,6 +57,7 @@ Defaults: the paper's CIFAR-10 SimpleCNN row (SGD lr 0.02, momentum 0.5, weight 
 the table's "0.5" read as the authors' config value —, batch 50, 5 epochs), C = 5, ρ = 0.4,
 M = 4 (5-fold needs M + 1 ≥ 5 topics; the paper does not report M).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -90,12 +91,23 @@ class SimplexHyper(FedAvgHyper):
     batch_size: int = training_field("batch_size", 50)
     momentum: float = training_field("momentum", 0.5)
     weight_decay: float = training_field("weight_decay", 5e-4)
-    layers: str = field(default="head", metadata={
-        "choices": ("head", "all"), "help": "head: the classifier's weight is the simplex; all: every parameter (SosicFL-All)"})
-    alpha_pool: int = field(default=0, metadata={
-        "min": 0, "help": "0: a fresh α every mini-batch; Ω > 0: Ω draws a round, used in turn"})
-    sampler: str = field(default="exact", metadata={
-        "choices": ("exact", "floco_code"), "help": "exact: uniform on the subregion; floco_code: Floco's formula"})
+    layers: str = field(
+        default="head",
+        metadata={
+            "choices": ("head", "all"),
+            "help": "head: the classifier's weight is the simplex; all: every parameter (SosicFL-All)",
+        },
+    )
+    alpha_pool: int = field(
+        default=0, metadata={"min": 0, "help": "0: a fresh α every mini-batch; Ω > 0: Ω draws a round, used in turn"}
+    )
+    sampler: str = field(
+        default="exact",
+        metadata={
+            "choices": ("exact", "floco_code"),
+            "help": "exact: uniform on the subregion; floco_code: Floco's formula",
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -103,20 +115,37 @@ class SosicFLHyper(SimplexHyper):
     dim: int = field(default=4, metadata={"min": 1, "help": "M, the simplex dimension (M + 1 endpoints)"})
     clusters: int = field(default=5, metadata={"min": 1, "help": "C, clusters of the clients' α"})
     rho: float = field(default=0.4, metadata={"gt": 0.0, "help": "ρ: subregion radius η = ρ·δ̄"})
-    start_round: int | None = field(default=1, metadata={
-        "min": 1, "help": "t̃: clustering before this round (1-based); before it α ~ U(Δ); null: never"})
+    start_round: int | None = field(
+        default=1,
+        metadata={"min": 1, "help": "t̃: clustering before this round (1-based); before it α ~ U(Δ); null: never"},
+    )
     distance: str = field(default="l1", metadata={"choices": ("l1", "hilbert"), "help": "the clustering's distance"})
     lda_restarts: int = field(default=5, metadata={"min": 1, "help": "LDA fits (seeded); the best by score is kept"})
-    lda_input: str = field(default="counts", metadata={"choices": ("counts", "proportions"), "help": (
-        "what LDA fits: the clients' train label counts (K × L) or those counts as proportions (rows summing to 1)")})
+    lda_input: str = field(
+        default="counts",
+        metadata={
+            "choices": ("counts", "proportions"),
+            "help": (
+                "what LDA fits: the clients' train label counts (K × L) or those counts as proportions (rows summing to 1)"
+            ),
+        },
+    )
     cluster_inits: int = field(default=10, metadata={"min": 1, "help": "k-means++ seedings; the best is kept"})
-    local_at: str = field(default="centre", metadata={
-        "choices": ("centre", "subregion_mean"),
-        "help": "where a client's personalized model sits: its cluster centre μ (the paper) or the mean of its "
-                "subregion (differs where the subregion is cut by the simplex's boundary)"})
-    server_weights: str = field(default="participants", metadata={
-        "choices": ("participants", "all"),
-        "help": "participants: n_k / Σ_{S^t} n_j (FedAvg); all: n_k / N over every client (eq. 9 literally)"})
+    local_at: str = field(
+        default="centre",
+        metadata={
+            "choices": ("centre", "subregion_mean"),
+            "help": "where a client's personalized model sits: its cluster centre μ (the paper) or the mean of its "
+            "subregion (differs where the subregion is cut by the simplex's boundary)",
+        },
+    )
+    server_weights: str = field(
+        default="participants",
+        metadata={
+            "choices": ("participants", "all"),
+            "help": "participants: n_k / Σ_{S^t} n_j (FedAvg); all: n_k / N over every client (eq. 9 literally)",
+        },
+    )
 
 
 def _lam_field():
@@ -124,45 +153,51 @@ def _lam_field():
 
 
 def _personal_field(default: str):
-    return field(default=default, metadata={
-        "choices": ("all", "endpoints"),
-        "help": "what the personal copy holds: every parameter (the authors' Floco+ code) or only the "
-                "simplex endpoints, the feature extractor being the received global one (the paper's "
-                "objective read literally: argmin over the θ_m, regularizer over the endpoints)"})
+    return field(
+        default=default,
+        metadata={
+            "choices": ("all", "endpoints"),
+            "help": "what the personal copy holds: every parameter (the authors' Floco+ code) or only the "
+            "simplex endpoints, the feature extractor being the received global one (the paper's "
+            "objective read literally: argmin over the θ_m, regularizer over the endpoints)",
+        },
+    )
 
 
 @dataclass(frozen=True)
 class SosicFLPlusHyper(SosicFLHyper):
     lam: float = _lam_field()
     personal: str = _personal_field("endpoints")
-    personal_pool: int = field(default=10, metadata={
-        "min": 0, "help": "Ω_tr: α draws a round for the personal copy (0: a fresh one every mini-batch)"})
+    personal_pool: int = field(
+        default=10,
+        metadata={"min": 0, "help": "Ω_tr: α draws a round for the personal copy (0: a fresh one every mini-batch)"},
+    )
 
 
 @dataclass
 class SimplexServer:
-    params: list[torch.Tensor]       # shared parameters, then each simplex parameter's M + 1 endpoints
-    seed: int                        # of the preparation's LDA and clustering
-    ids: torch.Tensor                # clients with known label counts, ascending
-    counts: torch.Tensor             # (K, L) their training label counts
-    alpha: torch.Tensor              # (K, M + 1) float64 their α_k (empty before the preparation)
-    z: torch.Tensor                  # (K,) their clusters
-    centres: torch.Tensor            # (C, M + 1) float64
+    params: list[torch.Tensor]  # shared parameters, then each simplex parameter's M + 1 endpoints
+    seed: int  # of the preparation's LDA and clustering
+    ids: torch.Tensor  # clients with known label counts, ascending
+    counts: torch.Tensor  # (K, L) their training label counts
+    alpha: torch.Tensor  # (K, M + 1) float64 their α_k (empty before the preparation)
+    z: torch.Tensor  # (K,) their clusters
+    centres: torch.Tensor  # (C, M + 1) float64
     eta: float = 0.0
     prepared: bool = False
-    means: torch.Tensor | None = None    # (C, M + 1) float64 each subregion's mean (local_at: subregion_mean)
+    means: torch.Tensor | None = None  # (C, M + 1) float64 each subregion's mean (local_at: subregion_mean)
 
 
 @dataclass
 class SimplexReply:
     model: Weighted
-    endpoints: list                  # per endpoint: UpdateStats of its last-layer update
-    averaged: UpdateStats            # of the endpoints' mean update Δθ̄_k (eq. 11)
+    endpoints: list  # per endpoint: UpdateStats of its last-layer update
+    averaged: UpdateStats  # of the endpoints' mean update Δθ̄_k (eq. 11)
 
 
 @dataclass
 class PersonalState:
-    params: list[torch.Tensor]       # SosicFL+'s personal copy: the server's layout (personal: all), or its endpoints
+    params: list[torch.Tensor]  # SosicFL+'s personal copy: the server's layout (personal: all), or its endpoints
 
 
 class SimplexObjective(Supervised):
@@ -180,7 +215,7 @@ class SimplexObjective(Supervised):
 
 
 class SosicFL(FedAvg):
-    dp_sgd = False                       # an objective of its own
+    dp_sgd = False  # an objective of its own
     name = "sosicfl"
     summary = "SosicFL (Grinwald et al. 2024): a solution simplex head, clients clustered on it by label LDA"
     paper = "Grinwald, Wiesner & Nakajima, arXiv 2024"
@@ -191,8 +226,8 @@ class SosicFL(FedAvg):
     ClientState = None
     decentralized = False
     no_gossip = "the server clusters the clients"
-    personalized_is_global = False       # a personal model beside the global one
-    server_params = Algorithm.server_params     # a simplex server state: no server optimizer (yet)
+    personalized_is_global = False  # a personal model beside the global one
+    server_params = Algorithm.server_params  # a simplex server state: no server optimizer (yet)
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
@@ -217,7 +252,7 @@ class SosicFL(FedAvg):
         for j, i in enumerate(self.plain):
             out[i] = flat[j]
         for s, i in enumerate(self.simplex):
-            ends = flat[p + s * self.ends: p + (s + 1) * self.ends]
+            ends = flat[p + s * self.ends : p + (s + 1) * self.ends]
             w = 0
             for m, t in enumerate(ends):
                 a = alpha[..., m].to(t.dtype)
@@ -246,7 +281,7 @@ class SosicFL(FedAvg):
 
     def endpoints_of(self, flat, s: int) -> list[torch.Tensor]:
         p = len(self.plain)
-        return flat[p + s * self.ends: p + (s + 1) * self.ends]
+        return flat[p + s * self.ends : p + (s + 1) * self.ends]
 
     # -- server ----------------------------------------------------------------------------
     def init_server(self, rng):
@@ -254,9 +289,15 @@ class SosicFL(FedAvg):
         inits = [base] + [params_of(self.model_fn(m)) for m in range(1, self.ends)]
         flat = [base[i] for i in self.plain] + [inits[m][i] for i in self.simplex for m in range(self.ends)]
         d = self.ends
-        return SimplexServer(flat, int(rng.integers(2**31)), torch.zeros(0, dtype=torch.long),
-                             torch.zeros(0, self.classes, dtype=torch.long), torch.zeros(0, d, dtype=torch.float64),
-                             torch.zeros(0, dtype=torch.long), torch.zeros(0, d, dtype=torch.float64))
+        return SimplexServer(
+            flat,
+            int(rng.integers(2**31)),
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, self.classes, dtype=torch.long),
+            torch.zeros(0, d, dtype=torch.float64),
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, d, dtype=torch.float64),
+        )
 
     def prepare_at(self) -> int | None:
         """0-based round before which the preparation runs (None: never)."""
@@ -264,7 +305,7 @@ class SosicFL(FedAvg):
 
     def stats_request(self, server, round_):
         if len(server.ids) == 0:
-            return StatsRequest("all", None)            # every client's label counts, once
+            return StatsRequest("all", None)  # every client's label counts, once
         return None
 
     def client_stats(self, state, received, data, ctx):
@@ -286,14 +327,15 @@ class SosicFL(FedAvg):
         hp = self.hp
         counts = server.counts.numpy()
         alpha = simplex.lda_alphas(counts, self.ends, hp.lda_restarts, server.seed, hp.lda_input)
-        z, centres = simplex.cluster(alpha, min(hp.clusters, len(alpha)), hp.distance, hp.cluster_inits,
-                                     rng=np.random.default_rng(server.seed))
+        z, centres = simplex.cluster(
+            alpha, min(hp.clusters, len(alpha)), hp.distance, hp.cluster_inits, rng=np.random.default_rng(server.seed)
+        )
         eta = float(hp.rho * simplex.mean_l1_to_uniform(centres).mean())
         server.alpha = torch.from_numpy(alpha)
         server.z = torch.from_numpy(z)
         server.centres = torch.from_numpy(centres)
         server.eta, server.prepared = eta, True
-        if hp.local_at == "subregion_mean":      # Monte Carlo, 20 000 exact draws from a fixed stream
+        if hp.local_at == "subregion_mean":  # Monte Carlo, 20 000 exact draws from a fixed stream
             g = torch.Generator().manual_seed(server.seed)
             server.means = torch.stack([simplex.sample_ball(g, mu, eta, 20000).mean(0) for mu in server.centres])
         return server
@@ -310,8 +352,13 @@ class SosicFL(FedAvg):
         if not server.prepared:
             return Message(server.params)
         at = server.centres if server.means is None else server.means
-        return Message(server.params, {c: torch.cat([mu, torch.tensor([server.eta], dtype=torch.float64), a])
-                                       for c, (mu, a) in enumerate(zip(server.centres, at))})
+        return Message(
+            server.params,
+            {
+                c: torch.cat([mu, torch.tensor([server.eta], dtype=torch.float64), a])
+                for c, (mu, a) in enumerate(zip(server.centres, at))
+            },
+        )
 
     def eval_groups(self, server, cids):
         """Each client's cluster (Floco: its own point); a client the preparation did not see
@@ -338,16 +385,22 @@ class SosicFL(FedAvg):
     def round_metrics(self, reduced):
         if reduced is None:
             return {}
-        return {"total_variance": reduced.averaged.variance(),
-                "total_variance_endpoints": float(np.mean([h.variance() for h in reduced.endpoints]))}
+        return {
+            "total_variance": reduced.averaged.variance(),
+            "total_variance_endpoints": float(np.mean([h.variance() for h in reduced.endpoints])),
+        }
 
     def report(self, results, server):
         if not server.prepared:
             return {}
-        return {"simplex": {"alpha": {int(c): [float(v) for v in a] for c, a in zip(server.ids, server.alpha)},
-                            "cluster": {int(c): int(g) for c, g in zip(server.ids, server.z)},
-                            "centres": [[float(v) for v in mu] for mu in server.centres],
-                            "eta": server.eta}}
+        return {
+            "simplex": {
+                "alpha": {int(c): [float(v) for v in a] for c, a in zip(server.ids, server.alpha)},
+                "cluster": {int(c): int(g) for c, g in zip(server.ids, server.z)},
+                "centres": [[float(v) for v in mu] for mu in server.centres],
+                "eta": server.eta,
+            }
+        }
 
     # -- client ----------------------------------------------------------------------------
     def _draws(self, part, pool: int):
@@ -366,6 +419,7 @@ class SosicFL(FedAvg):
             if pool > 0:
                 a = a[torch.arange(steps) % pool]
             return a.to(torch.float32)
+
         return draw
 
     def reply(self, new, old, n: int) -> SimplexReply:
@@ -373,8 +427,9 @@ class SosicFL(FedAvg):
         and of their mean."""
         s = self.simplex.index(self.head())
         deltas = [a - b for a, b in zip(self.endpoints_of(new, s), self.endpoints_of(old, s))]
-        return SimplexReply(Weighted(new, float(n)), [UpdateStats.of(d) for d in deltas],
-                            UpdateStats.of(sum(deltas) / len(deltas)))
+        return SimplexReply(
+            Weighted(new, float(n)), [UpdateStats.of(d) for d in deltas], UpdateStats.of(sum(deltas) / len(deltas))
+        )
 
     def train(self, state, received, data, ctx):
         glob = received.shared
@@ -385,7 +440,7 @@ class SosicFL(FedAvg):
         """Where the client's personalized model sits: its cluster's centre or subregion mean
         (``local_at``), or before the preparation the centroid. A group's part holds the
         centre, η and that point."""
-        return self.centroid() if part is None else part[self.ends + 1:]
+        return self.centroid() if part is None else part[self.ends + 1 :]
 
     def global_model(self, state, received):
         """w at the centroid, in the model's layout (``global_*``; the local update's start)."""
@@ -394,8 +449,11 @@ class SosicFL(FedAvg):
     def evaluate(self, state, received, data, ctx):
         glob = received.shared
         mine = glob if state is None else state.params
-        local, cent = self.outputs([self.compose(mine, self.alpha_of(received.part)),
-                                    self.compose(glob, self.centroid())], data.test_x, ctx.device)
+        local, cent = self.outputs(
+            [self.compose(mine, self.alpha_of(received.part)), self.compose(glob, self.centroid())],
+            data.test_x,
+            ctx.device,
+        )
         return {**self.task.scores(local, data.test_y), **self.task.scores(cent, data.test_y, "global_")}
 
     def personalize(self, received, data, ctx):
@@ -424,15 +482,21 @@ class Personal:
         """The personal copy in the server's layout."""
         if state is None:
             return glob
-        return state.params if self.hp.personal == "all" else list(glob[:len(self.plain)]) + list(state.params)
+        return state.params if self.hp.personal == "all" else list(glob[: len(self.plain)]) + list(state.params)
 
     def kept(self, params) -> PersonalState:
-        return PersonalState(params if self.hp.personal == "all" else params[len(self.plain):])
+        return PersonalState(params if self.hp.personal == "all" else params[len(self.plain) :])
 
     def _personal_job(self, mine, received, data, ctx, orders=None):
-        return self.job(mine, data, ctx, orders=orders, objective=self.personal_objective(),
-                        draws=self._draws(received.part, self.hp.personal_pool),
-                        consts={"anchor": received.shared, "mu": self.hp.lam})
+        return self.job(
+            mine,
+            data,
+            ctx,
+            orders=orders,
+            objective=self.personal_objective(),
+            draws=self._draws(received.part, self.hp.personal_pool),
+            consts={"anchor": received.shared, "mu": self.hp.lam},
+        )
 
     def train(self, state, received, data, ctx):
         glob = received.shared
@@ -442,8 +506,9 @@ class Personal:
         return self.kept(pers.params), self.reply(fit.params, glob, data.num_train), fit.loss
 
     def evaluate(self, state, received, data, ctx):
-        return super().evaluate(None if state is None else PersonalState(self.personal_params(state, received.shared)),
-                                received, data, ctx)
+        return super().evaluate(
+            None if state is None else PersonalState(self.personal_params(state, received.shared)), received, data, ctx
+        )
 
     def personalize(self, received, data, ctx):
         (pers,) = yield [self._personal_job(received.shared, received, data, ctx)]

@@ -52,6 +52,7 @@ Decentralized (a ``topology``; the paper has a server): each client trains its c
 its w^l as above, mixes w^f with its neighbours and keeps w^l; the λ grid is scored against its
 own mixed copy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -83,28 +84,48 @@ class SuPerFedHyper(FedAvgHyper):
     lr_schedule: str = training_field("lr_schedule", "exponential")
     mu: float = field(default=0.01, metadata={"min": 0.0, "help": "μ of the proximal term to the round's global model"})
     nu: float = field(default=1.0, metadata={"min": 0.0, "help": "ν of the cos²(w^f, w^l) term"})
-    start: float = field(default=0.4, metadata={
-        "min": 0.0, "max": 1.0, "help": "L: mixing starts after round ⌊L·rounds⌋ (0: from round 1; 1: never)"})
-    prox_form: str = field(default="squared", metadata={
-        "choices": ("squared", "unsquared_sum"),
-        "help": "squared: μ‖w^f − w^g‖² (the paper); unsquared_sum: μ Σ_layers ‖·‖₂ (the official code)"})
-    local_init: str = field(default="random_per_client", metadata={
-        "choices": ("random_per_client", "copy_global"),
-        "help": "random_per_client: own init seeded by the client id (official code); "
-                "copy_global: w^l ← w^g at the first update (KDD Algorithm 1)"})
+    start: float = field(
+        default=0.4,
+        metadata={
+            "min": 0.0,
+            "max": 1.0,
+            "help": "L: mixing starts after round ⌊L·rounds⌋ (0: from round 1; 1: never)",
+        },
+    )
+    prox_form: str = field(
+        default="squared",
+        metadata={
+            "choices": ("squared", "unsquared_sum"),
+            "help": "squared: μ‖w^f − w^g‖² (the paper); unsquared_sum: μ Σ_layers ‖·‖₂ (the official code)",
+        },
+    )
+    local_init: str = field(
+        default="random_per_client",
+        metadata={
+            "choices": ("random_per_client", "copy_global"),
+            "help": "random_per_client: own init seeded by the client id (official code); "
+            "copy_global: w^l ← w^g at the first update (KDD Algorithm 1)",
+        },
+    )
     lambdas: int = field(default=11, metadata={"min": 2, "help": "points of the evaluation grid over λ ∈ [0, 1]"})
 
 
 @dataclass(frozen=True)
 class SuPerFedLMHyper(SuPerFedHyper):
     nu: float = field(default=2.0, metadata={"min": 0.0, "help": "ν of the cos²(w^f, w^l) term"})
-    start: float = field(default=0.6, metadata={
-        "min": 0.0, "max": 1.0, "help": "L: mixing starts after round ⌊L·rounds⌋ (0: from round 1; 1: never)"})
+    start: float = field(
+        default=0.6,
+        metadata={
+            "min": 0.0,
+            "max": 1.0,
+            "help": "L: mixing starts after round ⌊L·rounds⌋ (0: from round 1; 1: never)",
+        },
+    )
 
 
 @dataclass
 class SuPerFedState:
-    local: list[torch.Tensor]        # w^l, never sent
+    local: list[torch.Tensor]  # w^l, never sent
 
 
 def cos2(a: list[torch.Tensor], b: list[torch.Tensor], eps: float = 1e-12) -> torch.Tensor:
@@ -117,8 +138,14 @@ def cos2(a: list[torch.Tensor], b: list[torch.Tensor], eps: float = 1e-12) -> to
     return dot * dot / (na * nb).clamp_min(eps)
 
 
-def add_cos2_grad(a: list[torch.Tensor], b: list[torch.Tensor], out_a: list[torch.Tensor | None],
-                  out_b: list[torch.Tensor | None], scale: float, eps: float = 1e-12) -> None:
+def add_cos2_grad(
+    a: list[torch.Tensor],
+    b: list[torch.Tensor],
+    out_a: list[torch.Tensor | None],
+    out_b: list[torch.Tensor | None],
+    scale: float,
+    eps: float = 1e-12,
+) -> None:
     """Adds scale times the gradients of ``cos2`` in a and in b to ``out_a`` and ``out_b`` (in
     place; None entries and tensors that are not floating-point skipped). With D = ⟨a, b⟩,
     A = ‖a‖², B = ‖b‖²: ∂/∂a = (2D/AB)·(b − (D/A)·a) and ∂/∂b = (2D/AB)·(a − (D/B)·b);
@@ -152,8 +179,9 @@ def prox(w: list[torch.Tensor], anchor: list[torch.Tensor], form: str) -> torch.
     return sum(torch.linalg.vector_norm((x - a).flatten(1), dim=1) for x, a in zip(w, anchor))
 
 
-def add_prox_grad(w: list[torch.Tensor], anchor: list[torch.Tensor], form: str, out: list[torch.Tensor | None],
-                  scale: float) -> None:
+def add_prox_grad(
+    w: list[torch.Tensor], anchor: list[torch.Tensor], form: str, out: list[torch.Tensor | None], scale: float
+) -> None:
     """Adds scale times the gradient of ``prox`` in w to ``out`` (in place; None entries
     skipped): 2(w − anchor) (``squared``), or (w_l − anchor_l)/‖w_l − anchor_l‖ per tensor
     (``unsquared_sum``; 0 where the difference is 0, as autograd's norm)."""
@@ -199,9 +227,9 @@ class SuPerFedObjective(Objective):
             shape = [(-1,) + (1,) * (p.dim() - 1) for p in wf]
             to_local = [None if gi is None else gi * t.view(s) for gi, t, s in zip(g, ts, shape)]
             grads = [None if gi is None else gi.mul_((1 - t).view(s)) for gi, t, s in zip(g, ts, shape)] + to_local
-        if "anchor" in consts:                        # μ·prox(w^f, w^g)
-            add_prox_grad(wf, consts["anchor"], self.form, grads[:len(wf)], self.mu)
-        if wl is not None and self.nu > 0:              # ν·cos²(w^f, w^l)
+        if "anchor" in consts:  # μ·prox(w^f, w^g)
+            add_prox_grad(wf, consts["anchor"], self.form, grads[: len(wf)], self.mu)
+        if wl is not None and self.nu > 0:  # ν·cos²(w^f, w^l)
             n = len(wf)
             add_cos2_grad(wf, wl, grads[:n], grads[n:], self.nu)
         return seen, grads, {}
@@ -209,7 +237,8 @@ class SuPerFedObjective(Objective):
 
 class SuPerFedMM(FedAvg):
     """Server side: FedAvg's (the global model, the n_k-weighted mean of the w^f sent)."""
-    dp_sgd = False                       # an objective of its own
+
+    dp_sgd = False  # an objective of its own
 
     name = "superfed-mm"
     summary = "SuPerFed-MM (Hahn et al. 2022): global and local models mixed in weight space, one λ per batch"
@@ -220,7 +249,7 @@ class SuPerFedMM(FedAvg):
     Hyper = SuPerFedHyper
     ClientState = SuPerFedState
     decentralized = True
-    personalized_is_global = False       # a personal model beside the global one
+    personalized_is_global = False  # a personal model beside the global one
     layerwise = False
 
     def __init__(self, hyper, model_fn, rounds, task):
@@ -233,7 +262,9 @@ class SuPerFedMM(FedAvg):
         # phase I with the paper's prox μ‖w − w^g‖² is FedProx's (μ'/2)‖w − w^g‖² at μ' = 2μ:
         # the loop's own objective (fused by hand for chains); the official code's form is not
         self.squared_prox = hp.prox_form == "squared"
-        self.phase1 = Supervised(task) if self.squared_prox else SuPerFedObjective(task, hp.mu, hp.nu, hp.prox_form, None)
+        self.phase1 = (
+            Supervised(task) if self.squared_prox else SuPerFedObjective(task, hp.mu, hp.nu, hp.prox_form, None)
+        )
         self.phase2 = SuPerFedObjective(task, hp.mu, hp.nu, hp.prox_form, modules)
         self.grid = np.linspace(0.0, 1.0, hp.lambdas)
 
@@ -252,7 +283,7 @@ class SuPerFedMM(FedAvg):
     def train(self, state, received, data, ctx):
         glob = received.shared
         local = self._local(state, ctx.cid, glob)
-        if local is None:                                   # copy_global: the first update
+        if local is None:  # copy_global: the first update
             local = [p.clone() for p in glob]
             state = SuPerFedState(local)
         consts = {"anchor": glob} if self.hp.mu > 0 else {}

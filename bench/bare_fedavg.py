@@ -10,6 +10,7 @@ researcher would write it.
     python bench/bare_fedavg.py mlp 100 5
     python bench/bare_fedavg.py cnn 50 5 cuda     # on the GPU (data moved there once)
 """
+
 import copy
 import sys
 import time
@@ -29,12 +30,21 @@ def make_model(kind: str) -> nn.Module:
     if kind == "tiny":
         return nn.Linear(150, 2)
     if kind == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
-                             nn.Linear(200, 10))
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 10)
+        )
     return nn.Sequential(
-        nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(64 * 4 * 4, 2048), nn.ReLU(), nn.Linear(2048, 62))
+        nn.Conv2d(1, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 4, 2048),
+        nn.ReLU(),
+        nn.Linear(2048, 62),
+    )
 
 
 def client_data(kind: str, cid: int):
@@ -51,7 +61,7 @@ def local_train(model: nn.Module, x, y, kind: str, gen: torch.Generator) -> int:
     loss_fn = nn.CrossEntropyLoss()
     order = torch.randperm(len(x), generator=gen).to(x.device)
     for i in range(0, len(x), s["batch"]):
-        idx = order[i:i + s["batch"]]
+        idx = order[i : i + s["batch"]]
         opt.zero_grad()
         loss_fn(model(x[idx]), y[idx]).backward()
         opt.step()
@@ -62,7 +72,7 @@ def main(kind: str, clients: int, rounds: int, device: str = "cpu") -> float:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dev = torch.device(device)
-    warm = make_model(kind).to(dev)      # one-time setup outside the timing, as raysim's hosts do
+    warm = make_model(kind).to(dev)  # one-time setup outside the timing, as raysim's hosts do
     opt = torch.optim.SGD(warm.parameters(), lr=0.0)
     warm(torch.zeros(SPECS[kind]["batch"], *SPECS[kind]["shape"], device=dev)).sum().backward()
     opt.step()

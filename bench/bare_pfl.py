@@ -15,6 +15,7 @@ round. PyTorch's default thread count (the machine's cores), as the peers run.
     python bench/bare_pfl.py ditto 200,200       # Ditto, MLP 784-200-200-10
     python bench/bare_pfl.py fedavg 100 --rounds 3 --root /usr/share/datasets/fashion-mnist
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,13 +37,14 @@ def read_idx(path: Path) -> np.ndarray:
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def load(root: Path) -> tuple[np.ndarray, np.ndarray]:
     def find(name):
         return next(p for p in (root / name, root / f"{name}.gz") if p.is_file())
+
     x = np.concatenate([read_idx(find("train-images-idx3-ubyte")), read_idx(find("t10k-images-idx3-ubyte"))])
     y = np.concatenate([read_idx(find("train-labels-idx1-ubyte")), read_idx(find("t10k-labels-idx1-ubyte"))])
     return x, y.astype(np.int64)
@@ -78,7 +80,7 @@ def train(model: nn.Module, data, lr: float, anchor: list[torch.Tensor] | None =
     for xb, yb in DataLoader(TensorDataset(*data), batch_size=10, shuffle=True):
         opt.zero_grad()
         loss_fn(model(xb), yb).backward()
-        if anchor is not None:                 # the personal objective's pull towards w
+        if anchor is not None:  # the personal objective's pull towards w
             with torch.no_grad():
                 for p, a in zip(model.parameters(), anchor):
                     p.grad.add_(p - a, alpha=lam)

@@ -18,6 +18,7 @@ Targets on 2 cores: tiny <= 1.2, cnn <= 0.6 (training ratio).
     python bench/compare.py tiny --address auto   # raysim joins a running Ray (`ray start --head`)
     python bench/compare.py tiny --set resources.driver_host=false   # every host an actor
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,25 +33,43 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = {"tiny": (1000, 10, 1.2), "cnn": (50, 5, 0.6)}     # clients, rounds, target ratio
+WORKLOADS = {"tiny": (1000, 10, 1.2), "cnn": (50, 5, 0.6)}  # clients, rounds, target ratio
 
 
 def bare(kind: str, clients: int, rounds: int) -> tuple[float, float]:
     """(timed rounds, whole process) of the bare loop."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, str(HERE / "bare_fedavg.py"), kind, str(clients), str(rounds)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(HERE / "bare_fedavg.py"), kind, str(clients), str(rounds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.search(r"wall=([\d.]+)s", out).group(1)), time.perf_counter() - t0
 
 
-def raysim(kind: str, hosts: int | None, engine: str, address: str | None, tmp: str,
-           sets: list[str] = ()) -> tuple[float, float, float, float]:
+def raysim(
+    kind: str, hosts: int | None, engine: str, address: str | None, tmp: str, sets: list[str] = ()
+) -> tuple[float, float, float, float]:
     """(training seconds, rounds seconds, run seconds as the summary reports, whole process),
     tracking into ``tmp``'s store (a new one the first time)."""
     summary = Path(tmp) / "summary.json"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / f"{kind}.yaml"), "-q",
-           "--engine", engine, "--summary", str(summary),
-           "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        str(HERE / f"{kind}.yaml"),
+        "-q",
+        "--engine",
+        engine,
+        "--summary",
+        str(summary),
+        "--set",
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        "--set",
+        f"checkpoint.dir={tmp}/ck",
+    ]
     if hosts:
         cmd += ["--set", f"resources.hosts={hosts}"]
     if address:
@@ -73,14 +92,20 @@ def main() -> None:
     ap.add_argument("--engine", default="ray", choices=("ray", "serial"))
     ap.add_argument("--address", default=None, help="raysim joins this Ray (e.g. auto) instead of starting one")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a scenario override for raysim")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run the three (bare, raysim on a new store, on an existing one) this many times, "
-                         "one after another, then print each ratio's median (machines vary from run to run)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the three (bare, raysim on a new store, on an existing one) this many times, "
+        "one after another, then print each ratio's median (machines vary from run to run)",
+    )
     args = ap.parse_args()
     # raysim runs twice on one MLflow store: the first run creates it (MLflow migrates a new
     # SQLite database: about 1 s of CPU), the second finds it, as a user's later runs do
-    print(f"{'workload':<8} {'store':<8} {'bare process s':>14} {'raysim process s':>16} {'ratio':>6} | "
-          f"{'bare rounds s':>13} {'raysim train s':>14} {'ratio':>6} {'target':>6} {'+final eval s':>13} {'ratio':>6}")
+    print(
+        f"{'workload':<8} {'store':<8} {'bare process s':>14} {'raysim process s':>16} {'ratio':>6} | "
+        f"{'bare rounds s':>13} {'raysim train s':>14} {'ratio':>6} {'target':>6} {'+final eval s':>13} {'ratio':>6}"
+    )
     for kind in args.workloads:
         clients, rounds, target = WORKLOADS[kind]
         ratios: dict[str, list[tuple[float, float, float]]] = {"new": [], "existing": []}
@@ -90,14 +115,20 @@ def main() -> None:
                 for store in ("new", "existing"):
                     train, r_rounds, _, r_whole = raysim(kind, args.hosts, args.engine, args.address, tmp, args.set)
                     ratios[store].append((r_whole / b_whole, train / b, r_rounds / b))
-                    print(f"{kind:<8} {store:<8} {b_whole:14.2f} {r_whole:16.2f} {r_whole / b_whole:6.2f} | "
-                          f"{b:13.2f} {train:14.2f} {train / b:6.2f} {target:6.2f} {r_rounds:13.2f} "
-                          f"{r_rounds / b:6.2f}", flush=True)
+                    print(
+                        f"{kind:<8} {store:<8} {b_whole:14.2f} {r_whole:16.2f} {r_whole / b_whole:6.2f} | "
+                        f"{b:13.2f} {train:14.2f} {train / b:6.2f} {target:6.2f} {r_rounds:13.2f} "
+                        f"{r_rounds / b:6.2f}",
+                        flush=True,
+                    )
         if args.repeat > 1:
             for store, rs in ratios.items():
                 whole, train, rounds_ = (statistics.median(col) for col in zip(*rs))
-                print(f"{kind:<8} {store:<8} {'median of ' + str(len(rs)):>31} {whole:6.2f} | {'':>28} {train:6.2f} "
-                      f"{target:6.2f} {'':>13} {rounds_:6.2f}", flush=True)
+                print(
+                    f"{kind:<8} {store:<8} {'median of ' + str(len(rs)):>31} {whole:6.2f} | {'':>28} {train:6.2f} "
+                    f"{target:6.2f} {'':>13} {rounds_:6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

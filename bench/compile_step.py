@@ -13,6 +13,7 @@ batch 10 with SGD (momentum 0.9, weight decay 1e-4), one thread, three ways:
 
 Prints microseconds per client-step (median of alternated repeats) and the ratios to raysim's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,10 @@ def raysim_fit(hidden: list[int], k: int):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(N, 784, generator=g), torch.randint(0, 10, (N,), generator=g)
     s = Settings(lr=LR, batch_size=BATCH, momentum=MOMENTUM, weight_decay=WD)
-    jobs = [Job(fwd.params_of(models[i]), x, y, draw_orders(g, N, 1), s, Supervised(TASKS["classification"]),
-                None, cid=i) for i in range(k)]
+    jobs = [
+        Job(fwd.params_of(models[i]), x, y, draw_orders(g, N, 1), s, Supervised(TASKS["classification"]), None, cid=i)
+        for i in range(k)
+    ]
     trainer = Trainer(models[0], "always")
     return lambda: trainer.fit(jobs)
 
@@ -54,6 +57,7 @@ def peer_step(hidden: list[int]):
         loss.backward()
         opt.step()
         return loss
+
     return step, x, y
 
 
@@ -79,7 +83,7 @@ def main() -> None:
     steps = N // BATCH
     ours = {k: raysim_fit(args.hidden, k) for k in args.clients}
     for fit in ours.values():
-        fit()                                       # warm-up
+        fit()  # warm-up
     for _ in range(5):
         compiled(cx, cy)
     res: dict[str, list[float]] = {name: [] for name in ["eager", "compiled", *[f"raysim K={k}" for k in ours]]}
@@ -90,8 +94,10 @@ def main() -> None:
             res[f"raysim K={k}"].append(per_step(fit, steps * k))
     med = {name: statistics.median(v) for name, v in res.items()}
     base = med[f"raysim K={args.clients[0]}"]
-    print(f"MLP 784-{'-'.join(map(str, args.hidden))}-10, batch {BATCH}, SGD momentum {MOMENTUM}, one thread; "
-          f"torch.compile's first call: {compile_s:.1f} s")
+    print(
+        f"MLP 784-{'-'.join(map(str, args.hidden))}-10, batch {BATCH}, SGD momentum {MOMENTUM}, one thread; "
+        f"torch.compile's first call: {compile_s:.1f} s"
+    )
     print(f"{'step':<22} {'us per client-step':>18} {'/ raysim K=' + str(args.clients[0]):>16}")
     for name, v in med.items():
         print(f"{name:<22} {v:18.0f} {v / base:16.2f}")

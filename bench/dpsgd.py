@@ -19,6 +19,7 @@ from torch.func). Lines:
 
 It prints seconds per epoch and the ratios DP-SGD / plain and Opacus / raysim DP-SGD.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,8 +55,14 @@ def raysim_epoch(build, shape, classes, private: bool) -> float:
     if private:
         settings = dataclasses.replace(settings, dp_clip=CLIP, dp_noise=Z)
     trainer, start, objective = Trainer(model), fwd.params_of(model), Supervised(TASKS["classification"])
-    return best(lambda: trainer.fit([make_job(start, data, Context(0, 1, 0, torch.Generator().manual_seed(1)),
-                                              settings, objective)])) / EPOCHS
+    return (
+        best(
+            lambda: trainer.fit(
+                [make_job(start, data, Context(0, 1, 0, torch.Generator().manual_seed(1)), settings, objective)]
+            )
+        )
+        / EPOCHS
+    )
 
 
 def opacus_epoch(build, shape, classes) -> float | None:
@@ -71,25 +78,34 @@ def opacus_epoch(build, shape, classes) -> float | None:
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=B, shuffle=True)
         model, optimizer, loader = PrivacyEngine().make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=Z, max_grad_norm=CLIP,
-            poisson_sampling=False)
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=Z,
+            max_grad_norm=CLIP,
+            poisson_sampling=False,
+        )
         for _ in range(EPOCHS):
             for xb, yb in loader:
                 optimizer.zero_grad()
                 F.cross_entropy(model(xb), yb).backward()
                 optimizer.step()
+
     return best(run) / EPOCHS
 
 
 def main() -> None:
     torch.set_num_threads(1)
     import warnings
+
     warnings.filterwarnings("ignore")
     workloads = {
         "MLP 784-100-10": (lambda: mlp(MLPParams((100,)), (784,), 10), (784,), 10),
         "FEMNIST CNN": (lambda: femnist_cnn(CNNParams(), (1, 28, 28), 62), (1, 28, 28), 62),
     }
-    print(f"{'workload':<16} {'raysim plain':>13} {'raysim DP-SGD':>14} {'Opacus':>9} {'DP/plain':>9} {'Opacus/raysim':>14}")
+    print(
+        f"{'workload':<16} {'raysim plain':>13} {'raysim DP-SGD':>14} {'Opacus':>9} {'DP/plain':>9} {'Opacus/raysim':>14}"
+    )
     for name, (build, shape, classes) in workloads.items():
         plain = raysim_epoch(build, shape, classes, False)
         private = raysim_epoch(build, shape, classes, True)

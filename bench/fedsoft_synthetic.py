@@ -10,6 +10,7 @@ linear fit of each client's mixture, 1 + p(1−p)‖w_A − w_B‖². The refere
 official FedSoft code's run (crash bugs patched; seed 0: |û − u| 0.046, own/other ≈ 0.23 and 0.17 (18.8/80.3, 10.1/59.7),
 local 13.98 against a floor of 13.68).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,10 @@ REFERENCE = {"mae": 0.046, "own_other": max(18.8 / 80.3, 10.1 / 59.7), "local_ov
 
 
 def measure(seed: int, sets: list[str], tmp: str) -> dict:
-    sc = config.load(ROOT / "scenarios" / "fedsoft_synthetic.yaml",
-                     [f"seed={seed}", f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"checkpoint.dir={tmp}/ck", *sets])
+    sc = config.load(
+        ROOT / "scenarios" / "fedsoft_synthetic.yaml",
+        [f"seed={seed}", f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"checkpoint.dir={tmp}/ck", *sets],
+    )
     t0 = time.perf_counter()
     f = run(sc, engine="serial", progress=False)["final"]
     wall = time.perf_counter() - t0
@@ -66,8 +69,11 @@ def main() -> None:
             rows.append(r)
             print(json.dumps(r), flush=True)
     print(f"\n{'':<22}{'raysim (mean, worst)':>24}{'official code (seed 0)':>26}{'target':>12}")
-    for key, target, worst in (("mae", "<= 0.08", max), ("own_other", "<= 0.45", max),
-                               ("local_over_floor", "0.9-1.15", max)):
+    for key, target, worst in (
+        ("mae", "<= 0.08", max),
+        ("own_other", "<= 0.45", max),
+        ("local_over_floor", "0.9-1.15", max),
+    ):
         vals = [r[key] for r in rows]
         print(f"{key:<22}{np.mean(vals):>12.3f}{worst(vals):>12.3f}{REFERENCE[key]:>26.3f}{target:>12}")
     print(f"{'distinct association':<22}{sum(r['distinct'] for r in rows):>12d}/{len(rows)}")

@@ -24,6 +24,7 @@ loop, and whether the run's metrics (every round's and the final ones; timings, 
 and message counts left out) are identical to those of the first GPU run (of the first CPU run,
 for the CPU lines). Without a GPU it runs the CPU lines only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ NOT_LEARNED = ("second", "time", "wall", "bytes_", "messages_")
 def gpu_processes(stop: threading.Event, seen: list[int]) -> None:
     """The most processes holding GPU memory at one time, polled every 0.2 s."""
     while not stop.is_set():
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout
         seen.append(len({line.strip() for line in out.splitlines() if line.strip()}))
         stop.wait(0.2)
 
@@ -55,8 +57,12 @@ def gpu_processes(stop: threading.Event, seen: list[int]) -> None:
 def bare(kind: str, clients: int, rounds: int, device: str) -> tuple[float, float]:
     """(timed rounds, whole process) of the bare loop on ``device``."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, str(HERE / "bare_fedavg.py"), kind, str(clients), str(rounds), device],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(HERE / "bare_fedavg.py"), kind, str(clients), str(rounds), device],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.search(r"wall=([\d.]+)s", out).group(1)), time.perf_counter() - t0
 
 
@@ -70,14 +76,36 @@ def metrics(summary: dict) -> dict:
     return {"final": learned(summary["final"]), "history": [learned(h) for h in summary["history"]]}
 
 
-def raysim(kind: str, clients: int, rounds: int, hosts: int, gpus: float, cpus: int, tmp: str, gpu: bool,
-           extra: list[str]) -> dict:
+def raysim(
+    kind: str, clients: int, rounds: int, hosts: int, gpus: float, cpus: int, tmp: str, gpu: bool, extra: list[str]
+) -> dict:
     summary = Path(tmp) / f"summary-{hosts}-{gpus}.json"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / f"{kind}.yaml"), "-q", "--summary", str(summary),
-           "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db", "--set", f"checkpoint.dir={tmp}/ck",
-           "--set", f"data.clients={clients}", "--set", f"rounds={rounds}", "--set", f"eval.every={rounds}",
-           "--set", f"resources.hosts={hosts}", "--set", f"resources.cpus_per_host={cpus}",
-           "--set", f"resources.gpus_per_host={gpus:g}"] + [a for kv in extra for a in ("--set", kv)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        str(HERE / f"{kind}.yaml"),
+        "-q",
+        "--summary",
+        str(summary),
+        "--set",
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        "--set",
+        f"checkpoint.dir={tmp}/ck",
+        "--set",
+        f"data.clients={clients}",
+        "--set",
+        f"rounds={rounds}",
+        "--set",
+        f"eval.every={rounds}",
+        "--set",
+        f"resources.hosts={hosts}",
+        "--set",
+        f"resources.cpus_per_host={cpus}",
+        "--set",
+        f"resources.gpus_per_host={gpus:g}",
+    ] + [a for kv in extra for a in ("--set", kv)]
     stop, seen = threading.Event(), [0]
     watcher = threading.Thread(target=gpu_processes, args=(stop, seen), daemon=True) if gpu else None
     if watcher:
@@ -91,8 +119,13 @@ def raysim(kind: str, clients: int, rounds: int, hosts: int, gpus: float, cpus: 
     s = json.loads(summary.read_text())
     rounds_s = sum(h["round_seconds"] for h in s["history"])
     train = rounds_s - sum(h.get("eval_seconds", 0.0) for h in s["history"])
-    return {"whole": whole, "train": train, "gpu_processes": max(seen), "metrics": metrics(s),
-            "accuracy": s["final"]["accuracy"]}
+    return {
+        "whole": whole,
+        "train": train,
+        "gpu_processes": max(seen),
+        "metrics": metrics(s),
+        "accuracy": s["final"]["accuracy"],
+    }
 
 
 def main() -> None:
@@ -105,6 +138,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every raysim run")
     args = ap.parse_args()
     import torch
+
     gpu = torch.cuda.is_available()
     cores = os.cpu_count() or 1
     hosts = [int(h) for h in args.hosts.split(",")]
@@ -115,8 +149,11 @@ def main() -> None:
         print(f"{'bare loop, GPU':<34} {whole:9.2f} {ref_train:8.2f} {1.0:9.2f}", flush=True)
     if not (gpu and args.gpu_only):
         b_train, whole = bare(args.workload, args.clients, args.rounds, "cpu")
-        print(f"{'bare loop, 1 CPU thread':<34} {whole:9.2f} {b_train:8.2f} "
-              f"{(b_train / ref_train if ref_train else float('nan')):9.2f}", flush=True)
+        print(
+            f"{'bare loop, 1 CPU thread':<34} {whole:9.2f} {b_train:8.2f} "
+            f"{(b_train / ref_train if ref_train else float('nan')):9.2f}",
+            flush=True,
+        )
     first = None
     with tempfile.TemporaryDirectory() as tmp:
         runs = [(h, 1.0 / h, 1, True) for h in hosts] if gpu else []
@@ -135,8 +172,11 @@ def main() -> None:
             else:
                 same = "yes" if r["metrics"] == first[2] else "NO"
             ratio = r["train"] / ref_train if ref_train else float("nan")
-            print(f"{label:<34} {r['whole']:9.2f} {r['train']:8.2f} {ratio:9.2f} "
-                  f"{(r['gpu_processes'] if on_gpu else '-'):>9} {r['accuracy']:8.4f} {same}", flush=True)
+            print(
+                f"{label:<34} {r['whole']:9.2f} {r['train']:8.2f} {ratio:9.2f} "
+                f"{(r['gpu_processes'] if on_gpu else '-'):>9} {r['accuracy']:8.4f} {same}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

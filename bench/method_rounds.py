@@ -16,6 +16,7 @@ each, the method's round over FedAvg's and the reference's over raysim's. SuPerF
 mixing phase (``start: 0``), the dearer one. Evaluation is left out (it runs every 25 rounds in
 the benchmark). Needs Fashion-MNIST (sudo apt-get install dataset-fashion-mnist).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,13 @@ DEFAULT = ("ditto", "apfl", "pfedme", "superfed-mm", "superfed-lm", "sosicfl", "
 
 def driver(method: str, gradients: str):
     extra = ["algorithm.start=0.0"] if method.startswith("superfed") else []
-    ((_, sc),) = config.load_variants(SCENARIO, [f"algorithm.gradients={gradients}", "eval.every=1000",
-                                                 "checkpoint.every=0", *extra], only=f"{method}-shards,lr=0.01")
+    ((_, sc),) = config.load_variants(
+        SCENARIO,
+        [f"algorithm.gradients={gradients}", "eval.every=1000", "checkpoint.every=0", *extra],
+        only=f"{method}-shards,lr=0.01",
+    )
     d = serial_driver(sc)
-    d.step()                                   # warm-up: data on the hosts, pass widths measured
+    d.step()  # warm-up: data on the hosts, pass widths measured
     return d
 
 
@@ -55,8 +59,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3, help="rounds of each side, alternated")
     args = ap.parse_args()
     if args.methods == "all":
-        names = [n.removesuffix("-shards,lr=0.01") for n, _ in
-                 config.load_variants(SCENARIO, only="*-shards,lr=0.01", check_data=False)]
+        names = [
+            n.removesuffix("-shards,lr=0.01")
+            for n, _ in config.load_variants(SCENARIO, only="*-shards,lr=0.01", check_data=False)
+        ]
         methods = [n for n in names if n != "fedavg"]
     else:
         methods = args.methods.split(",")

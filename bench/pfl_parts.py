@@ -21,6 +21,7 @@ while a part runs are run by that part. ``log.txt`` records each pair's exit sta
 ``--results FILE`` appends each finished run to FILE as it ends. ``raysim compare`` then makes
 the table from one store into which every part's runs were imported (``runs_io.py import``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,22 +56,27 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", required=True, help="stores, checkpoints, log and done lists of this part")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--gpu-workers", type=int, default=0, help="of the workers, how many run on the GPU")
-    ap.add_argument("--deadline", type=float, default=float("inf"),
-                    help="seconds: start no pair whose estimate would end after it")
+    ap.add_argument(
+        "--deadline", type=float, default=float("inf"), help="seconds: start no pair whose estimate would end after it"
+    )
     ap.add_argument("--speed", type=float, default=1.0, help="multiplies the estimates (a slower machine: > 1)")
     ap.add_argument("--reverse", action="store_true", help="dearest pairs first")
     ap.add_argument("--skip", nargs="*", default=[], help="runs_io.py export files whose finished pairs to skip")
     ap.add_argument("--raysim", default="raysim", help="the command (default: raysim on PATH)")
     ap.add_argument("--experiment", default="pfl-benchmark")
-    ap.add_argument("--results", default=None,
-                    help="append each finished run to this runs_io.py export file as soon as it ends (e.g. "
-                         "bench/results/pfl_benchmark_runs.jsonl: a part stopped at any point loses no run)")
+    ap.add_argument(
+        "--results",
+        default=None,
+        help="append each finished run to this runs_io.py export file as soon as it ends (e.g. "
+        "bench/results/pfl_benchmark_runs.jsonl: a part stopped at any point loses no run)",
+    )
     a = ap.parse_args(argv)
     t0 = time.time()
 
-    def jobs() -> list[list[str]]:          # read again at each pick: pairs added while it runs are taken too
+    def jobs() -> list[list[str]]:  # read again at each pick: pairs added while it runs are taken too
         listed = [line.rstrip("\n").split("\t") for line in open(a.jobs) if line.strip()]
         return listed[::-1] if a.reverse else listed
+
     out = Path(a.dir)
     out.mkdir(parents=True, exist_ok=True)
     exported = finished_pairs(a.skip)
@@ -96,18 +102,37 @@ def main(argv=None) -> int:
             if job is None:
                 return
             variant, seed, cost = job
-            cmd = [a.raysim, "run", a.scenario, "--variant", variant, "--seeds", seed, "--engine", "serial", "-q",
-                   "--set", f"tracking.uri={store}", "--set", f"tracking.experiment={a.experiment}",
-                   "--set", f"checkpoint.dir={(out / 'ck').resolve()}", "--set", "checkpoint.every=25"]
+            cmd = [
+                a.raysim,
+                "run",
+                a.scenario,
+                "--variant",
+                variant,
+                "--seeds",
+                seed,
+                "--engine",
+                "serial",
+                "-q",
+                "--set",
+                f"tracking.uri={store}",
+                "--set",
+                f"tracking.experiment={a.experiment}",
+                "--set",
+                f"checkpoint.dir={(out / 'ck').resolve()}",
+                "--set",
+                "checkpoint.every=25",
+            ]
             if gpu:
                 cmd += ["--set", "resources.gpus_per_host=0.5"]
             start = time.time()
             r = subprocess.run(cmd, capture_output=True, text=True)
             with lock:
                 with open(out / "log.txt", "a") as f:
-                    f.write(f"worker {w}{' (gpu)' if gpu else ''} rc={r.returncode} {time.time() - start:.0f}s "
-                            f"(estimate {cost}) {variant} seed {seed}\n{r.stdout[-600:]}{r.stderr[-600:]}\n")
-                if r.returncode == 0 or "Diverged" in r.stdout + r.stderr:   # else (stopped): again next part
+                    f.write(
+                        f"worker {w}{' (gpu)' if gpu else ''} rc={r.returncode} {time.time() - start:.0f}s "
+                        f"(estimate {cost}) {variant} seed {seed}\n{r.stdout[-600:]}{r.stderr[-600:]}\n"
+                    )
+                if r.returncode == 0 or "Diverged" in r.stdout + r.stderr:  # else (stopped): again next part
                     with open(out / "done.txt", "a") as f:
                         f.write(f"{variant}\t{seed}\n")
                 ids = set(re.findall(r"MLflow run ([0-9a-f]{32})", r.stdout))

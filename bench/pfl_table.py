@@ -8,6 +8,7 @@ chosen by its mean validation accuracy over the seeds) and puts the Markdown bet
 ``<!-- pfl-benchmark-3seeds -->`` markers of the page, replacing what was there. Prints the
 table. About 30 s for 180 runs on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,38 @@ def main(argv=None) -> int:
         raise SystemExit(f"pfl_table: {page} has no <!-- {MARK} --> marker")
     with tempfile.TemporaryDirectory() as tmp:
         uri = f"sqlite:///{tmp}/pfl.db"
-        subprocess.run([sys.executable, str(HERE / "runs_io.py"), "import", a.runs, "--tracking-uri", uri,
-                        "--experiment", "pfl-benchmark"], check=True, capture_output=True)
-        subprocess.run([a.raysim, "compare", "--experiment", "pfl-benchmark", "--tracking-uri", uri,
-                        "--select", "val_accuracy", "--over", "clients", "--out", f"{tmp}/out"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "runs_io.py"),
+                "import",
+                a.runs,
+                "--tracking-uri",
+                uri,
+                "--experiment",
+                "pfl-benchmark",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                a.raysim,
+                "compare",
+                "--experiment",
+                "pfl-benchmark",
+                "--tracking-uri",
+                uri,
+                "--select",
+                "val_accuracy",
+                "--over",
+                "clients",
+                "--out",
+                f"{tmp}/out",
+            ],
+            check=True,
+            capture_output=True,
+        )
         table = Path(tmp, "out", "compare.md").read_text().strip()
     pattern = rf"<!-- {MARK} -->.*?<!-- /{MARK} -->"
     page.write_text(re.sub(pattern, lambda _: f"<!-- {MARK} -->\n{table}\n<!-- /{MARK} -->", text, flags=re.S))

@@ -25,6 +25,7 @@ store before the first timed run (``--new-store``: each raysim run makes its own
 run does). ``--repeat N`` alternates the sides N times and keeps each
 side's fastest run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,27 +44,40 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from proctree import measure_both  # noqa: E402
 
-WORKLOADS = {"fedavg-100": ("fedavg", [100]), "ditto-100": ("ditto", [100]),
-             "fedavg-200-200": ("fedavg", [200, 200]), "ditto-200-200": ("ditto", [200, 200])}
+WORKLOADS = {
+    "fedavg-100": ("fedavg", [100]),
+    "ditto-100": ("ditto", [100]),
+    "fedavg-200-200": ("fedavg", [200, 200]),
+    "ditto-200-200": ("ditto", [200, 200]),
+}
 
 
 def scenario(method: str, hidden: list[int], rounds: int, hosts: int, root: str) -> dict:
     algo = {"name": method, "lr": 0.01, "local_epochs": 1, "batch_size": 10}
     if method == "ditto":
         algo["lam"] = 1.0
-    return {"name": f"pfl-{method}-{'-'.join(map(str, hidden))}", "seed": 0, "rounds": rounds,
-            "data": {"dataset": "fashion_mnist", "root": root, "clients": 50,
-                     "partition": {"kind": "shards", "classes_per_client": 2, "assign": "strided"}},
-            "model": {"name": "mlp", "hidden": hidden},
-            "algorithm": algo, "eval": {"every": rounds}, "resources": {"hosts": hosts},
-            "checkpoint": {"every": 0}}
+    return {
+        "name": f"pfl-{method}-{'-'.join(map(str, hidden))}",
+        "seed": 0,
+        "rounds": rounds,
+        "data": {
+            "dataset": "fashion_mnist",
+            "root": root,
+            "clients": 50,
+            "partition": {"kind": "shards", "classes_per_client": 2, "assign": "strided"},
+        },
+        "model": {"name": "mlp", "hidden": hidden},
+        "algorithm": algo,
+        "eval": {"every": rounds},
+        "resources": {"hosts": hosts},
+        "checkpoint": {"every": 0},
+    }
 
 
 def make_store(uri: str) -> None:
     """Create the MLflow store at ``uri`` (its tables), in a process of its own, unmeasured."""
     code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(sys.argv[1]).search_experiments()"
-    subprocess.run([sys.executable, "-c", code, uri], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", code, uri], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False) -> dict:
@@ -73,12 +87,25 @@ def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False
     path.write_text(yaml.safe_dump(sc))
     summary = tmp / f"{sc['name']}.json"
     store = tmp / "mlflow.db"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine.split("-")[0],
-           "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{store}", "--set",
-           f"checkpoint.dir={tmp}/ck"]
-    if engine == "ray-actors":          # every host an actor of its own (host 0 not in this process)
+    cmd = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        str(path),
+        "-q",
+        "--engine",
+        engine.split("-")[0],
+        "--summary",
+        str(summary),
+        "--set",
+        f"tracking.uri=sqlite:///{store}",
+        "--set",
+        f"checkpoint.dir={tmp}/ck",
+    ]
+    if engine == "ray-actors":  # every host an actor of its own (host 0 not in this process)
         cmd += ["--set", "resources.driver_host=false"]
-    timed = []                          # the timed run's summary: its rounds' seconds are unsampled
+    timed = []  # the timed run's summary: its rounds' seconds are unsampled
 
     def before(memory: bool) -> None:
         if memory:
@@ -87,6 +114,7 @@ def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False
             store.unlink()
         elif not new_store and not store.exists():
             make_store(f"sqlite:///{store}")
+
     r = measure_both(cmd, before=before, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     if r["rc"]:
         raise SystemExit(f"raysim failed ({r['rc']}):\n{r['stderr'][-3000:]}")
@@ -100,8 +128,16 @@ def run_raysim(sc: dict, tmp: Path, engine: str = "ray", new_store: bool = False
 
 def run_bare(method: str, hidden: list[int], rounds: int, root: str) -> dict:
     """The bare loop's run, twice as raysim's: timed, then sampled for its memory."""
-    cmd = [sys.executable, str(HERE / "bare_pfl.py"), method, ",".join(map(str, hidden)), "--rounds", str(rounds),
-           "--root", root]
+    cmd = [
+        sys.executable,
+        str(HERE / "bare_pfl.py"),
+        method,
+        ",".join(map(str, hidden)),
+        "--rounds",
+        str(rounds),
+        "--root",
+        root,
+    ]
     r = measure_both(cmd)
     if r["rc"]:
         raise SystemExit(f"bare loop failed ({r['rc']}):\n{r['stderr'][-3000:]}")
@@ -115,21 +151,36 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
-    ap.add_argument("--engine", default="ray", choices=("ray", "ray-actors", "serial", "both", "all"),
-                    help="raysim's engine: Ray (host actors, host 0 in the command's process on a local Ray: "
-                         "the default), ray-actors (Ray, every host an actor: resources.driver_host=false) "
-                         "or serial (every host in the one process, one after another); both: a row for ray "
-                         "and serial; all: a row for each of the three")
-    ap.add_argument("--new-store", action="store_true",
-                    help="each raysim run creates its own MLflow store, as a user's first run in a folder "
-                         "does (default: one store made before the timed runs, as every later run finds it)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run each side this many times, alternating, and keep each side's fastest run "
-                         "(machines that share their cores vary from minute to minute)")
-    ap.add_argument("--ratio-processes", type=int, default=3,
-                    help="fresh processes, one after another, that each measure Ditto's round against FedAvg's "
-                         "(a round's speed differs more from one process to the next than within one)")
-    ap.add_argument("--ratio-child", help=argparse.SUPPRESS)     # one of those processes: its hidden sizes
+    ap.add_argument(
+        "--engine",
+        default="ray",
+        choices=("ray", "ray-actors", "serial", "both", "all"),
+        help="raysim's engine: Ray (host actors, host 0 in the command's process on a local Ray: "
+        "the default), ray-actors (Ray, every host an actor: resources.driver_host=false) "
+        "or serial (every host in the one process, one after another); both: a row for ray "
+        "and serial; all: a row for each of the three",
+    )
+    ap.add_argument(
+        "--new-store",
+        action="store_true",
+        help="each raysim run creates its own MLflow store, as a user's first run in a folder "
+        "does (default: one store made before the timed runs, as every later run finds it)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each side this many times, alternating, and keep each side's fastest run "
+        "(machines that share their cores vary from minute to minute)",
+    )
+    ap.add_argument(
+        "--ratio-processes",
+        type=int,
+        default=3,
+        help="fresh processes, one after another, that each measure Ditto's round against FedAvg's "
+        "(a round's speed differs more from one process to the next than within one)",
+    )
+    ap.add_argument("--ratio-child", help=argparse.SUPPRESS)  # one of those processes: its hidden sizes
     args = ap.parse_args()
     if args.ratio_child:
         print(json.dumps(_ratio_here([int(h) for h in args.ratio_child.split(",")], args.root)))
@@ -138,10 +189,13 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown workload {', '.join(unknown)}: choose from {', '.join(WORKLOADS)}")
     args.workloads = args.workloads or list(WORKLOADS)
-    print(f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'PSS MB':>7} {'acc':>6} "
-          f"{'round s':>7} | {'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9} {'PSS ratio':>9}", flush=True)
+    print(
+        f"{'workload':<16} {'side':<6} {'wall s':>7} {'CPU s':>7} {'USS MB':>7} {'PSS MB':>7} {'acc':>6} "
+        f"{'round s':>7} | {'wall ratio':>10} {'CPU ratio':>9} {'USS ratio':>9} {'PSS ratio':>9}",
+        flush=True,
+    )
     engines = {"both": ("ray", "serial"), "all": ("ray", "ray-actors", "serial")}.get(args.engine, (args.engine,))
-    rounds = {}                       # workload -> raysim's median round in its kept run (first engine)
+    rounds = {}  # workload -> raysim's median round in its kept run (first engine)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             method, hidden = WORKLOADS[name]
@@ -149,28 +203,43 @@ def main() -> None:
             for _ in range(args.repeat):
                 bares.append(run_bare(method, hidden, args.rounds, args.root))
                 for e in engines:
-                    ourss[e].append(run_raysim(scenario(method, hidden, args.rounds, args.hosts, args.root),
-                                               Path(tmp), e, args.new_store))
+                    ourss[e].append(
+                        run_raysim(
+                            scenario(method, hidden, args.rounds, args.hosts, args.root), Path(tmp), e, args.new_store
+                        )
+                    )
             bare = min(bares, key=lambda r: r["wall"])
             ours = {e: min(rs, key=lambda r: r["wall"]) for e, rs in ourss.items()}
             rows = [("bare", bare)] + [("raysim" if len(engines) == 1 else e, r) for e, r in ours.items()]
             for side, r in rows:
-                ratios = (f" {r['wall'] / bare['wall']:10.2f} {r['cpu'] / bare['cpu']:9.2f} "
-                          f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f} "
-                          f"{r['pss_peak_mb'] / bare['pss_peak_mb']:9.2f}") if r is not bare else ""
-                print(f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
-                      f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r.get('round', float('nan')):7.3f} |{ratios}",
-                      flush=True)
+                ratios = (
+                    (
+                        f" {r['wall'] / bare['wall']:10.2f} {r['cpu'] / bare['cpu']:9.2f} "
+                        f"{r['uss_peak_mb'] / bare['uss_peak_mb']:9.2f} "
+                        f"{r['pss_peak_mb'] / bare['pss_peak_mb']:9.2f}"
+                    )
+                    if r is not bare
+                    else ""
+                )
+                print(
+                    f"{name:<16} {side:<6} {r['wall']:7.1f} {r['cpu']:7.1f} {r['uss_peak_mb']:7.0f} "
+                    f"{r['pss_peak_mb']:7.0f} {r['accuracy']:6.3f} {r.get('round', float('nan')):7.3f} |{ratios}",
+                    flush=True,
+                )
             rounds[name] = ours[engines[0]]["round"]
     for size in ("100", "200-200"):
         if f"fedavg-{size}" in args.workloads and f"ditto-{size}" in args.workloads:
             ratios, fa, di = round_ratio(WORKLOADS[f"fedavg-{size}"][1], args.root, args.ratio_processes)
-            print(f"Ditto round / FedAvg round, MLP {size}: {statistics.median(ratios):.2f}x, median of "
-                  f"{len(ratios)} processes ({', '.join(f'{r:.2f}' for r in ratios)}), each 5 alternated pairs "
-                  f"on the serial engine; CPU seconds a round: Ditto {di:.3f}, FedAvg {fa:.3f}")
+            print(
+                f"Ditto round / FedAvg round, MLP {size}: {statistics.median(ratios):.2f}x, median of "
+                f"{len(ratios)} processes ({', '.join(f'{r:.2f}' for r in ratios)}), each 5 alternated pairs "
+                f"on the serial engine; CPU seconds a round: Ditto {di:.3f}, FedAvg {fa:.3f}"
+            )
             di, fa = rounds[f"ditto-{size}"], rounds[f"fedavg-{size}"]
-            print(f"  in the whole runs above ({engines[0]}, wall, median round after the first, less "
-                  f"evaluation): Ditto {di:.3f} s / FedAvg {fa:.3f} s = {di / fa:.2f}x")
+            print(
+                f"  in the whole runs above ({engines[0]}, wall, median round after the first, less "
+                f"evaluation): Ditto {di:.3f} s / FedAvg {fa:.3f} s = {di / fa:.2f}x"
+            )
 
 
 def round_ratio(hidden: list[int], root: str, processes: int = 3) -> tuple[list[float], float, float]:
@@ -181,12 +250,19 @@ def round_ratio(hidden: list[int], root: str, processes: int = 3) -> tuple[list[
     seconds, of their Ditto rounds')."""
     got = []
     for _ in range(processes):
-        out = subprocess.run([sys.executable, __file__, "--ratio-child", ",".join(map(str, hidden)), "--root", root],
-                             capture_output=True, text=True, check=True,
-                             env={**os.environ, "PYTHONPATH": str(HERE.parent)}).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--ratio-child", ",".join(map(str, hidden)), "--root", root],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+        ).stdout
         got.append(json.loads(out.strip().splitlines()[-1]))
-    return ([g["ratio"] for g in got], statistics.median(g["fedavg"] for g in got),
-            statistics.median(g["ditto"] for g in got))
+    return (
+        [g["ratio"] for g in got],
+        statistics.median(g["fedavg"] for g in got),
+        statistics.median(g["ditto"] for g in got),
+    )
 
 
 def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
@@ -198,6 +274,7 @@ def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
 
     from raysim.engine.serial import serial_driver
     from raysim.scenario import config
+
     with tempfile.TemporaryDirectory() as tmp:
         drivers = {}
         for method in ("fedavg", "ditto"):
@@ -206,7 +283,7 @@ def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
             sc["eval"] = {"every": 10 * sc["rounds"]}
             path.write_text(yaml.safe_dump(sc))
             drivers[method] = serial_driver(config.load(path))
-            drivers[method].step()                      # warm-up: the pass widths are measured
+            drivers[method].step()  # warm-up: the pass widths are measured
         secs: dict[str, list[float]] = {"fedavg": [], "ditto": []}
         for _ in range(pairs):
             for method, d in drivers.items():
@@ -214,8 +291,11 @@ def _ratio_here(hidden: list[int], root: str, pairs: int = 5) -> dict:
                 d.step()
                 secs[method].append(time.process_time() - t0)
     ratios = [b / a for a, b in zip(secs["fedavg"], secs["ditto"])]
-    return {"ratio": statistics.median(ratios), "fedavg": statistics.median(secs["fedavg"]),
-            "ditto": statistics.median(secs["ditto"])}
+    return {
+        "ratio": statistics.median(ratios),
+        "fedavg": statistics.median(secs["fedavg"]),
+        "ditto": statistics.median(secs["ditto"]),
+    }
 
 
 if __name__ == "__main__":

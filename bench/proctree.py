@@ -26,6 +26,7 @@ Ditto 0.88 to 1.08 s a round without sampling against 1.18 to 1.64 s with it, Fe
 0.48 s against 0.49 to 0.62 s. So the figures of time come from a run without sampling
 (``memory=False``) and the memory from a second run (``measure_both``), for every side alike.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ def _busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / TICK
 
 
-def measure(cmd: list[str], *, cwd: str | None = None, env: dict | None = None, interval: float = 0.2,
-            memory: bool = True) -> dict:
+def measure(
+    cmd: list[str], *, cwd: str | None = None, env: dict | None = None, interval: float = 0.2, memory: bool = True
+) -> dict:
     """Run ``cmd``; return wall, cpu (the machine's busy seconds less this process's own),
     cpu_tree (the tree's own times, sampled: a check; with ``memory`` only), uss_peak_mb and
     pss_peak_mb (with ``memory``: the peaks of the tree's summed USS and PSS, sampled every
@@ -89,11 +91,17 @@ def measure(cmd: list[str], *, cwd: str | None = None, env: dict | None = None, 
     if memory:
         watcher.join()
     own = time.process_time() - own0
-    return {"wall": wall, "cpu": _busy_seconds() - busy0 - own, "measurer_cpu": own,
-            "cpu_tree": sum(state["cpu"].values()) if memory else None,
-            "uss_peak_mb": state["peak"] / 2**20 if memory else None,
-            "pss_peak_mb": state["pss"] / 2**20 if memory else None, "rc": proc.returncode, "stdout": out,
-            "stderr": err}
+    return {
+        "wall": wall,
+        "cpu": _busy_seconds() - busy0 - own,
+        "measurer_cpu": own,
+        "cpu_tree": sum(state["cpu"].values()) if memory else None,
+        "uss_peak_mb": state["peak"] / 2**20 if memory else None,
+        "pss_peak_mb": state["pss"] / 2**20 if memory else None,
+        "rc": proc.returncode,
+        "stdout": out,
+        "stderr": err,
+    }
 
 
 def measure_both(cmd: list[str], before=None, **kw) -> dict:
@@ -110,8 +118,13 @@ def measure_both(cmd: list[str], before=None, **kw) -> dict:
         if runs[-1]["rc"]:
             return runs[-1]
     timed, sampled = runs
-    return {**timed, "uss_peak_mb": sampled["uss_peak_mb"], "pss_peak_mb": sampled["pss_peak_mb"],
-            "cpu_tree": sampled["cpu_tree"], "sampled_wall": sampled["wall"]}
+    return {
+        **timed,
+        "uss_peak_mb": sampled["uss_peak_mb"],
+        "pss_peak_mb": sampled["pss_peak_mb"],
+        "cpu_tree": sampled["cpu_tree"],
+        "sampled_wall": sampled["wall"],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -119,14 +132,17 @@ def main(argv: list[str]) -> int:
         print("usage: python bench/proctree.py [--same-run] -- CMD ARGS...", file=sys.stderr)
         return 2
     split = argv.index("--")
-    same, cmd = "--same-run" in argv[:split], argv[split + 1:]
+    same, cmd = "--same-run" in argv[:split], argv[split + 1 :]
     r = measure(cmd) if same else measure_both(cmd)
     sys.stdout.write(r["stdout"])
     sys.stderr.write(r["stderr"])
-    print(f"wall {r['wall']:.1f} s, CPU {r['cpu']:.1f} s (machine busy, less the measuring's "
-          f"{r['measurer_cpu']:.1f} s), peak USS {r['uss_peak_mb']:.0f} MB, PSS {r['pss_peak_mb']:.0f} MB"
-          + ("" if same else f" (from a second run, sampled every 0.2 s: {r['sampled_wall']:.1f} s wall)")
-          + f", exit {r['rc']}", file=sys.stderr)
+    print(
+        f"wall {r['wall']:.1f} s, CPU {r['cpu']:.1f} s (machine busy, less the measuring's "
+        f"{r['measurer_cpu']:.1f} s), peak USS {r['uss_peak_mb']:.0f} MB, PSS {r['pss_peak_mb']:.0f} MB"
+        + ("" if same else f" (from a second run, sampled every 0.2 s: {r['sampled_wall']:.1f} s wall)")
+        + f", exit {r['rc']}",
+        file=sys.stderr,
+    )
     return r["rc"]
 
 

@@ -13,6 +13,7 @@ jobs, contexts and their generators), replies (reduction into float64 sums), gos
 consensus), evaluation, data (shards), and the rest. The serial engine runs the hosts one
 after another, so seconds here are a host's work summed over hosts, not a Ray round's wall.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,16 @@ BUCKETS = [
     ("gossip mixing and consensus", ("mixing.py", "gossip_mix", "consensus")),
     ("replies and reduction", ("replies.py", "aggregate", "reply")),
     ("data (shards)", ("raysim/data/", "split_client", "core/data.py:pack", "prefetch")),
-    ("client steps (methods, jobs, contexts)", ("algorithms/", "make_job", "draw_orders", "rng.py", "context",
-                                                "Generator", "randperm", "_advance", "drive")),
+    (
+        "client steps (methods, jobs, contexts)",
+        ("algorithms/", "make_job", "draw_orders", "rng.py", "context", "Generator", "randperm", "_advance", "drive"),
+    ),
     ("the loop's Python and optimizer", ("core/loop.py", "core/optim.py", "core/chain.py", "foreach")),
     ("torch's Python (modules, no_grad)", ("site-packages/torch/",)),
-    ("element-wise tensor ops", ("torch._C", "TensorBase", "torch.relu", "built-in method torch", "threshold",
-                                 "softmax", "scatter", "gather")),
+    (
+        "element-wise tensor ops",
+        ("torch._C", "TensorBase", "torch.relu", "built-in method torch", "threshold", "softmax", "scatter", "gather"),
+    ),
 ]
 
 
@@ -53,12 +58,13 @@ def main() -> None:
     args = ap.parse_args()
     from raysim.engine.serial import serial_driver
     from raysim.scenario import config
+
     if args.variant:
         ((_, sc),) = config.load_variants(args.scenario, args.overrides, only=args.variant)
     else:
         sc = config.load(args.scenario, args.overrides)
     driver = serial_driver(sc)
-    driver.step()                                          # warm-up: first loads, width measuring
+    driver.step()  # warm-up: first loads, width measuring
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()

@@ -11,6 +11,7 @@ the bottom decile, as the run logs them) side by side. The first equals the run'
 metrics. Training is not redone: the overrides should be options of the evaluation (FedBN's
 ``algorithm.eval_stats``, ``eval.finetune``); one that changes training makes no sense here.
 """
+
 from __future__ import annotations
 
 import argparse

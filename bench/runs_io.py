@@ -14,6 +14,7 @@ wall seconds), parameters, tags and metrics, and the source id in the tag
 ``raysim.source_run``; a run whose source id the target already holds is skipped, so importing
 the same file twice adds nothing. The file holds numbers and strings only (JSON), never pickles.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,20 @@ import sys
 SOURCE_TAG = "raysim.source_run"
 
 
-def export(uri: str, experiment: str, out: str, history: bool = False, run_ids: set[str] | None = None,
-           append: bool = False) -> int:
+def export(
+    uri: str, experiment: str, out: str, history: bool = False, run_ids: set[str] | None = None, append: bool = False
+) -> int:
     """Finished runs of ``experiment`` (those of ``run_ids`` only, if given) into ``out``, one JSON
     line each, the file replaced (or appended to); returns how many."""
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise SystemExit(f"runs_io: no experiment {experiment!r} in {uri}")
-    runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=50000,
-                              order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [exp.experiment_id], "attributes.status = 'FINISHED'", max_results=50000, order_by=["attributes.start_time ASC"]
+    )
     n = 0
     with open(out, "a" if append else "w") as f:
         # parts side by side append to one file; a line (up to tens of kB) leaves in several
@@ -44,15 +48,29 @@ def export(uri: str, experiment: str, out: str, history: bool = False, run_ids: 
             if r.data.tags.get("raysim.parent") == "1" or (run_ids is not None and r.info.run_id not in run_ids):
                 continue
             if history:
-                metrics = {k: [[m.step, m.timestamp, m.value] for m in client.get_metric_history(r.info.run_id, k)]
-                           for k in r.data.metrics}
+                metrics = {
+                    k: [[m.step, m.timestamp, m.value] for m in client.get_metric_history(r.info.run_id, k)]
+                    for k in r.data.metrics
+                }
             else:
                 metrics = {k: [[None, None, v]] for k, v in r.data.metrics.items()}
             tags = {k: v for k, v in r.data.tags.items() if not k.startswith("mlflow.")}
-            f.write(json.dumps({"run_id": r.data.tags.get(SOURCE_TAG, r.info.run_id), "name": r.info.run_name,
-                                "status": r.info.status, "start_time": r.info.start_time,
-                                "end_time": r.info.end_time, "params": r.data.params, "tags": tags,
-                                "metrics": metrics}, sort_keys=True) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "run_id": r.data.tags.get(SOURCE_TAG, r.info.run_id),
+                        "name": r.info.run_name,
+                        "status": r.info.status,
+                        "start_time": r.info.start_time,
+                        "end_time": r.info.end_time,
+                        "params": r.data.params,
+                        "tags": tags,
+                        "metrics": metrics,
+                    },
+                    sort_keys=True,
+                )
+                + "\n"
+            )
             n += 1
     return n
 
@@ -60,11 +78,11 @@ def export(uri: str, experiment: str, out: str, history: bool = False, run_ids: 
 def load(path: str, uri: str, experiment: str) -> tuple[int, int]:
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-    have = {r.data.tags.get(SOURCE_TAG, r.info.run_id)
-            for r in client.search_runs([exp_id], max_results=50000)}
+    have = {r.data.tags.get(SOURCE_TAG, r.info.run_id) for r in client.search_runs([exp_id], max_results=50000)}
     added = skipped = 0
     with open(path) as f:
         for line in f:
@@ -76,12 +94,15 @@ def load(path: str, uri: str, experiment: str) -> tuple[int, int]:
             run = client.create_run(exp_id, start_time=rec["start_time"], tags=tags, run_name=rec.get("name"))
             rid = run.info.run_id
             params = [Param(k, str(v)) for k, v in rec["params"].items()]
-            metrics = [Metric(k, v, ts if ts is not None else rec["end_time"] or rec["start_time"], step or 0)
-                       for k, hist in rec["metrics"].items() for step, ts, v in hist]
+            metrics = [
+                Metric(k, v, ts if ts is not None else rec["end_time"] or rec["start_time"], step or 0)
+                for k, hist in rec["metrics"].items()
+                for step, ts, v in hist
+            ]
             for i in range(0, max(len(params), 1), 100):
-                client.log_batch(rid, params=params[i:i + 100])
+                client.log_batch(rid, params=params[i : i + 100])
             for i in range(0, len(metrics), 1000):
-                client.log_batch(rid, metrics=metrics[i:i + 1000])
+                client.log_batch(rid, metrics=metrics[i : i + 1000])
             client.set_terminated(rid, rec["status"], end_time=rec["end_time"])
             have.add(rec["run_id"])
             added += 1

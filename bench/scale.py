@@ -20,6 +20,7 @@ round, and the peak resident memory of the driver (which runs the server) and th
 (sampled every 0.2 s from /proc: Linux). The reference is the same scenario on raysim's serial
 engine (one process, no Ray): the ratio says what Ray's processes cost at that scale.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ def scenario(kind: str, clients: int, rounds: int) -> dict:
         "name": f"scale-{kind}-{clients}",
         "seed": 0,
         "rounds": rounds,
-        "data": {"dataset": "gaussian", "clients": clients, "samples": 16, "features": [20], "classes": 2,
-                 "splits": {"train": 0.5, "test": 0.5}},
+        "data": {
+            "dataset": "gaussian",
+            "clients": clients,
+            "samples": 16,
+            "features": [20],
+            "classes": 2,
+            "splits": {"train": 0.5, "test": 0.5},
+        },
         "model": {"name": "linear"},
         "algorithm": {"name": "fedavg", "lr": 0.05, "batch_size": 8, "local_epochs": 1},
         "eval": {"every": 10, "clients": 1000},
@@ -95,13 +102,32 @@ def run(sc: dict, engine: str) -> dict:
         path = Path(tmp) / "s.yaml"
         path.write_text(yaml.safe_dump(sc))
         summary = Path(tmp) / "summary.json"
-        cmd = [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--engine", engine,
-               "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-               "--set", f"checkpoint.dir={tmp}/ck"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "raysim.cli",
+            "run",
+            str(path),
+            "-q",
+            "--engine",
+            engine,
+            "--summary",
+            str(summary),
+            "--set",
+            f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            "--set",
+            f"checkpoint.dir={tmp}/ck",
+        ]
         peak = {"driver": 0, "hosts": 0}
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent)},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp,
+            env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         done = threading.Event()
 
         def watch():
@@ -121,8 +147,12 @@ def run(sc: dict, engine: str) -> dict:
             raise SystemExit(f"raysim failed ({proc.returncode}):\n{err[-3000:]}")
         s = json.loads(summary.read_text())
     rounds = [h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"]]
-    return {"whole": whole, "startup": whole - sum(h["round_seconds"] for h in s["history"]),
-            "per_round": statistics.median(rounds), "mb": {k: v / 2**20 for k, v in peak.items()}}
+    return {
+        "whole": whole,
+        "startup": whole - sum(h["round_seconds"] for h in s["history"]),
+        "per_round": statistics.median(rounds),
+        "mb": {k: v / 2**20 for k, v in peak.items()},
+    }
 
 
 def main() -> None:
@@ -131,8 +161,11 @@ def main() -> None:
     kinds = {"star": "star", "star-1000": "star1000", "gossip-er": "er", "gossip-ring": "ring"}
     ap.add_argument("--cases", nargs="*", default=["star", "gossip-er", "gossip-ring"], choices=list(kinds))
     args = ap.parse_args()
-    print(f"{'case':<22} {'engine':<6} {'rounds':>6} {'process s':>9} {'outside s':>10} {'s/round':>8} "
-          f"{'driver MB':>9} {'hosts MB':>9}  vs serial (process, s/round)", flush=True)
+    print(
+        f"{'case':<22} {'engine':<6} {'rounds':>6} {'process s':>9} {'outside s':>10} {'s/round':>8} "
+        f"{'driver MB':>9} {'hosts MB':>9}  vs serial (process, s/round)",
+        flush=True,
+    )
     for n in args.sizes:
         for case in args.cases:
             kind = kinds[case]
@@ -140,12 +173,22 @@ def main() -> None:
             ref = run(scenario(kind, n, lengths[0]), "serial")
             for rounds in lengths:
                 r = run(scenario(kind, n, rounds), "ray")
-                vs = f"{r['whole'] / ref['whole']:.2f}x, {r['per_round'] / ref['per_round']:.2f}x" if rounds == lengths[0] else ""
+                vs = (
+                    f"{r['whole'] / ref['whole']:.2f}x, {r['per_round'] / ref['per_round']:.2f}x"
+                    if rounds == lengths[0]
+                    else ""
+                )
                 m = r["mb"]
-                print(f"{case + ' ' + str(n):<22} {'ray':<6} {rounds:>6} {r['whole']:9.1f} {r['startup']:10.1f} "
-                      f"{r['per_round']:8.3f} {m['driver']:9.0f} {m['hosts']:9.0f}  {vs}", flush=True)
-            print(f"{case + ' ' + str(n):<22} {'serial':<6} {lengths[0]:>6} {ref['whole']:9.1f} {ref['startup']:10.1f} "
-                  f"{ref['per_round']:8.3f} {ref['mb']['driver']:9.0f} {'-':>9}", flush=True)
+                print(
+                    f"{case + ' ' + str(n):<22} {'ray':<6} {rounds:>6} {r['whole']:9.1f} {r['startup']:10.1f} "
+                    f"{r['per_round']:8.3f} {m['driver']:9.0f} {m['hosts']:9.0f}  {vs}",
+                    flush=True,
+                )
+            print(
+                f"{case + ' ' + str(n):<22} {'serial':<6} {lengths[0]:>6} {ref['whole']:9.1f} {ref['startup']:10.1f} "
+                f"{ref['per_round']:8.3f} {ref['mb']['driver']:9.0f} {'-':>9}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

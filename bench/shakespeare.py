@@ -13,6 +13,7 @@ takes far longer.
 Prints per method: accuracy and bottom decile on the roles' test windows (LEAF's split),
 seconds per round, the whole process; then FedEM's accuracy against FedAvg's (the ratio).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,37 @@ SCENARIO = {"fedavg": "shakespeare_fedavg.yaml", "fedem": "shakespeare_fedem.yam
 
 def run(method: str, lr: float, args, tmp: str) -> dict:
     out = Path(tmp) / f"{method}-{lr}.json"
-    sets = {"rounds": args.rounds, "seed": args.seed, "data.clients": args.clients, "data.max_chars": args.chars,
-            "model.hidden": args.hidden, "algorithm.lr": lr, "algorithm.momentum": 0,
-            "algorithm.weight_decay": 0, "algorithm.batch_size": args.batch, "algorithm.lr_schedule": "constant",
-            "eval.every": args.eval_every, "resources.hosts": 2, "checkpoint.every": 0,
-            "tracking.uri": f"sqlite:///{tmp}/mlflow.db", "checkpoint.dir": f"{tmp}/ck"}
+    sets = {
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "data.clients": args.clients,
+        "data.max_chars": args.chars,
+        "model.hidden": args.hidden,
+        "algorithm.lr": lr,
+        "algorithm.momentum": 0,
+        "algorithm.weight_decay": 0,
+        "algorithm.batch_size": args.batch,
+        "algorithm.lr_schedule": "constant",
+        "eval.every": args.eval_every,
+        "resources.hosts": 2,
+        "checkpoint.every": 0,
+        "tracking.uri": f"sqlite:///{tmp}/mlflow.db",
+        "checkpoint.dir": f"{tmp}/ck",
+    }
     if method == "local":
         sets["algorithm.name"] = "local"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(ROOT / "scenarios" / SCENARIO[method]), "-q",
-           "--summary", str(out), "--engine", args.engine]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        str(ROOT / "scenarios" / SCENARIO[method]),
+        "-q",
+        "--summary",
+        str(out),
+        "--engine",
+        args.engine,
+    ]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     t0 = time.perf_counter()
@@ -69,17 +92,26 @@ def main() -> None:
                 s = results[m, lr] = run(m, lr, args, tmp)
                 f = s["final"]
                 rounds_s = sum(h["round_seconds"] for h in s["history"])
-                print(f"{m:7s} lr {lr:<5g} accuracy {f['accuracy']:.4f}  bottom decile {f['bottom_decile_accuracy']:.4f}  "
-                      f"{rounds_s / args.rounds:.2f} s/round  whole process {s['process_s']:.1f} s", flush=True)
-    best = {m: max((r for r in results if r[0] == m), key=lambda r: results[r]["final"]["accuracy"])
-            for m in dict.fromkeys(m for m, _ in results)}
+                print(
+                    f"{m:7s} lr {lr:<5g} accuracy {f['accuracy']:.4f}  bottom decile {f['bottom_decile_accuracy']:.4f}  "
+                    f"{rounds_s / args.rounds:.2f} s/round  whole process {s['process_s']:.1f} s",
+                    flush=True,
+                )
+    best = {
+        m: max((r for r in results if r[0] == m), key=lambda r: results[r]["final"]["accuracy"])
+        for m in dict.fromkeys(m for m, _ in results)
+    }
     if "fedem" in best and "fedavg" in best:
         a, b = results[best["fedem"]]["final"], results[best["fedavg"]]["final"]
-        print(f"FedEM (lr {best['fedem'][1]:g}) / FedAvg (reference, lr {best['fedavg'][1]:g}), each at its best "
-              f"learning rate: accuracy {a['accuracy']:.4f} / {b['accuracy']:.4f} = {a['accuracy'] / b['accuracy']:.3f}; "
-              f"bottom decile {a['bottom_decile_accuracy']:.4f} / {b['bottom_decile_accuracy']:.4f}")
-    print(f"({args.clients} roles x {args.chars} characters, LSTM {args.hidden}, SGD batch {args.batch}, "
-          f"{args.rounds} rounds, seed {args.seed}, engine {args.engine})")
+        print(
+            f"FedEM (lr {best['fedem'][1]:g}) / FedAvg (reference, lr {best['fedavg'][1]:g}), each at its best "
+            f"learning rate: accuracy {a['accuracy']:.4f} / {b['accuracy']:.4f} = {a['accuracy'] / b['accuracy']:.3f}; "
+            f"bottom decile {a['bottom_decile_accuracy']:.4f} / {b['bottom_decile_accuracy']:.4f}"
+        )
+    print(
+        f"({args.clients} roles x {args.chars} characters, LSTM {args.hidden}, SGD batch {args.batch}, "
+        f"{args.rounds} rounds, seed {args.seed}, engine {args.engine})"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ optimizer over the whole model), on the same workload (bench/sosicfl.yaml): the 
 Prints the bare loop's training seconds, raysim's (its rounds without the final evaluation),
 raysim's whole process and the ratios.
 """
+
 from __future__ import annotations
 
 import sys
@@ -50,21 +51,36 @@ class SimplexLinear(nn.Linear):
 
 def simple_cnn():
     return nn.Sequential(
-        nn.Conv2d(1, 16, 5), nn.LeakyReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 5, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(256, 128), nn.LeakyReLU(), SimplexLinear(128, CLASSES, ENDPOINTS, 0))
+        nn.Conv2d(1, 16, 5),
+        nn.LeakyReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=1),
+        nn.LeakyReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.LeakyReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(256, 128),
+        nn.LeakyReLU(),
+        SimplexLinear(128, CLASSES, ENDPOINTS, 0),
+    )
 
 
 def bare() -> float:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    data = [(torch.from_numpy(rng.standard_normal((TRAIN, *SHAPE)).astype(np.float32)),
-             torch.from_numpy(rng.integers(0, CLASSES, TRAIN))) for _ in range(CLIENTS)]
+    data = [
+        (
+            torch.from_numpy(rng.standard_normal((TRAIN, *SHAPE)).astype(np.float32)),
+            torch.from_numpy(rng.integers(0, CLASSES, TRAIN)),
+        )
+        for _ in range(CLIENTS)
+    ]
     model = simple_cnn()
     glob = {n: p.detach().clone() for n, p in model.named_parameters()}
-    model(torch.zeros(BATCH, *SHAPE)).sum().backward()          # one-time setup outside the timing
+    model(torch.zeros(BATCH, *SHAPE)).sum().backward()  # one-time setup outside the timing
     t0 = time.perf_counter()
     for _ in range(ROUNDS):
         new = {n: torch.zeros_like(p) for n, p in glob.items()}
@@ -76,7 +92,7 @@ def bare() -> float:
             x, y = data[k]
             order = torch.randperm(TRAIN)
             for i in range(0, TRAIN, BATCH):
-                idx = order[i:i + BATCH]
+                idx = order[i : i + BATCH]
                 loss = F.cross_entropy(model(x[idx]), y[idx])
                 opt.zero_grad()
                 loss.backward()

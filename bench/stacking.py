@@ -6,6 +6,7 @@ whether it stacks.
 
     python bench/stacking.py
 """
+
 from __future__ import annotations
 
 import time
@@ -51,8 +52,10 @@ def main() -> None:
         reps = 3 if "cnn" in name else 20
         a, b = timed(lambda: stacked.fit(jobs), reps), timed(lambda: alone.fit(jobs), reps)
         size = sum(p.numel() for p in models[0].parameters())
-        print(f"{name:<20} {size:>8} {a * 1e3:>11.2f} {b * 1e3:>14.2f} {a / b:>6.2f}  "
-              f"{'stack' if fwd.stack_across('auto', models[0]) else 'one by one'}")
+        print(
+            f"{name:<20} {size:>8} {a * 1e3:>11.2f} {b * 1e3:>14.2f} {a / b:>6.2f}  "
+            f"{'stack' if fwd.stack_across('auto', models[0]) else 'one by one'}"
+        )
 
 
 if __name__ == "__main__":

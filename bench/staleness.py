@@ -15,6 +15,7 @@ of the clients trained in the last 5 rounds and of those idle for 20 rounds or m
 Runs with a ``systems`` section (availability, dropouts, deadlines) sample from the clients
 online, which this replay does not model: they are skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,16 @@ def staleness(summary: dict, idle: dict[int, int], metric: str) -> dict[str, flo
     x = np.array([idle[c] for c in clients], dtype=float)
     y = np.array([scores[str(c)] if str(c) in scores else scores[c] for c in clients], dtype=float)
     rho = spearmanr(x, y)
-    mean = lambda mask: float(y[mask].mean()) if mask.any() else float("nan")    # noqa: E731
-    return {"rho": float(rho.statistic), "p": float(rho.pvalue), "recent": mean(x < 5), "n_recent": int((x < 5).sum()),
-            "idle": mean(x >= 20), "n_idle": int((x >= 20).sum()), "score": float(summary["final"][metric])}
+    mean = lambda mask: float(y[mask].mean()) if mask.any() else float("nan")  # noqa: E731
+    return {
+        "rho": float(rho.statistic),
+        "p": float(rho.pvalue),
+        "recent": mean(x < 5),
+        "n_recent": int((x < 5).sum()),
+        "idle": mean(x >= 20),
+        "n_idle": int((x >= 20).sum()),
+        "score": float(summary["final"][metric]),
+    }
 
 
 def main(argv=None) -> int:
@@ -67,9 +75,15 @@ def main(argv=None) -> int:
     exp = client.get_experiment_by_name(a.experiment)
     if exp is None:
         raise SystemExit(f"staleness: no experiment {a.experiment!r}")
-    runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=50000,
-                              order_by=["tags.variant ASC", "tags.seed ASC"])
-    print(f"| variant | seed | {a.metric} | ρ(rounds idle, score) | p | trained in the last 5 rounds | idle 20+ rounds |")
+    runs = client.search_runs(
+        [exp.experiment_id],
+        "attributes.status = 'FINISHED'",
+        max_results=50000,
+        order_by=["tags.variant ASC", "tags.seed ASC"],
+    )
+    print(
+        f"| variant | seed | {a.metric} | ρ(rounds idle, score) | p | trained in the last 5 rounds | idle 20+ rounds |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in runs:
         variant = r.data.tags.get("variant")
@@ -79,8 +93,10 @@ def main(argv=None) -> int:
         if scenario is None or scenario.get("systems") or f"client_{a.metric}" not in summary["final"]:
             continue
         s = staleness(summary, rounds_idle(scenario), a.metric)
-        print(f"| {variant} | {r.data.tags.get('seed')} | {100 * s['score']:.1f} | {s['rho']:.2f} | {s['p']:.1g} "
-              f"| {100 * s['recent']:.1f} (n={s['n_recent']}) | {100 * s['idle']:.1f} (n={s['n_idle']}) |")
+        print(
+            f"| {variant} | {r.data.tags.get('seed')} | {100 * s['score']:.1f} | {s['rho']:.2f} | {s['p']:.1g} "
+            f"| {100 * s['recent']:.1f} (n={s['n_recent']}) | {100 * s['idle']:.1f} (n={s['n_idle']}) |"
+        )
     return 0
 
 

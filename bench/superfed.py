@@ -10,6 +10,7 @@ clients, batches, optimizer and loss terms, one process, one thread.
 Prints the bare loop's training seconds, raysim's (its rounds without the final evaluation),
 raysim's whole process and the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,20 +49,33 @@ class LinesLinear(nn.Linear):
 
 
 def two_nn(seed_local):
-    return nn.Sequential(nn.Flatten(), LinesLinear(784, 200, seed_local), nn.ReLU(), LinesLinear(200, 200, seed_local),
-                         nn.ReLU(), LinesLinear(200, 200, seed_local), nn.ReLU(), LinesLinear(200, CLASSES, seed_local))
+    return nn.Sequential(
+        nn.Flatten(),
+        LinesLinear(784, 200, seed_local),
+        nn.ReLU(),
+        LinesLinear(200, 200, seed_local),
+        nn.ReLU(),
+        LinesLinear(200, 200, seed_local),
+        nn.ReLU(),
+        LinesLinear(200, CLASSES, seed_local),
+    )
 
 
 def bare() -> float:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    data = [(torch.from_numpy(rng.standard_normal((TRAIN, *SHAPE)).astype(np.float32)),
-             torch.from_numpy(rng.integers(0, CLASSES, TRAIN))) for _ in range(CLIENTS)]
+    data = [
+        (
+            torch.from_numpy(rng.standard_normal((TRAIN, *SHAPE)).astype(np.float32)),
+            torch.from_numpy(rng.integers(0, CLASSES, TRAIN)),
+        )
+        for _ in range(CLIENTS)
+    ]
     models = [two_nn(k) for k in range(CLIENTS)]
     glob = {n: p.detach().clone() for n, p in models[0].named_parameters() if not n.endswith("_local")}
     lines = [m for m in models[0] if isinstance(m, LinesLinear)]
-    warm = two_nn(99)                       # one-time setup outside the timing
+    warm = two_nn(99)  # one-time setup outside the timing
     warm(torch.zeros(BATCH, *SHAPE)).sum().backward()
     t0 = time.perf_counter()
     for _ in range(ROUNDS):
@@ -76,17 +90,16 @@ def bare() -> float:
             x, y = data[k]
             order = torch.randperm(TRAIN)
             for i in range(0, TRAIN, BATCH):
-                idx = order[i:i + BATCH]
+                idx = order[i : i + BATCH]
                 lam = float(np.random.uniform(0.0, 1.0))
                 for m in lines:
                     m.lam = lam
                 loss = F.cross_entropy(model(x[idx]), y[idx])
-                prox = sum(((m.weight - glob[f"{j}.weight"]) ** 2).sum()
-                           for j, m in zip((1, 3, 5, 7), lines))
+                prox = sum(((m.weight - glob[f"{j}.weight"]) ** 2).sum() for j, m in zip((1, 3, 5, 7), lines))
                 dot = sum((m.weight * m.weight_local).sum() for m in lines)
-                nf = sum((m.weight ** 2).sum() for m in lines)
-                nl = sum((m.weight_local ** 2).sum() for m in lines)
-                loss = loss + MU * prox + NU * dot ** 2 / (nf * nl)
+                nf = sum((m.weight**2).sum() for m in lines)
+                nl = sum((m.weight_local**2).sum() for m in lines)
+                loss = loss + MU * prox + NU * dot**2 / (nf * nl)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -102,12 +115,26 @@ def raysim(engine: str, scenario: str = "superfed.yaml") -> tuple[float, float]:
     rounds without the final evaluation, the whole process's seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
-        cmd = [sys.executable, "-m", "raysim.cli", "run", str(HERE / scenario), "-q", "--engine", engine,
-               "--summary", str(summary), "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-               "--set", f"checkpoint.dir={tmp}/ck"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "raysim.cli",
+            "run",
+            str(HERE / scenario),
+            "-q",
+            "--engine",
+            engine,
+            "--summary",
+            str(summary),
+            "--set",
+            f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            "--set",
+            f"checkpoint.dir={tmp}/ck",
+        ]
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent),
-                                                      "OMP_NUM_THREADS": "1"})
+        subprocess.run(
+            cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+        )
         whole = time.perf_counter() - t0
         s = json.loads(summary.read_text())
     train = sum(h["round_seconds"] - h.get("eval_seconds", 0.0) for h in s["history"])
@@ -121,7 +148,9 @@ def compare(name: str, bare_loop, scenario: str) -> None:
     args = ap.parse_args()
     b = bare_loop()
     train, whole = raysim(args.engine, scenario)
-    print(f"{'workload':<10} {'bare train s':>12} {'raysim train s':>15} {'ratio':>6} {'raysim process s':>17} {'ratio':>6}")
+    print(
+        f"{'workload':<10} {'bare train s':>12} {'raysim train s':>15} {'ratio':>6} {'raysim process s':>17} {'ratio':>6}"
+    )
     print(f"{name:<10} {b:12.2f} {train:15.2f} {train / b:6.2f} {whole:17.2f} {whole / b:6.2f}")
 
 

@@ -17,6 +17,7 @@
 Everything is virtual time from the seed: the figures of the async and deadline parts are the
 same on any machine; the cost part is wall time and varies with the machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,20 +30,33 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-FLEET = {"speed": {"dist": "lognormal", "value": 50, "sigma": 1.5},
-         "down": {"dist": "lognormal", "value": 20, "sigma": 0.5},
-         "up": {"dist": "lognormal", "value": 5, "sigma": 0.5},
-         "latency": {"dist": "uniform", "low": 0.02, "high": 0.2}}
+FLEET = {
+    "speed": {"dist": "lognormal", "value": 50, "sigma": 1.5},
+    "down": {"dist": "lognormal", "value": 20, "sigma": 0.5},
+    "up": {"dist": "lognormal", "value": 5, "sigma": 0.5},
+    "latency": {"dist": "uniform", "low": 0.02, "high": 0.2},
+}
 
 
 def fashion(tmp: Path, name: str, rounds: int, systems: dict, every: int) -> str:
-    sc = {"name": name, "seed": 0, "rounds": rounds,
-          "data": {"dataset": "fashion_mnist", "clients": 100, "partition": {"kind": "dirichlet", "alpha": 0.3},
-                   "splits": {"train": 0.8, "test": 0.2}},
-          "model": {"name": "mlp", "hidden": [100]},
-          "algorithm": {"name": "fedavg", "lr": 0.05, "batch_size": 32, "local_epochs": 1},
-          "sampling": {"count": 20}, "eval": {"every": every}, **({"systems": systems} if systems else {}),
-          "resources": {"hosts": 2, "cpus_per_host": 1}, "checkpoint": {"every": 0}}
+    sc = {
+        "name": name,
+        "seed": 0,
+        "rounds": rounds,
+        "data": {
+            "dataset": "fashion_mnist",
+            "clients": 100,
+            "partition": {"kind": "dirichlet", "alpha": 0.3},
+            "splits": {"train": 0.8, "test": 0.2},
+        },
+        "model": {"name": "mlp", "hidden": [100]},
+        "algorithm": {"name": "fedavg", "lr": 0.05, "batch_size": 32, "local_epochs": 1},
+        "sampling": {"count": 20},
+        "eval": {"every": every},
+        **({"systems": systems} if systems else {}),
+        "resources": {"hosts": 2, "cpus_per_host": 1},
+        "checkpoint": {"every": 0},
+    }
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(sc))
     return str(path)
@@ -51,15 +65,17 @@ def fashion(tmp: Path, name: str, rounds: int, systems: dict, every: int) -> str
 def driver(path: str, overrides=()):
     from raysim.engine.serial import serial_driver
     from raysim.scenario import config
+
     return serial_driver(config.load(path, list(overrides)))
 
 
 def cost(tmp: Path, rounds: int = 40) -> None:
     import statistics
+
     plain = driver(fashion(tmp, "plain", rounds, None, 1000))
     fleet = driver(fashion(tmp, "fleet", rounds, FLEET, 1000))
     times = {"plain": [], "fleet": []}
-    for r in range(rounds - 1):                  # the last round evaluates
+    for r in range(rounds - 1):  # the last round evaluates
         pair = (("plain", plain), ("fleet", fleet)) if r % 2 else (("fleet", fleet), ("plain", plain))
         for name, d in pair:
             t = time.perf_counter()
@@ -67,9 +83,12 @@ def cost(tmp: Path, rounds: int = 40) -> None:
             times[name].append(time.perf_counter() - t)
     a, b = statistics.median(times["fleet"][2:]), statistics.median(times["plain"][2:])
     same = [h["train_loss"] for h in plain.history] == [h["train_loss"] for h in fleet.history]
-    print(f"cost: Fashion-MNIST MLP, 20 clients a round, {len(times['plain'])} rounds alternated: with the fleet "
-          f"{1000 * a:.1f} ms a round (median), without {1000 * b:.1f} ms; ratio {a / b:.3f} (the same training: "
-          f"{same})", flush=True)
+    print(
+        f"cost: Fashion-MNIST MLP, 20 clients a round, {len(times['plain'])} rounds alternated: with the fleet "
+        f"{1000 * a:.1f} ms a round (median), without {1000 * b:.1f} ms; ratio {a / b:.3f} (the same training: "
+        f"{same})",
+        flush=True,
+    )
 
 
 def to_target(d, target: float, cap: int) -> tuple[float | None, float, int]:
@@ -86,9 +105,11 @@ def to_target(d, target: float, cap: int) -> tuple[float | None, float, int]:
 
 
 def asynchronous(tmp: Path, target: float) -> None:
-    runs = [("sync FedAvg", {"aggregation": "sync"}, 150, 2),
-            ("FedBuff", {"aggregation": "fedbuff", "buffer": 10}, 400, 4),
-            ("FedAsync", {"aggregation": "fedasync", "alpha": 0.6, "staleness": "hinge"}, 1500, 20)]
+    runs = [
+        ("sync FedAvg", {"aggregation": "sync"}, 150, 2),
+        ("FedBuff", {"aggregation": "fedbuff", "buffer": 10}, 400, 4),
+        ("FedAsync", {"aggregation": "fedasync", "alpha": 0.6, "staleness": "hinge"}, 1500, 20),
+    ]
     out = {}
     for name, extra, cap, every in runs:
         t = time.perf_counter()
@@ -96,8 +117,11 @@ def asynchronous(tmp: Path, target: float) -> None:
         hours, acc, steps = to_target(d, target, cap)
         out[name] = hours
         shown = f"{hours:.3f} virtual hours" if hours is not None else f"not reached in {steps} steps"
-        print(f"async: {name:<12} to {target:.0%} accuracy: {shown} ({steps} server steps, accuracy {acc:.4f}; "
-              f"{time.perf_counter() - t:.0f} s of wall time)", flush=True)
+        print(
+            f"async: {name:<12} to {target:.0%} accuracy: {shown} ({steps} server steps, accuracy {acc:.4f}; "
+            f"{time.perf_counter() - t:.0f} s of wall time)",
+            flush=True,
+        )
     if out["FedBuff"] and out["sync FedAvg"]:
         print(f"async: FedBuff / sync FedAvg virtual time to {target:.0%}: {out['FedBuff'] / out['sync FedAvg']:.2f}")
 
@@ -107,11 +131,14 @@ def deadline(tmp: Path, rounds: int) -> None:
         d = driver(fashion(tmp, "deadline" if extra else "wait", rounds, {**FLEET, **extra}, rounds))
         for _ in range(rounds):
             rec = d.step()
-        print(f"deadline: {name:<14} accuracy {rec['accuracy']:.4f}; slowest tenth {rec['slowest_decile_accuracy']:.4f} "
-              f"(took part {rec['slowest_decile_participation']:.1f} rounds), fastest tenth "
-              f"{rec['fastest_decile_accuracy']:.4f} ({rec['fastest_decile_participation']:.1f}); gap "
-              f"{rec['fastest_decile_accuracy'] - rec['slowest_decile_accuracy']:+.4f}; never took part "
-              f"{rec['never_participated']:.0%}; {rec['virtual_time_s'] / 3600:.2f} virtual hours", flush=True)
+        print(
+            f"deadline: {name:<14} accuracy {rec['accuracy']:.4f}; slowest tenth {rec['slowest_decile_accuracy']:.4f} "
+            f"(took part {rec['slowest_decile_participation']:.1f} rounds), fastest tenth "
+            f"{rec['fastest_decile_accuracy']:.4f} ({rec['fastest_decile_participation']:.1f}); gap "
+            f"{rec['fastest_decile_accuracy'] - rec['slowest_decile_accuracy']:+.4f}; never took part "
+            f"{rec['never_participated']:.0%}; {rec['virtual_time_s'] / 3600:.2f} virtual hours",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -121,10 +148,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60, help="rounds of the deadline part")
     args = ap.parse_args()
     import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts:
-            {"cost": lambda: cost(Path(tmp)), "async": lambda: asynchronous(Path(tmp), args.target),
-             "deadline": lambda: deadline(Path(tmp), args.rounds)}[part]()
+            {
+                "cost": lambda: cost(Path(tmp)),
+                "async": lambda: asynchronous(Path(tmp), args.target),
+                "deadline": lambda: deadline(Path(tmp), args.rounds),
+            }[part]()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ raysim/federation/compression.py), the median of --repeat calls after a warm-up.
 client's 1 000 samples at batch 10 through an nn.Module, autograd and torch.optim.SGD, the way
 the peers train.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,9 @@ def bare_epoch(model: nn.Module, n: int = 1000, batch: int = 10) -> float:
     def epoch():
         for i in range(0, n, batch):
             opt.zero_grad()
-            loss(model(x[i:i + batch]), y[i:i + batch]).backward()
+            loss(model(x[i : i + batch]), y[i : i + batch]).backward()
             opt.step()
+
     return timed(epoch, 3)
 
 
@@ -70,14 +72,18 @@ def main() -> None:
         reply = Weighted([p + 0.01 * torch.randn_like(p) for p in shared], 100.0)
         d = sum(p.numel() for p in shared)
         rows = [("privacy: clip", lambda: privacy.clip(reply, shared, 0.1))]
-        for name, cfg in (("qsgd, s = 16", CommunicationCfg("qsgd", 16)),
-                          ("topk 1 %", CommunicationCfg("topk", ratio=0.01)),
-                          ("topk 1 %, error feedback", CommunicationCfg("topk", ratio=0.01, error_feedback=True)),
-                          ("randk 1 %", CommunicationCfg("randk", ratio=0.01))):
+        for name, cfg in (
+            ("qsgd, s = 16", CommunicationCfg("qsgd", 16)),
+            ("topk 1 %", CommunicationCfg("topk", ratio=0.01)),
+            ("topk 1 %, error feedback", CommunicationCfg("topk", ratio=0.01, error_feedback=True)),
+            ("randk 1 %", CommunicationCfg("randk", ratio=0.01)),
+        ):
             rows.append((name, lambda cfg=cfg: compression.upload(reply, shared, cfg, None, 0, 0, 0)))
         epoch = bare_epoch(model)
-        print(f"MLP {'-'.join(map(str, sizes))} (d = {d}): one local epoch of the bare loop, 1 000 samples: "
-              f"{epoch * 1e3:.1f} ms")
+        print(
+            f"MLP {'-'.join(map(str, sizes))} (d = {d}): one local epoch of the bare loop, 1 000 samples: "
+            f"{epoch * 1e3:.1f} ms"
+        )
         print(f"  {'transform':28s} {'µs per client':>14s} {'/ bare epoch':>13s}")
         for name, fn in rows:
             s = timed(fn, args.repeat)

@@ -19,6 +19,7 @@ from it; none of them is committed:
 A key the code adds without a description here (a new top-level section, a new exit code)
 stops the build with an error naming it, rather than leaving a page that silently misses it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-log = logging.getLogger("mkdocs.hooks.gen_ref")      # under "mkdocs": --strict counts its warnings
+log = logging.getLogger("mkdocs.hooks.gen_ref")  # under "mkdocs": --strict counts its warnings
 
 SCENARIO, CLI, METHODS = "reference/scenario.md", "reference/cli.md", "reference/methods.md"
 
@@ -48,8 +49,10 @@ def on_files(files, config):
     for uri, make in ((SCENARIO, scenario_page), (CLI, cli_page), (METHODS, methods_page)):
         old = files.get_file_from_path(uri)
         if old is not None:
-            log.warning(f"docs/{uri} is generated at build time from the code (docs/gen_ref.py); "
-                        f"delete the file, it is not used")
+            log.warning(
+                f"docs/{uri} is generated at build time from the code (docs/gen_ref.py); "
+                f"delete the file, it is not used"
+            )
             files.remove(old)
         files.append(File.generated(config, uri, content=make()))
     return files
@@ -68,7 +71,7 @@ _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 
 def _escape_plain(s: str, markup: bool) -> str:
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    if not markup:           # help strings are plain text: no emphasis or links
+    if not markup:  # help strings are plain text: no emphasis or links
         s = re.sub(r"([\\`*_\[\]])", r"\\\1", s)
     # no attribute lists ({...}) and no table cells split at a pipe
     return s.replace("{", "&#123;").replace("}", "&#125;").replace("|", "\\|")
@@ -79,7 +82,7 @@ def text(s: str, markup: bool = False) -> str:
     escaped outside code spans; code spans kept as written."""
     out, pos = [], 0
     for m in _CODE_SPAN.finditer(s):
-        out.append(_escape_plain(s[pos:m.start()], markup))
+        out.append(_escape_plain(s[pos : m.start()], markup))
         out.append(m.group(0))
         pos = m.end()
     out.append(_escape_plain(s[pos:], markup))
@@ -106,9 +109,9 @@ def docstring(doc: str | None) -> str:
     if not doc:
         return ""
     out: list[str] = []
-    base: int | None = None         # the current paragraph's indent
-    item: int | None = None         # the current list item's text column
-    laid_out = False                # the previous line was laid out on its own
+    base: int | None = None  # the current paragraph's indent
+    item: int | None = None  # the current list item's text column
+    laid_out = False  # the previous line was laid out on its own
     for raw in inspect.cleandoc(doc).splitlines():
         if not raw.strip():
             out.append("")
@@ -120,18 +123,18 @@ def docstring(doc: str | None) -> str:
         m = _ITEM.match(raw)
         if m and (item is None or indent < item) and (base is None or indent <= base):
             if out and out[-1] and item is None:
-                out.append("")                      # a list needs a blank line before it
-            out.append(raw[:m.end()].strip() + " " + text(raw[m.end():].strip(), markup=True))
+                out.append("")  # a list needs a blank line before it
+            out.append(raw[: m.end()].strip() + " " + text(raw[m.end() :].strip(), markup=True))
             base, item, laid_out = indent, m.end(), False
             continue
         expected = item if item is not None else base
-        if expected is None:                        # a paragraph's first line
+        if expected is None:  # a paragraph's first line
             out.append(body)
             base = indent
-        elif indent > expected and out:             # a line laid out on its own
+        elif indent > expected and out:  # a line laid out on its own
             out[-1] += "<br>&emsp;" + body
             laid_out = True
-        elif laid_out:                              # the text goes on below such lines
+        elif laid_out:  # the text goes on below such lines
             out[-1] += "<br>" + body
             laid_out = False
         else:
@@ -172,8 +175,9 @@ def type_name(t) -> str:
         return f"list of {type_name(typing.get_args(t)[0])}s"
     if dataclasses.is_dataclass(t):
         return "mapping"
-    return {int: "integer", float: "number", bool: "boolean", str: "string",
-            type(None): "null"}.get(t, getattr(t, "__name__", str(t)))
+    return {int: "integer", float: "number", bool: "boolean", str: "string", type(None): "null"}.get(
+        t, getattr(t, "__name__", str(t))
+    )
 
 
 def yaml_value(v) -> str:
@@ -245,40 +249,73 @@ KEY_HEADER = ["Key", "Type", "Default", "Allowed", "Description"]
 def _scalars() -> dict[str, tuple[str, str, str, str]]:
     from raysim.scenario.schema import SEED
     from raysim.scenario.sections import DataCfg
+
     data_help = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(DataCfg)}
     return {
-        "name": ("string", "the file's name without .yaml", "",
-                 "the run's name (MLflow's run name); a sweep variant's is NAME-VARIANT"),
-        "seed": ("integer", code("0"), allowed(SEED),
-                 "the seed every random draw derives from (partition, model init, sampling, batches)"),
+        "name": (
+            "string",
+            "the file's name without .yaml",
+            "",
+            "the run's name (MLflow's run name); a sweep variant's is NAME-VARIANT",
+        ),
+        "seed": (
+            "integer",
+            code("0"),
+            allowed(SEED),
+            "the seed every random draw derives from (partition, model init, sampling, batches)",
+        ),
         "rounds": ("integer", "required", "≥ 1", "communication rounds"),
-        "seeds": ("list of integers", "none", "distinct, each as seed",
-                  f"{code('raysim run')} runs every variant once per seed, nested under one parent run "
-                  f"(the command line's {code('--seeds')} wins)"),
-        "sweep": ("mapping", "none", "",
-                  f"variants {code('{NAME: {dotted.key: value, ...}}')}, each applied to the rest of the file "
-                  f"(run them with {code('raysim run')}; one with {code('--variant NAME')})"),
-        "grid": ("mapping", "none", "each list non-empty, its values distinct",
-                 f"{code('{dotted.key: [value, ...], ...}')}: one variant per combination of values (the cartesian "
-                 f"product), named by them ({code('lr=0.01,mu=0.1')}); with {code('sweep')}, every variant at "
-                 f"every combination ({code('fedprox,lr=0.01')})"),
+        "seeds": (
+            "list of integers",
+            "none",
+            "distinct, each as seed",
+            f"{code('raysim run')} runs every variant once per seed, nested under one parent run "
+            f"(the command line's {code('--seeds')} wins)",
+        ),
+        "sweep": (
+            "mapping",
+            "none",
+            "",
+            f"variants {code('{NAME: {dotted.key: value, ...}}')}, each applied to the rest of the file "
+            f"(run them with {code('raysim run')}; one with {code('--variant NAME')})",
+        ),
+        "grid": (
+            "mapping",
+            "none",
+            "each list non-empty, its values distinct",
+            f"{code('{dotted.key: [value, ...], ...}')}: one variant per combination of values (the cartesian "
+            f"product), named by them ({code('lr=0.01,mu=0.1')}); with {code('sweep')}, every variant at "
+            f"every combination ({code('fedprox,lr=0.01')})",
+        ),
         "data.dataset": ("string", "required", "a dataset below", "the dataset; its own options sit beside it in data"),
         "data.clients": ("integer", "required", "≥ 1", text(data_help["clients"] or "number of clients")),
-        "data.partition.kind": ("string", "the dataset's first (iid for a pooled dataset)", "a partitioner below",
-                                f"how a pooled dataset is split among the clients; {code('partition: NAME')} "
-                                f"is short for {code('partition: {kind: NAME}')}; its options sit beside kind"),
-        "model.name": ("string", "required", "a model below",
-                       f"the model; {code('model: NAME')} is short for {code('model: {name: NAME}')}"),
-        "algorithm.name": ("string", "required", "an algorithm below",
-                           f"the method; {code('algorithm: NAME')} is short for {code('algorithm: {name: NAME}')}"),
+        "data.partition.kind": (
+            "string",
+            "the dataset's first (iid for a pooled dataset)",
+            "a partitioner below",
+            f"how a pooled dataset is split among the clients; {code('partition: NAME')} "
+            f"is short for {code('partition: {kind: NAME}')}; its options sit beside kind",
+        ),
+        "model.name": (
+            "string",
+            "required",
+            "a model below",
+            f"the model; {code('model: NAME')} is short for {code('model: {name: NAME}')}",
+        ),
+        "algorithm.name": (
+            "string",
+            "required",
+            "an algorithm below",
+            f"the method; {code('algorithm: NAME')} is short for {code('algorithm: {name: NAME}')}",
+        ),
     }
 
 
 SECTION_NOTES = {
     "sampling": "Give either `fraction` or `count`, not both; neither: every training client, every round. "
-                "Leave it out with a topology (every client takes part in every gossip round).",
+    "Leave it out with a topology (every client takes part in every gossip round).",
     "topology": "Absent or null: the clients train with a server (a star). Present: decentralized, each "
-                "client gossips with its neighbours (only methods with a decentralized form).",
+    "client gossips with its neighbours (only methods with a decentralized form).",
     "resources": "`hosts` defaults to the number of clients when there are fewer clients than 2.",
 }
 
@@ -291,16 +328,21 @@ def _scalar_row(key: str, spec) -> list[str]:
 def _section_class(name: str):
     """The dataclass of a top-level section (``Scenario``'s field's type, Optional unwrapped)."""
     from raysim.scenario.sections import Scenario
+
     t = typing.get_type_hints(Scenario).get(name)
     if typing.get_origin(t) in (typing.Union, types.UnionType):
         t = next(a for a in typing.get_args(t) if a is not type(None))
     return t
 
 
-def _component_sections(title: str, intro: str, registry: dict, params_of, prefix: str, id_prefix: str,
-                        extra=None) -> list[str]:
-    out = [f"## {title} {{ #{id_prefix}s }}\n", intro + " Besides the built-in ones listed here, a name may "
-           f"be {code('module:Name')} or an installed plugin's ([Plugins](../how-to/plugins.md)).\n"]
+def _component_sections(
+    title: str, intro: str, registry: dict, params_of, prefix: str, id_prefix: str, extra=None
+) -> list[str]:
+    out = [
+        f"## {title} {{ #{id_prefix}s }}\n",
+        intro + " Besides the built-in ones listed here, a name may "
+        f"be {code('module:Name')} or an installed plugin's ([Plugins](../how-to/plugins.md)).\n",
+    ]
     for name, spec in registry.items():
         out.append(f"### {name} {{ #{anchor(id_prefix, name)} }}\n")
         out.append(text(spec.summary) + "\n")
@@ -326,48 +368,67 @@ def scenario_page() -> str:
     if missing:
         raise RuntimeError(f"docs/gen_ref.py: scenario key {missing[0]!r} has no description; add it to _scalars()")
 
-    out = ["# Scenario keys\n",
-           "A scenario is one YAML file. This page lists every key it may hold, generated from the "
-           "dataclasses that validate it, so it always matches the code. A key is written nested in "
-           f"the file or dotted on the command line ({code('--set algorithm.lr=0.01')}); a sweep variant "
-           "sets dotted keys too.\n",
-           "**Types.** An integer must fit int64 and a number float32 (what the models compute in); "
-           "a number may be written as a string of digits (YAML 1.1 reads `1e-3` as a string). "
-           "**Allowed** bounds are inclusive for ≥ and ≤, strict for > and <. A key not listed "
-           "here is an error, and so is a value out of range: the message names the file and the key.\n",
-           "## Top level { #top-level }\n"]
+    out = [
+        "# Scenario keys\n",
+        "A scenario is one YAML file. This page lists every key it may hold, generated from the "
+        "dataclasses that validate it, so it always matches the code. A key is written nested in "
+        f"the file or dotted on the command line ({code('--set algorithm.lr=0.01')}); a sweep variant "
+        "sets dotted keys too.\n",
+        "**Types.** An integer must fit int64 and a number float32 (what the models compute in); "
+        "a number may be written as a string of digits (YAML 1.1 reads `1e-3` as a string). "
+        "**Allowed** bounds are inclusive for ≥ and ≤, strict for > and <. A key not listed "
+        "here is an error, and so is a value out of range: the message names the file and the key.\n",
+        "## Top level { #top-level }\n",
+    ]
     rows = []
     for key in (*TOP_KEYS[:3], "seeds", "sweep", "grid", *TOP_KEYS[3:]):
         if key in scalars:
             rows.append(_scalar_row(key, scalars[key]))
         else:
-            default = {"data": "required", "model": "required", "algorithm": "required",
-                       "topology": "none (a server)"}.get(key, "every key's default")
+            default = {
+                "data": "required",
+                "model": "required",
+                "algorithm": "required",
+                "topology": "none (a server)",
+            }.get(key, "every key's default")
             rows.append([code(key), "mapping", default, "", f"[the {key} section](#{key})"])
     out.append(table(KEY_HEADER, rows))
 
     # data: the dataset, clients, the partition, the splits
     out.append("## data { #data }\n")
-    out.append(f"The data: a dataset (its options beside {code('dataset')}: see [Datasets](#datasets)), "
-               f"the number of clients, the partition of a pooled dataset (its options beside "
-               f"{code('kind')}: see [Partitioners](#partitions)) and every client's train/validation/test "
-               f"split (the three sum to 1).\n")
-    rows = [_scalar_row("data.dataset", scalars["data.dataset"]), _scalar_row("data.clients", scalars["data.clients"]),
-            _scalar_row("data.partition.kind", scalars["data.partition.kind"])]
+    out.append(
+        f"The data: a dataset (its options beside {code('dataset')}: see [Datasets](#datasets)), "
+        f"the number of clients, the partition of a pooled dataset (its options beside "
+        f"{code('kind')}: see [Partitioners](#partitions)) and every client's train/validation/test "
+        f"split (the three sum to 1).\n"
+    )
+    rows = [
+        _scalar_row("data.dataset", scalars["data.dataset"]),
+        _scalar_row("data.clients", scalars["data.clients"]),
+        _scalar_row("data.partition.kind", scalars["data.partition.kind"]),
+    ]
     hints = typing.get_type_hints(DataCfg)
     for f in dataclasses.fields(DataCfg):
         t = hints[f.name]
         if dataclasses.is_dataclass(t) and t is not Component:
-            rows.append([code(f"data.{f.name}"), "mapping", "see below", "",
-                         text(f.metadata.get("help") or first_line(own_doc(t)) or "the keys below")])
+            rows.append(
+                [
+                    code(f"data.{f.name}"),
+                    "mapping",
+                    "see below",
+                    "",
+                    text(f.metadata.get("help") or first_line(own_doc(t)) or "the keys below"),
+                ]
+            )
             rows += key_rows(t, f"data.{f.name}.")
     out.append(table(KEY_HEADER, rows))
 
     for key in ("model", "algorithm"):
         out.append(f"## {key} {{ #{key} }}\n")
         link = "#models" if key == "model" else "#algorithms"
-        out.append(f"The {key} by name; its own options sit beside {code('name')}: see "
-                   f"[{key.capitalize()}s]({link}).\n")
+        out.append(
+            f"The {key} by name; its own options sit beside {code('name')}: see [{key.capitalize()}s]({link}).\n"
+        )
         out.append(table(KEY_HEADER, [_scalar_row(f"{key}.name", scalars[f"{key}.name"])]))
 
     for key in TOP_KEYS:
@@ -386,24 +447,51 @@ def scenario_page() -> str:
         parts = partitions_of(name)
         if not parts:
             return "Its own client split: no partition."
-        return "Partition: " + ", ".join(f"[{p}](#{anchor('partition', p)})" for p in parts) + \
-            f" (default {code(parts[0])})."
+        return (
+            "Partition: "
+            + ", ".join(f"[{p}](#{anchor('partition', p)})" for p in parts)
+            + f" (default {code(parts[0])})."
+        )
 
     def algorithm_extra(name, cls):
         return f"Described in [Methods](methods.md#{anchor('algorithm', name)})."
 
-    out += _component_sections("Datasets", f"Options of each dataset, written in {code('data')} beside "
-                               f"{code('dataset: NAME')}.", DATASETS, lambda s: s.Params, "data.", "dataset",
-                               dataset_extra)
-    out += _component_sections("Partitioners", f"Options of each partitioner, written in {code('data.partition')} "
-                               f"beside {code('kind: NAME')}.", PARTITIONERS, lambda s: s.Params,
-                               "data.partition.", "partition")
-    out += _component_sections("Models", f"Options of each model, written in {code('model')} beside "
-                               f"{code('name: NAME')}.", MODELS, lambda s: s.Params, "model.", "model")
-    out += _component_sections("Algorithms", f"Options of each algorithm, written in {code('algorithm')} "
-                               f"beside {code('name: NAME')}. Defaults are the method's paper's or its "
-                               f"official code's ([Methods](methods.md) says which).",
-                               algorithms.REGISTRY, lambda a: a.Hyper, "algorithm.", "algorithm", algorithm_extra)
+    out += _component_sections(
+        "Datasets",
+        f"Options of each dataset, written in {code('data')} beside {code('dataset: NAME')}.",
+        DATASETS,
+        lambda s: s.Params,
+        "data.",
+        "dataset",
+        dataset_extra,
+    )
+    out += _component_sections(
+        "Partitioners",
+        f"Options of each partitioner, written in {code('data.partition')} beside {code('kind: NAME')}.",
+        PARTITIONERS,
+        lambda s: s.Params,
+        "data.partition.",
+        "partition",
+    )
+    out += _component_sections(
+        "Models",
+        f"Options of each model, written in {code('model')} beside {code('name: NAME')}.",
+        MODELS,
+        lambda s: s.Params,
+        "model.",
+        "model",
+    )
+    out += _component_sections(
+        "Algorithms",
+        f"Options of each algorithm, written in {code('algorithm')} "
+        f"beside {code('name: NAME')}. Defaults are the method's paper's or its "
+        f"official code's ([Methods](methods.md) says which).",
+        algorithms.REGISTRY,
+        lambda a: a.Hyper,
+        "algorithm.",
+        "algorithm",
+        algorithm_extra,
+    )
     return "\n".join(out)
 
 
@@ -413,6 +501,7 @@ def _exit_codes() -> list[tuple[int, str, str]]:
     against raysim.errors' EXIT_* constants."""
     import raysim.cli as cli
     import raysim.errors as errors
+
     names = {v: k for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
     doc = " ".join(cli.__doc__.split())
     m = re.search(r"Exit codes:(.*?)(?:\.\s|\.$)", doc)
@@ -423,8 +512,10 @@ def _exit_codes() -> list[tuple[int, str, str]]:
         num, _, meaning = part.strip().partition(" ")
         found[int(num)] = meaning.strip()
     if set(found) != set(names):
-        raise RuntimeError(f"docs/gen_ref.py: exit codes in raysim/cli.py's docstring {sorted(found)} "
-                           f"differ from raysim/errors.py's {sorted(names)}")
+        raise RuntimeError(
+            f"docs/gen_ref.py: exit codes in raysim/cli.py's docstring {sorted(found)} "
+            f"differ from raysim/errors.py's {sorted(names)}"
+        )
     return [(c, names[c], found[c]) for c in sorted(found)]
 
 
@@ -494,16 +585,21 @@ def cli_page() -> str:
 
     parser = cli.build_parser()
     commands = list(_commands(parser))
-    out = ["# Command line\n",
-           f"{text(parser.description or '')} Generated from the command's own argument parser; "
-           f"{code('raysim COMMAND --help')} prints the same.\n",
-           "```text\n" + _usage(parser) + "\n```\n",
-           table(["Command", "What it does"],
-                 [[f"[{code('raysim ' + ' '.join(w))}](#{anchor('raysim', '-'.join(w))})", text(h or "")]
-                  for w, _, h in commands]),
-           "## Exit codes { #exit-codes }\n",
-           table(["Code", "Name", "Meaning"],
-                 [[code(c), code(n), text(m)] for c, n, m in _exit_codes()])]
+    out = [
+        "# Command line\n",
+        f"{text(parser.description or '')} Generated from the command's own argument parser; "
+        f"{code('raysim COMMAND --help')} prints the same.\n",
+        "```text\n" + _usage(parser) + "\n```\n",
+        table(
+            ["Command", "What it does"],
+            [
+                [f"[{code('raysim ' + ' '.join(w))}](#{anchor('raysim', '-'.join(w))})", text(h or "")]
+                for w, _, h in commands
+            ],
+        ),
+        "## Exit codes { #exit-codes }\n",
+        table(["Code", "Name", "Meaning"], [[code(c), code(n), text(m)] for c, n, m in _exit_codes()]),
+    ]
     helped: dict[str, tuple[str, ...]] = {}
     for words, sub, _ in commands:
         for a in sub._actions:
@@ -516,10 +612,13 @@ def cli_page() -> str:
             out.append(text(help_[0].upper() + help_[1:]) + ".\n")
         out.append("```text\n" + _usage(sub) + "\n```\n")
         rows = _arg_rows(sub, helped)
-        nested = [w for w, _, _ in commands if len(w) == len(words) + 1 and w[:len(words)] == words]
+        nested = [w for w, _, _ in commands if len(w) == len(words) + 1 and w[: len(words)] == words]
         if nested:
-            out.append("Subcommands: " + ", ".join(
-                f"[{code('raysim ' + ' '.join(w))}](#{anchor('raysim', '-'.join(w))})" for w in nested) + ".\n")
+            out.append(
+                "Subcommands: "
+                + ", ".join(f"[{code('raysim ' + ' '.join(w))}](#{anchor('raysim', '-'.join(w))})" for w in nested)
+                + ".\n"
+            )
         if rows:
             out.append(table(["Argument", "Default", "Description"], rows))
         elif not nested:
@@ -536,8 +635,10 @@ def by_family(reg: dict) -> list[tuple[str, type]]:
     order within a family; a family outside ``FAMILIES`` last): the catalogue's and the
     sections' order."""
     from raysim.algorithms.base import FAMILIES
-    return sorted(reg.items(), key=lambda item: FAMILIES.index(item[1].family)
-                  if item[1].family in FAMILIES else len(FAMILIES))
+
+    return sorted(
+        reg.items(), key=lambda item: FAMILIES.index(item[1].family) if item[1].family in FAMILIES else len(FAMILIES)
+    )
 
 
 def catalogue(reg: dict) -> list[str]:
@@ -551,27 +652,44 @@ def catalogue(reg: dict) -> list[str]:
     for name, cls in reg.items():
         missing = [a for a in ("paper", "family", "personal", "sends") if not getattr(cls, a, "")]
         if missing:
-            log.warning(f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__}) sets no {', '.join(missing)}: "
-                        f"the methods catalogue needs them (algorithms/base.py)")
+            log.warning(
+                f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__}) sets no {', '.join(missing)}: "
+                f"the methods catalogue needs them (algorithms/base.py)"
+            )
         elif cls.family not in FAMILIES:
-            log.warning(f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__}): family {cls.family!r} "
-                        f"is not one of {FAMILIES}")
+            log.warning(
+                f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__}): family {cls.family!r} "
+                f"is not one of {FAMILIES}"
+            )
 
-    yn = lambda b: "yes" if b else "no"      # noqa: E731
-    rows = [[f"[{code(n)}](#{anchor('algorithm', n)})", text(a.paper or "(not set)"), text(a.family or "(not set)"),
-             text(a.personal or "(not set)"), text(a.sends or "(not set)"), yn(a.decentralized),
-             yn(a.has_async()), yn(a.unseen), yn(a.split)] for n, a in by_family(reg)]
+    yn = lambda b: "yes" if b else "no"  # noqa: E731
+    rows = [
+        [
+            f"[{code(n)}](#{anchor('algorithm', n)})",
+            text(a.paper or "(not set)"),
+            text(a.family or "(not set)"),
+            text(a.personal or "(not set)"),
+            text(a.sends or "(not set)"),
+            yn(a.decentralized),
+            yn(a.has_async()),
+            yn(a.unseen),
+            yn(a.split),
+        ]
+        for n, a in by_family(reg)
+    ]
     counts = ", ".join(f"{sum(a.family == f for a in reg.values())} {f}" for f in FAMILIES)
-    return [f"{len(reg)} methods ({counts}). **Keeps**: what a client holds between rounds (its state, "
-            f"on its host; \"nothing\": stateless). **Sends**: what a trained client uploads each round. "
-            f"**Gossip**: has a decentralized form (a {code('topology')} in the scenario). **Async**: runs "
-            f"with an asynchronous server ({code('systems.aggregation')}: fedbuff, fedasync): every method "
-            f"with a global model and no other server state. **Unseen**: scores "
-            f"clients that never trained ({code('eval.unseen_fraction')}). **Split**: needs a model with a "
-            f"body and a head ({code('model.head')}). A name links to the method's section below: its "
-            f"update, its defaults and their source, its options.\n",
-            # md_in_html: a class for the catalogue's tighter cells (docs/assets/extra.css)
-            '<div class="catalogue" markdown>\n\n' + table(CATALOGUE_HEADER, rows) + '\n</div>\n']
+    return [
+        f"{len(reg)} methods ({counts}). **Keeps**: what a client holds between rounds (its state, "
+        f'on its host; "nothing": stateless). **Sends**: what a trained client uploads each round. '
+        f"**Gossip**: has a decentralized form (a {code('topology')} in the scenario). **Async**: runs "
+        f"with an asynchronous server ({code('systems.aggregation')}: fedbuff, fedasync): every method "
+        f"with a global model and no other server state. **Unseen**: scores "
+        f"clients that never trained ({code('eval.unseen_fraction')}). **Split**: needs a model with a "
+        f"body and a head ({code('model.head')}). A name links to the method's section below: its "
+        f"update, its defaults and their source, its options.\n",
+        # md_in_html: a class for the catalogue's tighter cells (docs/assets/extra.css)
+        '<div class="catalogue" markdown>\n\n' + table(CATALOGUE_HEADER, rows) + "\n</div>\n",
+    ]
 
 
 def methods_page() -> str:
@@ -580,28 +698,34 @@ def methods_page() -> str:
     from raysim.models import MODELS
 
     reg = algorithms.REGISTRY
-    out = ["# Methods\n",
-           "The algorithms, datasets, models and partitioners a scenario can name, generated from their "
-           f"registries ({code('raysim list')} prints the same names). Each method's text is its source's "
-           "docstring: the paper's update, and the choices made where the paper and its official code differ. "
-           f"Its options are set in the scenario's {code('algorithm')} section "
-           "([Scenario keys](scenario.md#algorithms)).\n",
-           "## Algorithms { #algorithms }\n",
-           *catalogue(reg)]
-    described: dict[str, str] = {}          # module -> the first algorithm that printed its docstring
+    out = [
+        "# Methods\n",
+        "The algorithms, datasets, models and partitioners a scenario can name, generated from their "
+        f"registries ({code('raysim list')} prints the same names). Each method's text is its source's "
+        "docstring: the paper's update, and the choices made where the paper and its official code differ. "
+        f"Its options are set in the scenario's {code('algorithm')} section "
+        "([Scenario keys](scenario.md#algorithms)).\n",
+        "## Algorithms { #algorithms }\n",
+        *catalogue(reg),
+    ]
+    described: dict[str, str] = {}  # module -> the first algorithm that printed its docstring
     for name, cls in by_family(reg):
         out.append(f"### {name} {{ #{anchor('algorithm', name)} }}\n")
         out.append(f"**{text(cls.summary)}**\n")
-        out.append(f"**Paper:** {text(cls.paper or '(not set)')}. **Family:** {text(cls.family or '(not set)')}. "
-                   f"**A client keeps:** {text(cls.personal or '(not set)')}. "
-                   f"**A client sends:** {text(cls.sends or '(not set)')}.\n")
+        out.append(
+            f"**Paper:** {text(cls.paper or '(not set)')}. **Family:** {text(cls.family or '(not set)')}. "
+            f"**A client keeps:** {text(cls.personal or '(not set)')}. "
+            f"**A client sends:** {text(cls.sends or '(not set)')}.\n"
+        )
         source = cls.__module__.replace("raysim.algorithms.", "algorithms/") + ".py"
-        facts = [f"class {code(cls.__name__)} in {code(source)}",
-                 "decentralized form (with a topology): " + ("yes" if cls.decentralized else
-                                                             "no" + (f" ({text(cls.no_gossip)})" if cls.no_gossip else "")),
-                 "needs a model with a head and a body: " + ("yes" if cls.split else "no"),
-                 "scores unseen clients: " + ("yes" if cls.unseen else "no"),
-                 "local update (eval.finetune): " + ("yes" if cls.has_global_model() else "no")]
+        facts = [
+            f"class {code(cls.__name__)} in {code(source)}",
+            "decentralized form (with a topology): "
+            + ("yes" if cls.decentralized else "no" + (f" ({text(cls.no_gossip)})" if cls.no_gossip else "")),
+            "needs a model with a head and a body: " + ("yes" if cls.split else "no"),
+            "scores unseen clients: " + ("yes" if cls.unseen else "no"),
+            "local update (eval.finetune): " + ("yes" if cls.has_global_model() else "no"),
+        ]
         out.append("; ".join(facts) + ".\n")
         module = sys.modules[cls.__module__]
         if cls.__module__ in described:
@@ -618,21 +742,39 @@ def methods_page() -> str:
         out.append(table(KEY_HEADER, rows) if rows else "None.\n")
 
     out.append("## Datasets { #datasets }\n")
-    out.append(table(["Name", "Summary", "Partition"],
-                     [[f"[{code(n)}](scenario.md#{anchor('dataset', n)})", text(s.summary),
-                       ", ".join(code(p) for p in partitions_of(n)) or "its own split"]
-                      for n, s in DATASETS.items()]))
+    out.append(
+        table(
+            ["Name", "Summary", "Partition"],
+            [
+                [
+                    f"[{code(n)}](scenario.md#{anchor('dataset', n)})",
+                    text(s.summary),
+                    ", ".join(code(p) for p in partitions_of(n)) or "its own split",
+                ]
+                for n, s in DATASETS.items()
+            ],
+        )
+    )
     out.append("## Models { #models }\n")
-    out.append(table(["Name", "Summary", "Input"],
-                     [[f"[{code(n)}](scenario.md#{anchor('model', n)})", text(s.summary),
-                       text(str(getattr(s, 'inputs', '')))] for n, s in MODELS.items()]))
+    out.append(
+        table(
+            ["Name", "Summary", "Input"],
+            [
+                [f"[{code(n)}](scenario.md#{anchor('model', n)})", text(s.summary), text(str(getattr(s, "inputs", "")))]
+                for n, s in MODELS.items()
+            ],
+        )
+    )
     out.append("## Partitioners { #partitioners }\n")
-    out.append(table(["Name", "Summary"],
-                     [[f"[{code(n)}](scenario.md#{anchor('partition', n)})", text(s.summary)]
-                      for n, s in PARTITIONERS.items()]))
+    out.append(
+        table(
+            ["Name", "Summary"],
+            [[f"[{code(n)}](scenario.md#{anchor('partition', n)})", text(s.summary)] for n, s in PARTITIONERS.items()],
+        )
+    )
     return "\n".join(out)
 
 
-if __name__ == "__main__":          # print a page: python docs/gen_ref.py scenario|cli|methods
+if __name__ == "__main__":  # print a page: python docs/gen_ref.py scenario|cli|methods
     sys.path.insert(0, str(ROOT))
     print({"scenario": scenario_page, "cli": cli_page, "methods": methods_page}[sys.argv[1]]())

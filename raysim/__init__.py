@@ -19,6 +19,7 @@ The package, floor by floor (each wing's ``__init__`` says what it holds and wha
 - ``experiment``: one run, sweeps, the checks before Ray starts;
 - ``api`` and ``cli`` on top.
 """
+
 import importlib
 import importlib.abc
 import importlib.util
@@ -33,15 +34,24 @@ __all__ = [*_API, "__version__"]
 # Modules that moved in 0.2.0 (CHANGELOG.md): the old paths import the new modules, with a
 # DeprecationWarning, until 0.3.0.
 MOVED = {
-    "raysim.config": "raysim.scenario.config", "raysim.schema": "raysim.scenario.schema",
-    "raysim.sections": "raysim.scenario.sections", "raysim.setup": "raysim.scenario.build",
-    "raysim.stores": "raysim.scenario.stores", "raysim.runner": "raysim.experiment.runner",
-    "raysim.sweep": "raysim.experiment.sweep", "raysim.preflight": "raysim.experiment.preflight",
-    "raysim.tracking": "raysim.results.tracking", "raysim.tracker_process": "raysim.results.tracker_process",
-    "raysim.compare": "raysim.results.compare", "raysim.report": "raysim.results.report",
-    "raysim.systems": "raysim.federation.fleet", "raysim.traces": "raysim.federation.traces",
-    "raysim.privacy": "raysim.federation.privacy", "raysim.compression": "raysim.federation.compression",
-    "raysim.topology": "raysim.federation.topology", "raysim.vision_models": "raysim.models.vision",
+    "raysim.config": "raysim.scenario.config",
+    "raysim.schema": "raysim.scenario.schema",
+    "raysim.sections": "raysim.scenario.sections",
+    "raysim.setup": "raysim.scenario.build",
+    "raysim.stores": "raysim.scenario.stores",
+    "raysim.runner": "raysim.experiment.runner",
+    "raysim.sweep": "raysim.experiment.sweep",
+    "raysim.preflight": "raysim.experiment.preflight",
+    "raysim.tracking": "raysim.results.tracking",
+    "raysim.tracker_process": "raysim.results.tracker_process",
+    "raysim.compare": "raysim.results.compare",
+    "raysim.report": "raysim.results.report",
+    "raysim.systems": "raysim.federation.fleet",
+    "raysim.traces": "raysim.federation.traces",
+    "raysim.privacy": "raysim.federation.privacy",
+    "raysim.compression": "raysim.federation.compression",
+    "raysim.topology": "raysim.federation.topology",
+    "raysim.vision_models": "raysim.models.vision",
     "raysim.testing": "raysim.engine.faults",
 }
 
@@ -54,14 +64,17 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(name, self) if name in MOVED else None
 
     def create_module(self, spec):
-        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]} in raysim 0.2.0; the old path goes in 0.3.0",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{spec.name} moved to {MOVED[spec.name]} in raysim 0.2.0; the old path goes in 0.3.0",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         module = importlib.import_module(MOVED[spec.name])
         self.specs = {**getattr(self, "specs", {}), spec.name: module.__spec__}
         return module
 
     def exec_module(self, module):
-        module.__spec__ = self.specs[module.__spec__.name]       # the import gave it the old name's spec
+        module.__spec__ = self.specs[module.__spec__.name]  # the import gave it the old name's spec
 
 
 if not any(isinstance(f, _Moved) for f in sys.meta_path):
@@ -71,6 +84,7 @@ if not any(isinstance(f, _Moved) for f in sys.meta_path):
 def __getattr__(name: str):
     if name in _API:
         from raysim import api
+
         return getattr(api, name)
     raise AttributeError(f"module 'raysim' has no attribute {name!r}")
 

@@ -19,6 +19,7 @@ is kept and reused by the next runs of the same Python process (``shutdown`` sto
 Nothing heavy is imported with this module (torch, Ray, MLflow and pandas are imported by the
 first run or load), so ``import raysim`` stays cheap.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from raysim.cli import parse_run_id, parse_run_ids
 from raysim.scenario.schema import ScenarioError
 
-if TYPE_CHECKING:           # pragma: no cover - for type checkers and the API reference only
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and the API reference only
     import pandas as pd
 
     from raysim.scenario.sections import Scenario
@@ -44,7 +45,7 @@ if TYPE_CHECKING:           # pragma: no cover - for type checkers and the API r
 __all__ = ["run", "load", "shutdown", "Result", "SweepResult", "ScenarioError"]
 
 ENGINES = ("ray", "serial")
-DICT_LABEL = "<dict>"           # how errors name a scenario given as a dict
+DICT_LABEL = "<dict>"  # how errors name a scenario given as a dict
 # the command's option names in messages shared with the command, as this API's arguments
 _ARGUMENTS = {"--set": "overrides", "--variant": "variant", "--seeds": "seeds", "--resume": "resume"}
 
@@ -85,11 +86,14 @@ class Result:
     seed: int | None = None
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={self.final[k]:.4g}" for k in ("accuracy", "bottom_decile_accuracy", "mse")
-                          if k in self.final)
+        shown = ", ".join(
+            f"{k}={self.final[k]:.4g}" for k in ("accuracy", "bottom_decile_accuracy", "mse") if k in self.final
+        )
         what = f"variant={self.variant!r}, " if self.variant is not None else ""
-        return (f"Result(run_id={self.run_id!r}, name={self.name!r}, {what}seed={self.seed}, "
-                f"rounds={len(self.history)}{', ' + shown if shown else ''})")
+        return (
+            f"Result(run_id={self.run_id!r}, name={self.name!r}, {what}seed={self.seed}, "
+            f"rounds={len(self.history)}{', ' + shown if shown else ''})"
+        )
 
 
 @dataclass(eq=False)
@@ -119,12 +123,18 @@ class SweepResult:
     def history(self) -> pd.DataFrame:
         """Every run's history in one DataFrame, indexed by (variant, seed, round)."""
         import pandas as pd
-        frames = [r.history.assign(variant=v, seed=s).set_index(["variant", "seed"], append=True)
-                  .reorder_levels(["variant", "seed", "round"]) for (v, s), r in self.runs.items()]
+
+        frames = [
+            r.history.assign(variant=v, seed=s)
+            .set_index(["variant", "seed"], append=True)
+            .reorder_levels(["variant", "seed", "round"])
+            for (v, s), r in self.runs.items()
+        ]
         return pd.concat(frames) if frames else pd.DataFrame()
 
-    def compare(self, metrics: Sequence[str] | None = None, over: str = "seeds",
-                select: str | None = None) -> pd.DataFrame:
+    def compare(
+        self, metrics: Sequence[str] | None = None, over: str = "seeds", select: str | None = None
+    ) -> pd.DataFrame:
         """The table again with other columns or spread (``raysim compare --metrics --over
         --select``).
 
@@ -151,14 +161,17 @@ class SweepResult:
                 metric the runs logged.
         """
         metrics = [metrics] if isinstance(metrics, str) else metrics
-        if metrics is not None and not (isinstance(metrics, (list, tuple))
-                                        and all(isinstance(m, str) and m for m in metrics)):
-            raise ScenarioError(f"metrics: {metrics!r}: give metrics the runs logged, e.g. "
-                                "['accuracy', 'global_accuracy']")
+        if metrics is not None and not (
+            isinstance(metrics, (list, tuple)) and all(isinstance(m, str) and m for m in metrics)
+        ):
+            raise ScenarioError(
+                f"metrics: {metrics!r}: give metrics the runs logged, e.g. ['accuracy', 'global_accuracy']"
+            )
         _text("select", select, "a validation metric the runs logged, e.g. 'val_accuracy'")
         _, client = _client(self.tracking_uri)
-        return _table(client, self.parent_run_id, list(metrics) if metrics else None, over, strict=True,
-                      select=select)[0]
+        return _table(client, self.parent_run_id, list(metrics) if metrics else None, over, strict=True, select=select)[
+            0
+        ]
 
     def __repr__(self) -> str:
         return f"SweepResult(parent_run_id={self.parent_run_id!r}, runs={list(self.runs)})\n{self.markdown}"
@@ -167,10 +180,20 @@ class SweepResult:
         return f"Parent MLflow run `{self.parent_run_id}`, {len(self.runs)} runs\n\n{self.markdown}"
 
 
-def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
-        engine: str = "ray", seeds: Sequence[int] | str | int | None = None, address: str | None = None,
-        variant: str | None = None, concurrent: int | None = None, resume: str | None = None,
-        best_of: str | None = None, progress: bool = False, verbose: bool = False) -> Result | SweepResult:
+def run(
+    scenario: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    *,
+    engine: str = "ray",
+    seeds: Sequence[int] | str | int | None = None,
+    address: str | None = None,
+    variant: str | None = None,
+    concurrent: int | None = None,
+    resume: str | None = None,
+    best_of: str | None = None,
+    progress: bool = False,
+    verbose: bool = False,
+) -> Result | SweepResult:
     """Run a scenario, as ``raysim run`` does, and return its results.
 
     Every run is recorded in MLflow as the command records it (the store is the scenario's
@@ -240,24 +263,37 @@ def run(scenario: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] |
         try:
             from raysim.experiment.preflight import check_run
             from raysim.scenario import config
+
             check_run(file, items, None, resume)
             seed_list = config.seeds_of(file, _seeds_text(seeds))
             variants = config.load_variants(file, items, variant, seeds=seed_list)
             from raysim.experiment.sweep import best_of as best
             from raysim.experiment.sweep import run_command
+
             if best_of:
                 variants = best(file, variants, best_of, variant, verbose)
-            summaries = run_command(file, variants, seed_list, overrides=items, engine=engine, address=address,
-                                    resume=resume, verbose=verbose, progress=progress, concurrent=concurrent,
-                                    pattern=variant, tuned_by=best_of)
+            summaries = run_command(
+                file,
+                variants,
+                seed_list,
+                overrides=items,
+                engine=engine,
+                address=address,
+                resume=resume,
+                verbose=verbose,
+                progress=progress,
+                concurrent=concurrent,
+                pattern=variant,
+                tuned_by=best_of,
+            )
         except ScenarioError as e:
             raise ScenarioError(_api_words(str(e), file, label)) from None
-    if label == DICT_LABEL:          # the temporary file is gone: the scenario is the dict's
+    if label == DICT_LABEL:  # the temporary file is gone: the scenario is the dict's
         variants = [(v, dataclasses.replace(sc, path=DICT_LABEL)) for v, sc in variants]
     if len(variants) == 1:
         (only,) = summaries.values()
         return _result(only, variants[0][1], variants[0][0])
-    if resume:          # a sweep continued: its runs of before and of now, read back
+    if resume:  # a sweep continued: its runs of before and of now, read back
         return load(resume, variants[0][1].tracking.uri)
     return _sweep_result(list(summaries.values()), variants)
 
@@ -285,11 +321,13 @@ def load(run_id: str, tracking_uri: str | None = None) -> Result | SweepResult:
     _text("run_id", run_id, "the MLflow run's id, a string")
     _text("tracking_uri", tracking_uri, "an MLflow tracking URI, e.g. sqlite:///mlflow.db")
     from raysim.scenario.stores import unknown_store
+
     if tracking_uri is not None and (unknown := unknown_store(tracking_uri)):
         raise ScenarioError(f"tracking_uri: {unknown}")
     from raysim.results import report
+
     uri, client = _client(tracking_uri)
-    runs = report.expand(client, [run_id])          # ReportError for an unknown id
+    runs = report.expand(client, [run_id])  # ReportError for an unknown id
     if runs[0].info.run_id == run_id and runs[0].data.tags.get("raysim.parent") != "1":
         return _loaded(client, runs[0], uri)
     children = {}
@@ -310,8 +348,10 @@ def shutdown() -> None:
     the end: Ray stops with the Python process.
     """
     import sys
+
     if "ray" in sys.modules:
         from raysim.engine import ray_start
+
         ray_start.shutdown()
 
 
@@ -336,6 +376,7 @@ def _option(name: str, value: Any, parse) -> str | None:
     same name (``--resume``, ``--best-of``): the same rule, as a ScenarioError naming the
     argument."""
     import argparse
+
     if value is None:
         return None
     if not isinstance(value, str):
@@ -358,6 +399,7 @@ def _override_items(overrides: Mapping[str, Any] | Sequence[str] | None, label: 
         return [overrides]
     if isinstance(overrides, Mapping):
         import yaml
+
         items = []
         for key, value in overrides.items():
             if not isinstance(key, str):
@@ -383,16 +425,18 @@ def _plain(value: Any, where: str) -> Any:
         return {k: _plain(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if hasattr(value, "tolist"):                    # numpy scalars and arrays
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
         return _plain(value.tolist(), where)
-    raise ScenarioError(f"{where}: a {type(value).__name__} cannot be part of a scenario; give numbers, "
-                        "strings, lists and dicts")
+    raise ScenarioError(
+        f"{where}: a {type(value).__name__} cannot be part of a scenario; give numbers, strings, lists and dicts"
+    )
 
 
 def _scenario_file(scenario: Mapping[str, Any], folder: str) -> str:
     """A dict scenario written as a YAML file in ``folder`` (named after its ``name``): what
     the run validates, and records in MLflow as its scenario file."""
     import yaml
+
     raw = {str(k) if not isinstance(k, str) else k: v for k, v in scenario.items()}
     raw = _plain(raw, DICT_LABEL)
     name = raw.get("name") if isinstance(raw.get("name"), str) and raw.get("name") else "scenario"
@@ -432,6 +476,7 @@ def _api_words(message: str, file: str, label: str) -> str:
 
 def _client(uri: str | None):
     from raysim.results.report import client_for
+
     return client_for(uri)
 
 
@@ -441,6 +486,7 @@ def _numbers(final: dict) -> dict[str, float]:
 
 def _history(summary: dict) -> pd.DataFrame:
     import pandas as pd
+
     history = pd.DataFrame(summary.get("history") or [])
     if "round" in history:
         history = history.set_index(history["round"].astype(int)).drop(columns="round")
@@ -453,6 +499,7 @@ def _clients(final: dict) -> pd.DataFrame:
     clients' ``unseen_client_<metric>``), ``importance`` (estimated weights) and
     ``true_shares``."""
     import pandas as pd
+
     rows: dict[int, dict[str, Any]] = {}
     for key, scores in final.items():
         m = re.fullmatch(r"(unseen_)?client_(\w+)", key)
@@ -470,15 +517,24 @@ def _clients(final: dict) -> pd.DataFrame:
 
 def _result(summary: dict, scenario: Scenario | None, variant: str | None) -> Result:
     final = summary.get("final", {})
-    return Result(run_id=summary["mlflow_run_id"], name=summary.get("name", ""), final=_numbers(final),
-                  history=_history(summary), clients=_clients(final), summary=summary, scenario=scenario,
-                  tracking_uri=summary.get("tracking_uri", ""), variant=variant,
-                  seed=int(summary["seed"]) if summary.get("seed") is not None else None)
+    return Result(
+        run_id=summary["mlflow_run_id"],
+        name=summary.get("name", ""),
+        final=_numbers(final),
+        history=_history(summary),
+        clients=_clients(final),
+        summary=summary,
+        scenario=scenario,
+        tracking_uri=summary.get("tracking_uri", ""),
+        variant=variant,
+        seed=int(summary["seed"]) if summary.get("seed") is not None else None,
+    )
 
 
 def _sweep_result(summaries: list[dict], variants: list) -> SweepResult:
     """The runs just made, with the parent they are nested under and its table."""
     from raysim.results.report import INDEX_TAG
+
     uri, client = _client(summaries[0]["tracking_uri"])
     children, parent = {}, None
     for summary in summaries:
@@ -495,37 +551,60 @@ def _loaded(client, run, uri: str) -> Result:
     """A finished run read back: its summary.json, and its recorded scenario validated
     again (without opening its data)."""
     from raysim.results import report
+
     summary, raw = report.load(client, run.info.run_id)
     scenario = None
     if raw is not None:
         from raysim.scenario import config
+
         try:
-            scenario = config.validate(raw, summary.get("scenario") or run.data.tags.get("scenario", DICT_LABEL),
-                                       check_data=False)
+            scenario = config.validate(
+                raw, summary.get("scenario") or run.data.tags.get("scenario", DICT_LABEL), check_data=False
+            )
         except ScenarioError:
             pass
     summary = {**summary, "tracking_uri": summary.get("tracking_uri") or uri}
     return _result(summary, scenario, run.data.tags.get("variant"))
 
 
-def _table(client, parent_run_id: str, metrics: list[str] | None = None, over: str = "seeds",
-           strict: bool = False, select: str | None = None) -> tuple[pd.DataFrame, str]:
+def _table(
+    client,
+    parent_run_id: str,
+    metrics: list[str] | None = None,
+    over: str = "seeds",
+    strict: bool = False,
+    select: str | None = None,
+) -> tuple[pd.DataFrame, str]:
     """``raysim compare``'s table of a parent run's children: (DataFrame, Markdown); when
     there is nothing to compare (no run evaluated), an empty DataFrame and the reason, or
     with ``strict`` the CompareError."""
     import pandas as pd
 
     from raysim.results import compare
+
     try:
         markdown, (methods, columns, cells) = compare.table(client, [parent_run_id], None, metrics, over, select)
     except compare.CompareError as e:
         if strict:
             raise
         return pd.DataFrame(), str(e)
-    rows = [{"method": m, "dataset": d, "metric": c.metric, "mean": c.mean, "std": c.std,
-             "bottom_decile_mean": c.bottom_mean, "bottom_decile_std": c.bottom_std, "n": c.n,
-             "seeds": [int(s) if s.isdigit() else s for s in c.seeds], "run_ids": c.run_ids,
-             "seconds_per_run": c.seconds,
-             **({"variant": c.variant, "selection_mean": c.selection_mean} if select else {})}
-            for m in methods for d, metric in columns if (c := cells.get((m, d, metric))) is not None]
+    rows = [
+        {
+            "method": m,
+            "dataset": d,
+            "metric": c.metric,
+            "mean": c.mean,
+            "std": c.std,
+            "bottom_decile_mean": c.bottom_mean,
+            "bottom_decile_std": c.bottom_std,
+            "n": c.n,
+            "seeds": [int(s) if s.isdigit() else s for s in c.seeds],
+            "run_ids": c.run_ids,
+            "seconds_per_run": c.seconds,
+            **({"variant": c.variant, "selection_mean": c.selection_mean} if select else {}),
+        }
+        for m in methods
+        for d, metric in columns
+        if (c := cells.get((m, d, metric))) is not None
+    ]
     return pd.DataFrame(rows), markdown

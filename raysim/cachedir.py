@@ -1,5 +1,6 @@
 """raysim's folder in the user's cache (a module of its own: the MLflow helper process reads it
 without importing the data package, which imports PyTorch)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Exit codes, and an error as the one line the command prints."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,9 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
     first)."""
     if isinstance(e, KeyboardInterrupt):
         from raysim.signals import terminated
+
         return (EXIT_TERMINATED, "terminated (SIGTERM)") if terminated() else (EXIT_INTERRUPTED, "interrupted")
-    cause = _root_cause(e)      # a Ray task's error is also an instance of its cause, with Ray's text
+    cause = _root_cause(e)  # a Ray task's error is also an instance of its cause, with Ray's text
     if isinstance(cause, BadInput):
         return EXIT_INPUT, str(cause)
     if isinstance(e, RunsFailed):
@@ -37,10 +39,12 @@ def explain(e: BaseException, verbose: bool = False) -> tuple[int, str]:
     if verbose:
         traceback.print_exception(e)
     msg = str(cause).strip().splitlines()
-    at = raised_at(str(e)) if cause is not e else None          # Ray's text of the host's traceback
-    return EXIT_FAILED, (f"run failed: {type(cause).__name__}: {msg[-1] if msg else ''}"
-                         + (f" (raised on a Ray host at {at})" if at else "")
-                         + ("" if verbose else " (rerun with -v for the traceback)"))
+    at = raised_at(str(e)) if cause is not e else None  # Ray's text of the host's traceback
+    return EXIT_FAILED, (
+        f"run failed: {type(cause).__name__}: {msg[-1] if msg else ''}"
+        + (f" (raised on a Ray host at {at})" if at else "")
+        + ("" if verbose else " (rerun with -v for the traceback)")
+    )
 
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)

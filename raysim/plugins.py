@@ -29,6 +29,7 @@ This module knows no registry itself: each registry module binds its kind (``Kin
 names up through ``resolve`` (``raysim.algorithms.resolve``, ``raysim.data.dataset``,
 ``raysim.models.resolve``...). It imports nothing of raysim's but ``raysim.errors``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -49,12 +50,12 @@ class Kind:
     """One kind of component: its entry-point group, its built-in registry and what a plugin
     of it must be (an instance of ``want``, or with ``subclass`` a class deriving from it)."""
 
-    group: str                       # entry-point group, e.g. "raysim.models"
-    noun: str                        # "model": how a message names one
-    builtins: Mapping[str, Any]      # the registry, read at every lookup (tests may patch it)
-    want: type                       # ModelSpec, DatasetSpec, PartitionerSpec, Algorithm
-    where: str                       # the registry's path, e.g. "raysim.models.MODELS"
-    subclass: bool = False           # algorithms: a class deriving from ``want``
+    group: str  # entry-point group, e.g. "raysim.models"
+    noun: str  # "model": how a message names one
+    builtins: Mapping[str, Any]  # the registry, read at every lookup (tests may patch it)
+    want: type  # ModelSpec, DatasetSpec, PartitionerSpec, Algorithm
+    where: str  # the registry's path, e.g. "raysim.models.MODELS"
+    subclass: bool = False  # algorithms: a class deriving from ``want``
 
     @property
     def what(self) -> str:
@@ -68,8 +69,8 @@ class Kind:
 
 
 BUILT_IN = "built-in"
-_SCANS: dict[str, dict[str, metadata.EntryPoint]] = {}       # group -> {name: entry point}
-_FOUND: dict[tuple[str, str], Any] = {}                     # (group, name) -> the loaded object
+_SCANS: dict[str, dict[str, metadata.EntryPoint]] = {}  # group -> {name: entry point}
+_FOUND: dict[tuple[str, str], Any] = {}  # (group, name) -> the loaded object
 
 
 def resolve(kind: Kind, name: str) -> Any:
@@ -114,15 +115,19 @@ def entry_points(kind: Kind) -> dict[str, metadata.EntryPoint]:
     found = {}
     for ep in metadata.entry_points(group=kind.group):
         if ep.name in kind.builtins:
-            raise PluginError(f"plugin {kind.noun} '{ep.name}' ({ep.value}, entry point of distribution "
-                              f"{source(ep)}) collides with the built-in {kind.noun} '{ep.name}' "
-                              f"({_origin(kind, ep.name)}); a built-in name always means the "
-                              f"built-in: rename the entry point in {source(ep).split()[0]}'s [project.entry-points."
-                              f"\"{kind.group}\"]")
+            raise PluginError(
+                f"plugin {kind.noun} '{ep.name}' ({ep.value}, entry point of distribution "
+                f"{source(ep)}) collides with the built-in {kind.noun} '{ep.name}' "
+                f"({_origin(kind, ep.name)}); a built-in name always means the "
+                f"built-in: rename the entry point in {source(ep).split()[0]}'s [project.entry-points."
+                f'"{kind.group}"]'
+            )
         other = found.get(ep.name)
         if other is not None and (other.value, source(other)) != (ep.value, source(ep)):
-            raise PluginError(f"plugin {kind.noun} '{ep.name}' is declared by two distributions: {source(other)} "
-                              f"({other.value}) and {source(ep)} ({ep.value}); uninstall one or rename its entry point")
+            raise PluginError(
+                f"plugin {kind.noun} '{ep.name}' is declared by two distributions: {source(other)} "
+                f"({other.value}) and {source(ep)} ({ep.value}); uninstall one or rename its entry point"
+            )
         found[ep.name] = ep
     _SCANS[kind.group] = found
     return found
@@ -146,11 +151,15 @@ def _from_entry_point(kind: Kind, name: str) -> Any:
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - whatever the plugin's import raises, sys.exit() too
-        raise PluginError(f"{name!r}: entry point {ep.name} = {ep.value} (group {kind.group}) of distribution "
-                          f"{source(ep)} fails to load: {_first_line(e)}") from None
+        raise PluginError(
+            f"{name!r}: entry point {ep.name} = {ep.value} (group {kind.group}) of distribution "
+            f"{source(ep)} fails to load: {_first_line(e)}"
+        ) from None
     if not kind.fits(obj):
-        raise PluginError(f"{name!r}: entry point {ep.name} = {ep.value} (group {kind.group}) of distribution "
-                          f"{source(ep)} gives {_describe(obj)}, not {kind.what}")
+        raise PluginError(
+            f"{name!r}: entry point {ep.name} = {ep.value} (group {kind.group}) of distribution "
+            f"{source(ep)} gives {_describe(obj)}, not {kind.what}"
+        )
     return obj
 
 
@@ -158,23 +167,31 @@ def _from_module(kind: Kind, name: str) -> Any:
     module, _, attr = name.partition(":")
     parts = (*module.split("."), *attr.split("."))
     if ":" in attr or not all(p.isidentifier() for p in parts):
-        raise PluginError(f"{name!r} is not module:Name (an importable module's dotted path, a colon, the name "
-                          f"of {kind.what} in it), e.g. mypkg.things:Thing")
+        raise PluginError(
+            f"{name!r} is not module:Name (an importable module's dotted path, a colon, the name "
+            f"of {kind.what} in it), e.g. mypkg.things:Thing"
+        )
     try:
         mod = importlib.import_module(module)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - whatever the user's module raises, sys.exit() too
-        raise PluginError(f"{name!r}: module {module} does not import ({_first_line(e)}); it must be importable "
-                          f"by raysim and, on a cluster, on every node: installed, or on PYTHONPATH") from None
+        raise PluginError(
+            f"{name!r}: module {module} does not import ({_first_line(e)}); it must be importable "
+            f"by raysim and, on a cluster, on every node: installed, or on PYTHONPATH"
+        ) from None
     obj: Any = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
-            fits = [k for k, v in sorted(vars(mod).items())       # not the classes it imports
-                    if not k.startswith("_") and kind.fits(v) and not (isinstance(v, type) and v.__module__ != module)]
+            fits = [
+                k
+                for k, v in sorted(vars(mod).items())  # not the classes it imports
+                if not k.startswith("_") and kind.fits(v) and not (isinstance(v, type) and v.__module__ != module)
+            ]
             have = f"; {kind.noun}s in it: {', '.join(fits)}" if fits else f"; it has no {kind.what}"
-            raise PluginError(f"{name!r}: module {module} ({getattr(mod, '__file__', '?')}) has no attribute "
-                              f"{attr}{have}")
+            raise PluginError(
+                f"{name!r}: module {module} ({getattr(mod, '__file__', '?')}) has no attribute {attr}{have}"
+            )
         obj = getattr(obj, part)
     if not kind.fits(obj):
         raise PluginError(f"{name!r} is {_describe(obj)}, not {kind.what}")

@@ -4,6 +4,7 @@ Every random draw comes from a generator derived from (scenario seed, round, cli
 purpose); never from global RNG state or from the order in which work finishes. The key is
 hashed with SeedSequence, so generators for different keys are independent streams.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-SEED = {"min": 0, "max": 2**32 - 1}       # every generator derives from a seed's low 32 bits
+SEED = {"min": 0, "max": 2**32 - 1}  # every generator derives from a seed's low 32 bits
 
-if TYPE_CHECKING:       # torch is imported where a torch generator is made: the fleet's and the trace
+if TYPE_CHECKING:  # torch is imported where a torch generator is made: the fleet's and the trace
     import torch  # tools' draws (numpy only) keep it out of processes that never train
 
 
@@ -21,7 +22,7 @@ def _entropy(seed: int, keys: tuple) -> list[int]:
     out = [int(seed) & 0xFFFFFFFF]
     for k in keys:
         if isinstance(k, str):
-            out.append(zlib.crc32(k.encode()) | (1 << 32))   # tag strings apart from ints
+            out.append(zlib.crc32(k.encode()) | (1 << 32))  # tag strings apart from ints
         else:
             out.append(int(k) & 0xFFFFFFFF)
     return out
@@ -35,9 +36,10 @@ def generator(seed: int, *keys) -> np.random.Generator:
 def torch_generator(seed: int, *keys, device: str | torch.device = "cpu") -> torch.Generator:
     """torch Generator seeded from the same derivation (for shuffles and dropout)."""
     import torch
+
     s = np.random.SeedSequence(_entropy(seed, keys)).generate_state(2, np.uint64)
     g = torch.Generator(device=device)
-    g.manual_seed(int(s[0]) >> 1)        # (as a Python int: numpy's uint64 shift costs ~10 µs)
+    g.manual_seed(int(s[0]) >> 1)  # (as a Python int: numpy's uint64 shift costs ~10 µs)
     return g
 
 
@@ -56,7 +58,7 @@ def torch_seeds(seed: int, purpose: str, round_: int, cids) -> list[int]:
     cids = np.asarray(cids, dtype=np.int64)
     words = [int(w) for w in _entropy(seed, (purpose, round_))]
     cols: list[np.ndarray] = []
-    for w in words:                     # each int as 32-bit words, least significant first
+    for w in words:  # each int as 32-bit words, least significant first
         while True:
             cols.append(np.full(cids.shape, w & 0xFFFFFFFF, dtype=np.uint32))
             w >>= 32
@@ -88,7 +90,7 @@ def torch_seeds(seed: int, purpose: str, round_: int, cids) -> list[int]:
                 pool[dst] = mix(pool[dst], hashmix(cols[src]))
         hb = u32(_INIT_B)
         out = []
-        for i in range(2):              # the first uint64 of generate_state: two 32-bit words
+        for i in range(2):  # the first uint64 of generate_state: two 32-bit words
             v = pool[i] ^ hb
             hb = u32(hb * u32(_MULT_B))
             v = v * hb

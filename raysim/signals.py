@@ -10,13 +10,14 @@ Outside a run (start-up, a side-by-side sweep's coordinator), SIGTERM is handed 
 handles SIGINT there (Python's KeyboardInterrupt, Ray Tune's stop), so every path that cleans up
 after Ctrl-C cleans up after SIGTERM too.
 """
+
 from __future__ import annotations
 
 import signal
 import sys
 import threading
 
-_TERMINATED = False          # a SIGTERM arrived: the exit code is 143, not 130
+_TERMINATED = False  # a SIGTERM arrived: the exit code is 143, not 130
 
 
 def terminated() -> bool:
@@ -42,8 +43,7 @@ def forward_sigterm() -> None:
     """Handle SIGTERM as SIGINT in this process from now on (main thread only; a SIGTERM
     that is ignored stays ignored). Called by the command at its start, and again after a
     ``ray.init`` in the main thread, which installs Ray's own handler (exit at once)."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN):
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, _forward)
 
 
@@ -75,8 +75,7 @@ class DeferredInterrupt:
         self.requested = True
         what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
         again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        print(f"\nraysim: {what}: stopping after this round ({again} again to stop now)",
-              file=sys.stderr, flush=True)
+        print(f"\nraysim: {what}: stopping after this round ({again} again to stop now)", file=sys.stderr, flush=True)
 
     def restore(self) -> None:
         for sig, previous in self._previous.items():

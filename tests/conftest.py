@@ -35,5 +35,7 @@ resources: {hosts: 2, cpus_per_host: 0.5}
 @pytest.fixture
 def tiny_scenario(tmp_path):
     """A 12-client synthetic FedAvg scenario; tracking and checkpoints inside tmp_path."""
-    text = TINY + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{every: 1, dir: '{tmp_path}/ck'}}\n"
+    text = (
+        TINY + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{every: 1, dir: '{tmp_path}/ck'}}\n"
+    )
     return write_scenario(tmp_path, text)

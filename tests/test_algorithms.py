@@ -4,6 +4,7 @@ With W = 0, b = 0 the softmax is (1/2, 1/2); for a sample x with label y the cro
 gradient w.r.t. the logits is softmax - onehot(y), so one SGD step of size lr on (x=2, y=0) gives
 W = lr*[[+1], [-1]], b = lr*[+.5, -.5]; and on (x=1, y=1): W = lr*[[-.5], [+.5]], b = lr*[-.5, +.5].
 """
+
 import math
 
 import numpy as np
@@ -32,8 +33,11 @@ def zero_model():
 def client(cid, xs, ys, test=None):
     x = torch.tensor(xs, dtype=torch.float32).reshape(-1, 1)
     y = torch.tensor(ys, dtype=torch.int64)
-    tx, ty = (x, y) if test is None else (torch.tensor(test[0], dtype=torch.float32).reshape(-1, 1),
-                                          torch.tensor(test[1], dtype=torch.int64))
+    tx, ty = (
+        (x, y)
+        if test is None
+        else (torch.tensor(test[0], dtype=torch.float32).reshape(-1, 1), torch.tensor(test[1], dtype=torch.int64))
+    )
     return ClientData(cid, x, y, x[:0], y[:0], tx, ty)
 
 
@@ -43,8 +47,12 @@ def ctx(cid=0, round_=0, group=0):
 
 def make(name, task="classification", model_fn=None, **hp):
     cls = algorithms.get(name)
-    return cls(cls.Hyper(**{"lr": 0.1, "batch_size": 1, **hp}), model_fn or (lambda variant=0: zero_model()),
-               rounds=10, task=TASKS[task])
+    return cls(
+        cls.Hyper(**{"lr": 0.1, "batch_size": 1, **hp}),
+        model_fn or (lambda variant=0: zero_model()),
+        rounds=10,
+        task=TASKS[task],
+    )
 
 
 def run(algo, *steps):
@@ -64,7 +72,7 @@ def test_fedavg_one_step_per_client_matches_hand_gradient():
     assert torch.allclose(W, torch.tensor([[0.1], [-0.1]]))
     assert torch.allclose(b, torch.tensor([0.05, -0.05]))
     assert r0.weight == 1.0
-    assert loss0 == pytest.approx(math.log(2))      # CE at uniform softmax
+    assert loss0 == pytest.approx(math.log(2))  # CE at uniform softmax
 
 
 def test_fedavg_aggregate_two_clients_weighted_by_samples():
@@ -115,7 +123,7 @@ def test_local_keeps_each_clients_model_and_sends_nothing():
     ((s0, reply, _),) = run(algo, algo.train(None, msg, client(0, [2.0], [0]), ctx(0)))
     assert reply is None
     assert torch.allclose(s0.params[0], torch.tensor([[0.1], [-0.1]]))
-    ((s0b, _, _),) = run(algo, algo.train(s0, msg, client(0, [2.0], [0]), ctx(0, 1)))   # continues from its own model
+    ((s0b, _, _),) = run(algo, algo.train(s0, msg, client(0, [2.0], [0]), ctx(0, 1)))  # continues from its own model
     assert s0b.params[0][0, 0] > 0.1
     assert algo.aggregate(server, None, 0) is server
     assert torch.equal(server[0], torch.zeros(2, 1))
@@ -130,7 +138,7 @@ def test_local_unseen_client_trains_on_its_own_split_before_it_is_scored():
     assert torch.allclose(state.params[0], torch.tensor([[0.1], [-0.1]]))
     (scores,) = run(algo, algo.evaluate(state, Received(zeros()), data, ctx()))
     assert scores["accuracy"] == 1.0
-    default, ten = make("local"), make("local", unseen_epochs=10)   # default: rounds x local_epochs
+    default, ten = make("local"), make("local", unseen_epochs=10)  # default: rounds x local_epochs
     (s_default,) = run(default, default.personalize(Received(zeros()), data, ctx()))
     (s10,) = run(ten, ten.personalize(Received(zeros()), data, ctx()))
     assert torch.equal(s_default.params[0], s10.params[0]) and s10.params[0][0, 0] > 0.4
@@ -138,13 +146,13 @@ def test_local_unseen_client_trains_on_its_own_split_before_it_is_scored():
 
 def test_fedavg_plus_tunes_before_evaluating_and_reports_global_accuracy():
     algo = make("fedavg+", lr=1.0)
-    data = client(0, [2.0, 2.0], [0, 0], test=([2.0], [1]))   # at W=0 the prediction is a tie (argmax -> 0)
+    data = client(0, [2.0, 2.0], [0, 0], test=([2.0], [1]))  # at W=0 the prediction is a tie (argmax -> 0)
     (res,) = run(algo, algo.evaluation(None, Received(zeros()), data, ctx()))
-    assert res["global_accuracy"] == 0.0          # untuned ties go to class 0, label is 1
-    assert res["accuracy"] == 0.0                 # tuning on label-0 data keeps predicting 0
+    assert res["global_accuracy"] == 0.0  # untuned ties go to class 0, label is 1
+    assert res["accuracy"] == 0.0  # tuning on label-0 data keeps predicting 0
     data1 = client(0, [2.0], [1], test=([2.0], [1]))
     (res1,) = run(algo, algo.evaluation(None, Received(zeros()), data1, ctx()))
-    assert res1["global_accuracy"] == 0.0 and res1["accuracy"] == 1.0   # one tuning step flips it
+    assert res1["global_accuracy"] == 0.0 and res1["accuracy"] == 1.0  # one tuning step flips it
 
 
 def test_regression_task_mse_by_hand():
@@ -154,10 +162,12 @@ def test_regression_task_mse_by_hand():
         m = nn.Linear(1, 1, bias=False)
         nn.init.zeros_(m.weight)
         return m
+
     algo = make("fedavg", task="regression", model_fn=model_fn)
     x = torch.tensor([[1.0]])
-    data = ClientData(0, x, torch.tensor([2.0]), x[:0], torch.zeros(0), torch.tensor([[1.0], [3.0]]),
-                      torch.tensor([2.0, 6.0]))
+    data = ClientData(
+        0, x, torch.tensor([2.0]), x[:0], torch.zeros(0), torch.tensor([[1.0], [3.0]]), torch.tensor([2.0, 6.0])
+    )
     ((_, reply, loss),) = run(algo, algo.train(None, Received([torch.zeros(1, 1)]), data, ctx()))
     assert reply.values[0].item() == pytest.approx(0.4) and loss == pytest.approx(4.0)
     (res,) = run(algo, algo.evaluate(None, Received(reply.values), data, ctx()))
@@ -167,8 +177,7 @@ def test_regression_task_mse_by_hand():
 
 def test_accumulator_sum_is_grouping_independent_bitwise():
     g = torch.Generator().manual_seed(0)
-    replies = [Weighted([torch.randn(1000, generator=g) * 10 ** float(k % 5 - 2)], float(k + 1))
-               for k in range(30)]
+    replies = [Weighted([torch.randn(1000, generator=g) * 10 ** float(k % 5 - 2)], float(k + 1)) for k in range(30)]
     one = Accumulator()
     for r in replies:
         one.add(r)

@@ -2,6 +2,7 @@
 them, a dict scenario and dict overrides give what the file and --set give, seeds give the mean
 ± std computed here by hand, bad input raises ScenarioError, and the tutorial notebook runs
 twice on one Ray in one kernel."""
+
 import json
 import subprocess
 import sys
@@ -26,8 +27,9 @@ NOTEBOOK = ROOT / "docs" / "tutorials" / "python-api.ipynb"
 def setup(tmp_path_factory):
     """The tiny FedEM scenario file (tracking and checkpoints in its folder) and its run."""
     tmp = tmp_path_factory.mktemp("api")
-    path = write_scenario(tmp, FEDEM + f"tracking: {{uri: 'sqlite:///{tmp}/m.db'}}\n"
-                                       f"checkpoint: {{every: 0, dir: '{tmp}/ck'}}\n")
+    path = write_scenario(
+        tmp, FEDEM + f"tracking: {{uri: 'sqlite:///{tmp}/m.db'}}\ncheckpoint: {{every: 0, dir: '{tmp}/ck'}}\n"
+    )
     uri = f"sqlite:///{tmp}/m.db"
     return path, uri, raysim.run(path, engine="serial")
 
@@ -38,8 +40,10 @@ def numbers(history: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_import_raysim_imports_nothing_heavy():
-    code = ("import sys, raysim; raysim.run, raysim.load, raysim.Result, raysim.SweepResult, raysim.ScenarioError; "
-            "print([m for m in ('torch', 'ray', 'mlflow', 'pandas') if m in sys.modules])")
+    code = (
+        "import sys, raysim; raysim.run, raysim.load, raysim.Result, raysim.SweepResult, raysim.ScenarioError; "
+        "print([m for m in ('torch', 'ray', 'mlflow', 'pandas') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
 
@@ -58,7 +62,11 @@ def test_result_is_the_run_as_mlflow_records_it(setup):
     client = MlflowClient(uri)
     logged = {m.step: m.value for m in client.get_metric_history(a.run_id, "accuracy")}
     assert logged == a.history["accuracy"].to_dict()
-    assert client.get_run(a.run_id).data.metrics["best_accuracy"] == a.history["accuracy"].max() == a.final["best_accuracy"]
+    assert (
+        client.get_run(a.run_id).data.metrics["best_accuracy"]
+        == a.history["accuracy"].max()
+        == a.final["best_accuracy"]
+    )
     # per client: 12 clients, FedEM's mixture weights sum to 1, the 10th percentile is the bottom decile
     assert list(a.clients.index) == list(range(12)) and not a.clients["unseen"].any()
     assert a.clients[["weight_0", "weight_1", "weight_2"]].sum(axis=1).to_numpy() == pytest.approx(np.ones(12))
@@ -101,7 +109,7 @@ def test_seeds_give_a_sweep_result_with_the_mean_and_std_over_seeds(setup):
     (row,) = s.table.to_dict("records")
     assert (row["method"], row["dataset"], row["metric"], row["n"]) == ("fedem", "synthetic", "accuracy", 2)
     assert row["mean"] == pytest.approx((acc[0] + acc[1]) / 2)
-    assert row["std"] == pytest.approx(abs(acc[0] - acc[1]) / np.sqrt(2))         # sample std of two
+    assert row["std"] == pytest.approx(abs(acc[0] - acc[1]) / np.sqrt(2))  # sample std of two
     assert row["bottom_decile_mean"] == pytest.approx(bottom.mean())
     assert row["seeds"] == [0, 1] and row["run_ids"] == [r.run_id for r in s.runs.values()]
     assert f"| fedem | {100 * acc.mean():.1f} ± {100 * acc.std(ddof=1):.1f} /" in s.markdown
@@ -111,7 +119,7 @@ def test_seeds_give_a_sweep_result_with_the_mean_and_std_over_seeds(setup):
     client = MlflowClient(uri)
     assert all(client.get_run(r.run_id).data.tags["mlflow.parentRunId"] == s.parent_run_id for r in s.runs.values())
     assert len(s.history) == 6 and s.history.loc[(None, 1, 3), "accuracy"] == acc[1]
-    pd.testing.assert_frame_equal(s.compare("accuracy"), s.table)          # one metric, by name
+    pd.testing.assert_frame_equal(s.compare("accuracy"), s.table)  # one metric, by name
     # the parent read back: the same runs and table
     back = raysim.load(s.parent_run_id, uri)
     assert isinstance(back, raysim.SweepResult) and list(back.runs) == list(s.runs)
@@ -127,8 +135,11 @@ def test_bad_input_raises_scenario_error_naming_the_key_and_runs_nothing(setup):
     cases = [
         ((path, {"algorithm.lrr": 0.1}), {}, f"{path}: algorithm.lrr: unknown key; allowed keys here: lr, "),
         ((raw,), {}, "<dict>: algorithm.lrr: unknown key; allowed keys here: lr, "),
-        ((path, {"algorithm.name": "nope"}), {}, f"{path}: algorithm.name: 'nope' is not one of the choices; "
-                                                 "choose one of fedavg, "),
+        (
+            (path, {"algorithm.name": "nope"}),
+            {},
+            f"{path}: algorithm.name: 'nope' is not one of the choices; choose one of fedavg, ",
+        ),
         ((path, ["rounds=0"]), {}, f"{path}: rounds: 0 is out of range; it must be an integer from 1"),
         ((path,), {"engine": "gpu"}, "engine: 'gpu': choose one of ray, serial"),
         ((path,), {"seeds": "0,x"}, "seeds: '0,x' is not a list of integers"),
@@ -138,30 +149,39 @@ def test_bad_input_raises_scenario_error_naming_the_key_and_runs_nothing(setup):
         with pytest.raises(ScenarioError) as caught:
             raysim.run(*args, engine=kwargs.pop("engine", "serial"), **kwargs)
         assert str(caught.value).startswith(message), str(caught.value)
-    assert len(MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("raysim").experiment_id])) == before
+    assert (
+        len(MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("raysim").experiment_id])) == before
+    )
 
 
 @pytest.mark.ray
 def test_the_tutorial_notebook_runs_twice_on_one_ray_in_one_kernel(tmp_path, monkeypatch):
     saved = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.outputs and c.execution_count is None for c in saved.cells if c.cell_type == "code")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)        # the notebook's store: mlflow.db beside it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the notebook's store: mlflow.db beside it
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
 
     def printed(needle):
         cell = next(c for c in nb.cells if c.cell_type == "code" and needle in c.source)
         return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
     # Ray was started by the first run and reused by the second
-    assert "starting a local Ray instance and 1 host actor (host 0 in this process)" in printed("fedem = raysim.run(scenario)")
+    assert "starting a local Ray instance and 1 host actor (host 0 in this process)" in printed(
+        "fedem = raysim.run(scenario)"
+    )
     second = printed('fedavg = raysim.run(scenario, {"algorithm.name": "fedavg"')
     assert "starting 1 host actor (host 0 in this process)" in second and "local Ray" not in second
     # the run loaded back is the FedEM run in the notebook's mlflow.db, with its logged accuracy
     run_id, name, accuracy = printed("again = raysim.load(fedem.run_id)").split()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
-    assert sorted((r.data.tags["algorithm"], r.info.status) for r in runs) == [("fedavg", "FINISHED"), ("fedem", "FINISHED")]
+    assert sorted((r.data.tags["algorithm"], r.info.status) for r in runs) == [
+        ("fedavg", "FINISHED"),
+        ("fedem", "FINISHED"),
+    ]
     fedem = client.get_run(run_id)
     assert fedem.data.tags["algorithm"] == "fedem" and fedem.info.run_name == name
     assert float(accuracy) == pytest.approx(fedem.data.metrics["accuracy"], abs=5e-7)
@@ -189,14 +209,19 @@ def test_every_bad_argument_raises_scenario_error_a_value_error_naming_it(tmp_pa
         (lambda: raysim.run(path, verbose=1), "verbose: 1: give True or False"),
         (lambda: raysim.load(5), "run_id: 5: give the MLflow run's id, a string"),
         (lambda: raysim.load("abc", 5), "tracking_uri: 5: give an MLflow tracking URI"),
-        (lambda: raysim.load("abc", "nosuch://x"), "tracking_uri: nosuch://x: MLflow has no tracking store for the "
-                                                   "scheme 'nosuch'; give a file path or a URI of scheme "),
-        (lambda: raysim.SweepResult("p", {}, pd.DataFrame(), "").compare(metrics=5),
-         "metrics: 5: give metrics the runs logged"),
+        (
+            lambda: raysim.load("abc", "nosuch://x"),
+            "tracking_uri: nosuch://x: MLflow has no tracking store for the "
+            "scheme 'nosuch'; give a file path or a URI of scheme ",
+        ),
+        (
+            lambda: raysim.SweepResult("p", {}, pd.DataFrame(), "").compare(metrics=5),
+            "metrics: 5: give metrics the runs logged",
+        ),
     ]
     assert issubclass(raysim.ScenarioError, ValueError)
     for call, message in cases:
-        with pytest.raises(ValueError) as caught:           # what a Python user catches
+        with pytest.raises(ValueError) as caught:  # what a Python user catches
             call()
         assert type(caught.value) is ScenarioError and str(caught.value).startswith(message), str(caught.value)
-    assert not (tmp_path / "m.db").exists()                 # nothing ran
+    assert not (tmp_path / "m.db").exists()  # nothing ran

@@ -1,6 +1,7 @@
 """A benchmark run in parts (bench/pfl_parts.py) and its runs moved between MLflow stores
 (bench/runs_io.py): the table ``raysim compare`` makes from the imported runs is the table of the
 original runs, and a part skips what earlier parts finished."""
+
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import pfl_parts  # noqa: E402
 import runs_io  # noqa: E402
 
-EXPERIMENT = "raysim"          # test_compare's SWEEP: 2 variants x 2 seeds, tracked in {tmp}/m.db
+EXPERIMENT = "raysim"  # test_compare's SWEEP: 2 variants x 2 seeds, tracked in {tmp}/m.db
 
 
 def test_imported_runs_give_the_same_table_and_a_second_import_adds_nothing(tmp_path):
@@ -25,14 +26,18 @@ def test_imported_runs_give_the_same_table_and_a_second_import_adds_nothing(tmp_
     a, b = f"sqlite:///{tmp_path}/m.db", f"sqlite:///{tmp_path}/b.db"
     for history in (False, True):
         out = tmp_path / f"runs-{history}.jsonl"
-        assert runs_io.export(a, EXPERIMENT, str(out), history=history) == 4      # 2 variants x 2 seeds, no parent
+        assert runs_io.export(a, EXPERIMENT, str(out), history=history) == 4  # 2 variants x 2 seeds, no parent
         recs = [json.loads(line) for line in open(out)]
         assert sorted((r["tags"]["variant"], r["tags"]["seed"]) for r in recs) == [
-            ("fedavg", "0"), ("fedavg", "1"), ("local", "0"), ("local", "1")]
+            ("fedavg", "0"),
+            ("fedavg", "1"),
+            ("local", "0"),
+            ("local", "1"),
+        ]
         rounds = {len(r["metrics"]["accuracy"]) for r in recs}
-        assert rounds == ({2} if history else {1})                   # eval every round, 2 rounds
+        assert rounds == ({2} if history else {1})  # eval every round, 2 rounds
     assert runs_io.load(str(tmp_path / "runs-True.jsonl"), b, EXPERIMENT) == (4, 0)
-    assert runs_io.load(str(tmp_path / "runs-False.jsonl"), b, EXPERIMENT) == (0, 4)   # same source ids
+    assert runs_io.load(str(tmp_path / "runs-False.jsonl"), b, EXPERIMENT) == (0, 4)  # same source ids
     _, client = report.client_for(a)
     _, cb = report.client_for(b)
     src = {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])}
@@ -72,14 +77,26 @@ def test_a_part_skips_pairs_done_or_exported_reruns_stopped_ones_and_keeps_its_d
     d = tmp_path / "part"
     d.mkdir()
     (d / "done-earlier.txt").write_text("b\t0\n")
-    args = ["--jobs", str(jobs), "--dir", str(d), "--workers", "2", "--raysim", str(fake),
-            "--skip", str(exported), "--deadline", "500"]
+    args = [
+        "--jobs",
+        str(jobs),
+        "--dir",
+        str(d),
+        "--workers",
+        "2",
+        "--raysim",
+        str(fake),
+        "--skip",
+        str(exported),
+        "--deadline",
+        "500",
+    ]
     assert pfl_parts.main(args) == 0
-    assert sorted(log.read_text().split("\n")[:-1]) == ["a 0", "broken 0", "wild 0"]   # slow: past the deadline
+    assert sorted(log.read_text().split("\n")[:-1]) == ["a 0", "broken 0", "wild 0"]  # slow: past the deadline
     assert sorted(open(d / "done.txt").read().split("\n")[:-1]) == ["a\t0", "wild\t0"]
     log.unlink()
     assert pfl_parts.main(args) == 0
-    assert log.read_text() == "broken 0\n"                          # only the stopped pair, again
+    assert log.read_text() == "broken 0\n"  # only the stopped pair, again
 
 
 def test_a_pair_appended_to_the_jobs_file_while_a_part_runs_is_run_by_it(tmp_path):
@@ -87,8 +104,10 @@ def test_a_pair_appended_to_the_jobs_file_while_a_part_runs_is_run_by_it(tmp_pat
     a method whose chosen lr failed at another seed); the part, one worker, runs it next."""
     log, jobs = tmp_path / "calls.txt", tmp_path / "jobs.tsv"
     fake = tmp_path / "raysim"
-    fake.write_text(FAKE.format(python=sys.executable, log=str(log))
-                    + f"if variant == 'a':\n    open({str(jobs)!r}, 'a').write('late\\t2\\t5\\n')\n")
+    fake.write_text(
+        FAKE.format(python=sys.executable, log=str(log))
+        + f"if variant == 'a':\n    open({str(jobs)!r}, 'a').write('late\\t2\\t5\\n')\n"
+    )
     fake.chmod(0o755)
     jobs.write_text("a\t0\t5\n")
     d = tmp_path / "part"
@@ -103,16 +122,51 @@ def test_a_part_appends_each_finished_run_to_the_results_file(tmp_path):
     jobs.write_text("fedavg\t0\t5\nlocal\t1\t5\n")
     results = tmp_path / "runs.jsonl"
     raysim = str(Path(sys.executable).parent / "raysim")
-    assert pfl_parts.main(["--jobs", str(jobs), "--scenario", path, "--dir", str(tmp_path / "part"),
-                           "--workers", "1", "--raysim", raysim, "--experiment", EXPERIMENT,
-                           "--results", str(results)]) == 0
+    assert (
+        pfl_parts.main(
+            [
+                "--jobs",
+                str(jobs),
+                "--scenario",
+                path,
+                "--dir",
+                str(tmp_path / "part"),
+                "--workers",
+                "1",
+                "--raysim",
+                raysim,
+                "--experiment",
+                EXPERIMENT,
+                "--results",
+                str(results),
+            ]
+        )
+        == 0
+    )
     recs = [json.loads(line) for line in open(results)]
     assert sorted((r["tags"]["variant"], r["tags"]["seed"], r["status"]) for r in recs) == [
-        ("fedavg", "0", "FINISHED"), ("local", "1", "FINISHED")]
+        ("fedavg", "0", "FINISHED"),
+        ("local", "1", "FINISHED"),
+    ]
     assert pfl_parts.finished_pairs([str(results)]) == {("fedavg", "0"), ("local", "1")}
     # the next part, given the file, has nothing left to run
-    assert pfl_parts.main(["--jobs", str(jobs), "--scenario", path, "--dir", str(tmp_path / "next"),
-                           "--raysim", "/nonexistent", "--skip", str(results)]) == 0
+    assert (
+        pfl_parts.main(
+            [
+                "--jobs",
+                str(jobs),
+                "--scenario",
+                path,
+                "--dir",
+                str(tmp_path / "next"),
+                "--raysim",
+                "/nonexistent",
+                "--skip",
+                str(results),
+            ]
+        )
+        == 0
+    )
     assert not (tmp_path / "next" / "log.txt").exists()
 
 

@@ -1,6 +1,7 @@
 """Checkpoints verify themselves: each kind of damage is refused with one line naming the file
 and what is wrong (never a resume with other metrics), a full disk keeps the last complete
 checkpoint, and a clean checkpoint resumes bit-identically. Serial engine, tiny scenario."""
+
 import contextlib
 import errno
 import io
@@ -19,7 +20,7 @@ from raysim.scenario import config
 from tests.conftest import TINY, write_scenario
 from tests.test_runs import raysim
 
-SETS = ["rounds=5", "algorithm.name=local", "sampling.fraction=1.0"]      # stateful clients
+SETS = ["rounds=5", "algorithm.name=local", "sampling.fraction=1.0"]  # stateful clients
 R4 = "round-00000004"
 
 
@@ -107,29 +108,57 @@ DAMAGE = {
     "host_byte_flipped": (lambda ck, m: flip(ck / R4 / "host-1.pt"), lambda m, ck: f"{R4}/host-1.pt: {SHA}"),
     "manifest_clients_swapped": (lambda ck, m: edit_manifest(ck, swap_clients), lambda m, ck: ENTRIES),
     "manifest_clients_emptied": (lambda ck, m: edit_manifest(ck, empty_clients), lambda m, ck: ENTRIES),
-    "host_file_empty": (lambda ck, m: torch.save({}, ck / H0), lambda m, ck: (
-        f"{H0}: {(ck / H0).stat().st_size} bytes, the manifest says {size(m, 'host-0.pt')} "
-        "(file damaged or replaced)")),
+    "host_file_empty": (
+        lambda ck, m: torch.save({}, ck / H0),
+        lambda m, ck: (
+            f"{H0}: {(ck / H0).stat().st_size} bytes, the manifest says {size(m, 'host-0.pt')} "
+            "(file damaged or replaced)"
+        ),
+    ),
     "host_file_empty_states_resealed": (
         lambda ck, m: reseal(ck, "host-0.pt", {**checkpoint.load(ck / H0), "states": {}}),
-        lambda m, ck: (f"{H0}: no state for client {m['cl0'][0]} (and {len(m['cl0']) - 1} more), which the "
-                   "manifest lists for this file")),
-    "round2_files_planted": (lambda ck, m: plant(ck, m["tmp"] / "round2", "server.pt", "host-0.pt", "host-1.pt"),
-                             lambda m, ck: f"{S}: holds round 2, the manifest round 4 (a file of another round)"),
-    "round2_host_file_planted": (lambda ck, m: plant(ck, m["tmp"] / "round2", "host-1.pt"),
-                                 lambda m, ck: f"{R4}/host-1.pt: holds round 2, the manifest round 4 (a file of another round)"),
-    "zero_byte_host_file": (lambda ck, m: (ck / H0).write_bytes(b""),
-                            lambda m, ck: f"{H0}: 0 bytes, the manifest says {size(m, 'host-0.pt')} (file damaged or replaced)"),
+        lambda m, ck: (
+            f"{H0}: no state for client {m['cl0'][0]} (and {len(m['cl0']) - 1} more), which the "
+            "manifest lists for this file"
+        ),
+    ),
+    "round2_files_planted": (
+        lambda ck, m: plant(ck, m["tmp"] / "round2", "server.pt", "host-0.pt", "host-1.pt"),
+        lambda m, ck: f"{S}: holds round 2, the manifest round 4 (a file of another round)",
+    ),
+    "round2_host_file_planted": (
+        lambda ck, m: plant(ck, m["tmp"] / "round2", "host-1.pt"),
+        lambda m, ck: f"{R4}/host-1.pt: holds round 2, the manifest round 4 (a file of another round)",
+    ),
+    "zero_byte_host_file": (
+        lambda ck, m: (ck / H0).write_bytes(b""),
+        lambda m, ck: f"{H0}: 0 bytes, the manifest says {size(m, 'host-0.pt')} (file damaged or replaced)",
+    ),
     "host_file_missing": (lambda ck, m: (ck / H0).unlink(), lambda m, ck: f"{H0}: missing (the manifest lists it)"),
-    "server_truncated": (lambda ck, m: truncate(ck / S), lambda m, ck: (
-        f"{S}: {size(m, 'server.pt') // 2} bytes, the manifest says {size(m, 'server.pt')} (file damaged or replaced)")),
-    "manifest_truncated": (lambda ck, m: truncate(ck / M), lambda m, ck: f"{M}: not valid JSON, file truncated or damaged ("),
-    "server_of_another_run": (lambda ck, m: plant(ck, m["tmp"] / "run-b" / R4, "server.pt"),
-                              lambda m, ck: f"{S}: written by run run-b, not run-a (a file of another run)"),
-    "host_file_of_another_run": (lambda ck, m: plant(ck, m["tmp"] / "run-b" / R4, "host-0.pt"),
-                                 lambda m, ck: f"{H0}: written by run run-b, not run-a (a file of another run)"),
-    "older_format": (lambda ck, m: edit_manifest(ck, lambda doc: doc.update(format=2)), lambda m, ck: (
-        f"{M}: checkpoint format 2, written by an older raysim; this one reads format 3 and cannot resume it")),
+    "server_truncated": (
+        lambda ck, m: truncate(ck / S),
+        lambda m, ck: (
+            f"{S}: {size(m, 'server.pt') // 2} bytes, the manifest says {size(m, 'server.pt')} (file damaged or replaced)"
+        ),
+    ),
+    "manifest_truncated": (
+        lambda ck, m: truncate(ck / M),
+        lambda m, ck: f"{M}: not valid JSON, file truncated or damaged (",
+    ),
+    "server_of_another_run": (
+        lambda ck, m: plant(ck, m["tmp"] / "run-b" / R4, "server.pt"),
+        lambda m, ck: f"{S}: written by run run-b, not run-a (a file of another run)",
+    ),
+    "host_file_of_another_run": (
+        lambda ck, m: plant(ck, m["tmp"] / "run-b" / R4, "host-0.pt"),
+        lambda m, ck: f"{H0}: written by run run-b, not run-a (a file of another run)",
+    ),
+    "older_format": (
+        lambda ck, m: edit_manifest(ck, lambda doc: doc.update(format=2)),
+        lambda m, ck: (
+            f"{M}: checkpoint format 2, written by an older raysim; this one reads format 3 and cannot resume it"
+        ),
+    ),
 }
 
 
@@ -142,7 +171,7 @@ def test_damage_is_refused_with_one_line_naming_the_file(made, tmp_path, kind):
         checkpoint.verify(ck)
     line = str(verified.value)
     assert line.startswith(f"{ck}/{expected(made, ck)}") and "\n" not in line
-    with pytest.raises(CheckpointError) as restored:      # a resume (or a recovery) reads the same
+    with pytest.raises(CheckpointError) as restored:  # a resume (or a recovery) reads the same
         made["victim"].restore(str(ck))
     assert str(restored.value) == line
     assert explain(restored.value) == (EXIT_INPUT, line)
@@ -150,9 +179,12 @@ def test_damage_is_refused_with_one_line_naming_the_file(made, tmp_path, kind):
 
 def test_a_whole_checkpoint_of_another_run_is_refused(made, tmp_path):
     ck = tmp_path / "run-a"
-    shutil.copytree(made["tmp"] / "run-b", ck)            # run-b's folder put in place of run-a's
-    with pytest.raises(CheckpointError, match=r"manifest.json: written by run run-b, not run-a \(the checkpoint "
-                                              r"folder's name\)$"):
+    shutil.copytree(made["tmp"] / "run-b", ck)  # run-b's folder put in place of run-a's
+    with pytest.raises(
+        CheckpointError,
+        match=r"manifest.json: written by run run-b, not run-a \(the checkpoint "
+        r"folder's name\)$",
+    ):
         checkpoint.verify(ck)
 
 
@@ -162,7 +194,7 @@ def test_a_clean_checkpoint_verifies_and_resumes_bit_identically(made, tmp_path)
     assert doc["format"] == 3 and doc["run"] == "run-a" and doc["round"] == 4
     assert all(len(h["sha256"]) == 64 and h["size"] == (ck / R4 / h["file"]).stat().st_size for h in doc["hosts"])
     assert checkpoint.server_part(ck)["hosts"] == doc["hosts"]
-    resumed = serial_driver(made["sc"], 3)                # another host count
+    resumed = serial_driver(made["sc"], 3)  # another host count
     assert resumed.restore(str(ck)) == 4
     resumed.step()
     full = made["full"]
@@ -181,9 +213,11 @@ def small_disk(tmp_path, monkeypatch):
     fs = tmp_path / "fs"
     fs.mkdir()
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(fs)],
-                                 capture_output=True).returncode == 0
-    except OSError:          # no mount command
+        mounted = (
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(fs)], capture_output=True).returncode
+            == 0
+        )
+    except OSError:  # no mount command
         mounted = False
 
     def fill():
@@ -192,12 +226,19 @@ def small_disk(tmp_path, monkeypatch):
                 while True:
                     f.write(b"\0" * 4096)
         else:
+
             class Full(io.FileIO):
                 def write(self, b):
                     raise OSError(errno.ENOSPC, "No space left on device")
+
             real = open
-            monkeypatch.setattr(checkpoint, "open", lambda p, mode="r", *a, **k:
-                                Full(p, "wb") if "w" in mode else real(p, mode, *a, **k), raising=False)
+            monkeypatch.setattr(
+                checkpoint,
+                "open",
+                lambda p, mode="r", *a, **k: Full(p, "wb") if "w" in mode else real(p, mode, *a, **k),
+                raising=False,
+            )
+
     try:
         yield fs, fill
     finally:
@@ -217,12 +258,13 @@ def test_a_full_disk_keeps_the_last_complete_checkpoint_and_says_so(made, tmp_pa
         with pytest.raises(CheckpointWriteError) as err:
             d.save(str(ck))
         code, line = explain(err.value)
-        assert code == EXIT_FAILED                         # a failure, not bad input
-        assert line.startswith(f"run failed: CheckpointWriteError: {ck}/round-00000005/host-0.pt: "
-                               f"no space left on {ck}/round-00000005")
+        assert code == EXIT_FAILED  # a failure, not bad input
+        assert line.startswith(
+            f"run failed: CheckpointWriteError: {ck}/round-00000005/host-0.pt: no space left on {ck}/round-00000005"
+        )
         monkeypatch.undo()
         (fs / "filler").unlink(missing_ok=True)
-        assert sorted(p.name for p in ck.iterdir()) == [".raysim-dir", "manifest.json", R4]   # no partial round
+        assert sorted(p.name for p in ck.iterdir()) == [".raysim-dir", "manifest.json", R4]  # no partial round
         assert not list(ck.rglob("*.tmp*"))
         assert checkpoint.verify(ck)["round"] == 4
         resumed = serial_driver(made["sc"], 2)
@@ -231,24 +273,29 @@ def test_a_full_disk_keeps_the_last_complete_checkpoint_and_says_so(made, tmp_pa
 
 def test_resume_of_a_damaged_checkpoint_exits_2_with_one_line(made, tmp_path):
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     rid = client.create_run(client.create_experiment("raysim")).info.run_id
-    client.set_terminated(rid, "FAILED")                 # a run that stopped, its checkpoint kept
+    client.set_terminated(rid, "FAILED")  # a run that stopped, its checkpoint kept
     made["full"].save(str(tmp_path / "ck" / rid))
     flip(tmp_path / "ck" / rid / "round-00000005" / "server.pt")
-    path = write_scenario(tmp_path, TINY + f"checkpoint: {{dir: '{tmp_path}/ck'}}\n"
-                          f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n")
+    path = write_scenario(
+        tmp_path, TINY + f"checkpoint: {{dir: '{tmp_path}/ck'}}\ntracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
+    )
     sets = [a for s in SETS for a in ("--set", s)]
     proc = raysim("run", path, *sets, "--engine", "serial", "-q", "--resume", rid, check=False, here=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"raysim: {tmp_path}/ck/{rid}/round-00000005/server.pt: "
-                                                "SHA-256 differs from the manifest's (file damaged or replaced)"]
+    assert proc.stderr.strip().splitlines() == [
+        f"raysim: {tmp_path}/ck/{rid}/round-00000005/server.pt: "
+        "SHA-256 differs from the manifest's (file damaged or replaced)"
+    ]
 
 
 def test_damage_found_by_a_ray_host_is_still_one_line():
     """A host actor's CheckpointError reaches the driver as Ray's task error (an instance of
     CheckpointError too, whose text is Ray's traceback): the one line is the cause's."""
     from ray.exceptions import RayTaskError
+
     line = "ck/run-a/round-00000004/host-0.pt: SHA-256 differs from the manifest's (file damaged or replaced)"
     err = RayTaskError("RayHost.read_states", "Traceback (most recent call last):\n  ...", CheckpointError(line))
     assert explain(err.as_instanceof_cause()) == (EXIT_INPUT, line)

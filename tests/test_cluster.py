@@ -20,6 +20,7 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
+
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=2)
     c.wait_for_nodes()
@@ -30,8 +31,17 @@ def cluster():
 def test_run_on_a_two_node_cluster_matches_serial(tmp_path, cluster):
     path = tracked(tmp_path, TINY)
     serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    multi = summary_of(tmp_path, path, "--address", cluster.address, "--set", "resources.hosts=3",
-                       "--set", "resources.cpus_per_host=1", name="multi.json")
+    multi = summary_of(
+        tmp_path,
+        path,
+        "--address",
+        cluster.address,
+        "--set",
+        "resources.hosts=3",
+        "--set",
+        "resources.cpus_per_host=1",
+        name="multi.json",
+    )
     assert multi["final"] == serial["final"]
     assert [h["train_loss"] for h in multi["history"]] == [h["train_loss"] for h in serial["history"]]
 
@@ -40,6 +50,7 @@ def test_seeds_on_a_cluster_run_side_by_side_each_with_its_hosts_over_the_nodes(
     # two seeds of 2 hosts x 1 CPU: the 3 CPUs of the cluster hold one run at a time, Tune
     # queues the other; each run's hosts take its trial's bundles; the same metrics as alone
     from mlflow.tracking import MlflowClient
+
     path = tracked(tmp_path, TINY.replace("cpus_per_host: 0.5", "cpus_per_host: 1") + "seeds: [0, 1]\n")
     proc = raysim("run", path, "-q", "--address", cluster.address)
     assert "2 runs, up to 2 at a time on Ray Tune" in proc.stderr
@@ -55,15 +66,29 @@ def test_asking_more_than_the_cluster_places_waits_then_says_what_is_missing(tmp
     # a cluster may grow (an autoscaler adds nodes): raysim waits for placement, says what it
     # waits for, and after resources.placement_timeout_s stops with what is missing (exit 2)
     path = tracked(tmp_path, TINY)
-    proc = raysim("run", path, "--address", cluster.address, "--set", "resources.hosts=4",
-                  "--set", "resources.cpus_per_host=1", "--set", "resources.placement_timeout_s=6", check=False)
+    proc = raysim(
+        "run",
+        path,
+        "--address",
+        cluster.address,
+        "--set",
+        "resources.hosts=4",
+        "--set",
+        "resources.cpus_per_host=1",
+        "--set",
+        "resources.placement_timeout_s=6",
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert any(line.startswith("raysim: waiting for the cluster to place 4 hosts of 1 CPU (free now: 3 CPU)")
-               for line in lines), proc.stderr
-    assert lines[-1].endswith("resources: the Ray cluster could not place 4 hosts of 1 CPU (free now: 3 CPU) "
-                              "within 6 s; lower resources.hosts, resources.cpus_per_host or "
-                              "resources.gpus_per_host, or add nodes"), proc.stderr
+    assert any(
+        line.startswith("raysim: waiting for the cluster to place 4 hosts of 1 CPU (free now: 3 CPU)") for line in lines
+    ), proc.stderr
+    assert lines[-1].endswith(
+        "resources: the Ray cluster could not place 4 hosts of 1 CPU (free now: 3 CPU) "
+        "within 6 s; lower resources.hosts, resources.cpus_per_host or "
+        "resources.gpus_per_host, or add nodes"
+    ), proc.stderr
 
 
 @pytest.mark.parametrize("name", ["aws-gpu.yaml", "gcp-gpu.yaml", "onprem.yaml"])
@@ -76,27 +101,34 @@ def test_cluster_configs_validate_against_rays_schema_and_turn_token_auth_on(nam
     import yaml
 
     from tests.conftest import ROOT
+
     schema = json.loads(open(os.path.join(os.path.dirname(ray.__file__), "autoscaler", "ray-schema.json")).read())
     cfg = yaml.safe_load(open(os.path.join(ROOT, "cluster", name)))
     jsonschema.validate(cfg, schema)
     starts = cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]
     assert all("RAY_AUTH_MODE=token" in c for c in starts if "ray start" in c)
     assert all("--dashboard-host=127.0.0.1" in c for c in cfg["head_start_ray_commands"] if "ray start" in c)
-    assert any("pip install" in c and "-e ." in c for c in cfg["setup_commands"])       # installs raysim
-
+    assert any("pip install" in c and "-e ." in c for c in cfg["setup_commands"])  # installs raysim
 
 
 def test_asking_a_local_ray_for_more_than_it_has_is_an_input_error(tmp_path):
     # a Ray raysim starts itself cannot grow: refused at once, before any MLflow run
     import os
+
     path = tracked(tmp_path, TINY)
     cpus = os.cpu_count()
-    proc = raysim("run", path, "--set", f"resources.hosts={cpus + 1}", "--set", "resources.cpus_per_host=1",
-                  check=False)
+    proc = raysim(
+        "run", path, "--set", f"resources.hosts={cpus + 1}", "--set", "resources.cpus_per_host=1", check=False
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        f"resources.cpus_per_host: {cpus + 1} hosts x 1 CPU = {cpus + 1} CPU, but the local Ray has {cpus}; "
-        "lower resources.hosts or resources.cpus_per_host")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"resources.cpus_per_host: {cpus + 1} hosts x 1 CPU = {cpus + 1} CPU, but the local Ray has {cpus}; "
+            "lower resources.hosts or resources.cpus_per_host"
+        )
+    )
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -120,7 +152,8 @@ def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refuse
     import psutil
 
     from tests.conftest import ROOT
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
+
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths have a limit
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     seen = []
 
@@ -130,30 +163,36 @@ def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refuse
         except psutil.Error:
             return None
 
-    def ours(p):          # alive, and of this command's Ray
+    def ours(p):  # alive, and of this command's Ray
         try:
             return args(p) is not None and (ray_tmp in args(p) or p.environ().get("RAY_TMPDIR") == ray_tmp)
         except psutil.Error:
             return False
+
     if case == "refused":
         path, err = str(tmp_path / "pipe.yaml"), tmp_path / "stderr"
         os.mkfifo(path)
         text = open(tracked(tmp_path, TINY)).read()
         env["RAY_testing_asio_delay_us"] = "NodeInfoGcsService.grpc_server.RegisterNode=4000000:4000000"
         with open(err, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q"], cwd=ROOT, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=out)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "raysim.cli", "run", path, "-q"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
         agents = ("dashboard/agent.py", "runtime_env/agent/main.py", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
         try:
             deadline = time.time() + 60
-            while True:         # the scenario is read whole before Ray starts, then once its agents run, not
+            while True:  # the scenario is read whole before Ray starts, then once its agents run, not
                 assert time.time() < deadline and proc.poll() is None, (err.read_text(), [args(p) for p in seen])
                 seen = psutil.Process(proc.pid).children(recursive=True)
                 starting = "starting a local Ray" in err.read_text()
                 started = len([p for p in seen if any(a in (args(p) or "") for a in agents)]) >= 2
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK) if started or not starting else None
-                except OSError:             # no read waits
+                except OSError:  # no read waits
                     fd = None
                 if fd is None:
                     time.sleep(0.05)
@@ -175,8 +214,9 @@ def test_the_command_leaves_no_ray_process_behind_whether_its_scenario_is_refuse
         assert proc.returncode == 0, proc.stderr
     deadline = time.time() + 1.0
 
-    def left():         # what is alive of the command's processes seen, or of its Ray's found now
+    def left():  # what is alive of the command's processes seen, or of its Ray's found now
         return [args(p).strip()[:120] for p in {*seen, *psutil.process_iter()} if args(p) and (p in seen or ours(p))]
+
     while left() and time.time() < deadline:
         time.sleep(0.05)
     assert not left(), left()
@@ -203,10 +243,11 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
     from ray._private.node import Node
 
     from raysim.engine import ray_start
+
     before = {name: Node.__dict__[name] for name in (*ray_start.LEAN_SKIPS, "start_log_monitor")}
     build, launch = services._build_python_executable_command_memory_profileable, services.start_ray_process
     # this Ray's own folder: another Ray of this process (the module's cluster) is not looked at
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths have a limit
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     monkeypatch.setenv("RAYSIM_ZYGOTE", "off")
     ray_start.init(None, prestart=1)
@@ -220,6 +261,7 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
                     if p.name() == "ray::IDLE":
                         found.append(p)
             return found
+
         deadline = time.time() + 30
         while not (idle := idle_workers()):
             assert time.time() < deadline, "no worker was booted ahead"
@@ -228,11 +270,13 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
         @ray.remote
         def pid():
             return os.getpid()
+
         assert ray.get(pid.remote()) == idle[0].pid
 
         @ray.remote
         def square(x):
             return x * x
+
         assert ray.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
 
         @ray.remote
@@ -243,9 +287,10 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
             def add(self, k):
                 self.n += k
                 return self.n
+
         counter = Counter.remote()
         assert ray.get([counter.add.remote(2), counter.add.remote(3)]) == [2, 5]
-        started = []              # what this process started for this Ray (its folder in the arguments)
+        started = []  # what this process started for this Ray (its folder in the arguments)
         agents, daemons = [], []
         for p in psutil.Process().children(recursive=True):
             try:
@@ -272,7 +317,7 @@ def test_a_local_ray_raysim_starts_runs_without_api_server_monitor_or_log_monito
         # each of its processes in a session of its own: a signal to the command's process
         # group (a SIGTERM from ``timeout``) reaches none of them
         assert len(daemons) == 2 and all(os.getsid(p.pid) == p.pid != os.getsid(0) for p in daemons)
-        assert all(os.getsid(a.pid) != os.getsid(0) for a in agents)          # the raylet's children
+        assert all(os.getsid(a.pid) != os.getsid(0) for a in agents)  # the raylet's children
     finally:
         ray_start.shutdown()
     assert {name: Node.__dict__[name] for name in before} == before
@@ -285,10 +330,12 @@ def test_a_local_ray_raysim_starts_leaves_the_dashboards_packages_unimported_in_
     client) to choose an option of its dashboard agent, which the stand-in does not read: while
     raysim starts a local Ray the check says "none missing" without importing them, and Ray's
     check is back once Ray has started."""
-    code = ("import json, sys; import ray._private.utils as u; check = u.get_dashboard_dependency_error; "
-            "from raysim.engine import ray_start; ray_start.init(None); "
-            "found = [m for m in ('aiohttp', 'grpc', 'opencensus', 'prometheus_client') if m in sys.modules]; "
-            "print(json.dumps([found, u.get_dashboard_dependency_error is check])); ray_start.shutdown()")
+    code = (
+        "import json, sys; import ray._private.utils as u; check = u.get_dashboard_dependency_error; "
+        "from raysim.engine import ray_start; ray_start.init(None); "
+        "found = [m for m in ('aiohttp', 'grpc', 'opencensus', 'prometheus_client') if m in sys.modules]; "
+        "print(json.dumps([found, u.get_dashboard_dependency_error is check])); ray_start.shutdown()"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     found, restored = json.loads(out.stdout.strip().splitlines()[-1])
@@ -307,6 +354,7 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
     from ray import _raylet
 
     from raysim.engine import ray_agent, ray_start
+
     assert ray_start._agent_stand_in_fits()
     node = "7c" * 28
     ours, rays = tmp_path / "ours", tmp_path / "rays"
@@ -315,17 +363,23 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
     for name in ray_agent.PORTS:
         _raylet.persist_port(str(rays), node, name, -1)
     # the stand-in's parent: a shell that starts it and exits at once
-    script = (f"RAY_RAYLET_PID=$$ {sys.executable} {ray_start.AGENT} /ray/dashboard/agent.py --node-id={node} "
-              f"--session-dir={ours} --grpc-port=0")
-    pid = int(subprocess.run(["sh", "-c", script + " >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
-                             check=True).stdout)
+    script = (
+        f"RAY_RAYLET_PID=$$ {sys.executable} {ray_start.AGENT} /ray/dashboard/agent.py --node-id={node} "
+        f"--session-dir={ours} --grpc-port=0"
+    )
+    pid = int(
+        subprocess.run(
+            ["sh", "-c", script + " >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     deadline = time.time() + 10
     while len(list(ours.iterdir())) < 3 and time.time() < deadline:
         time.sleep(0.05)
     assert {f.name: f.read_bytes() for f in ours.iterdir()} == {f.name: f.read_bytes() for f in rays.iterdir()}
     assert (ours / f"metrics_agent_port_{node}").read_text() == "-1"
     import psutil
-    while time.time() < deadline:            # its parent is gone: it ends within about a second
+
+    while time.time() < deadline:  # its parent is gone: it ends within about a second
         try:
             if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
                 break
@@ -337,7 +391,8 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
 
 
 def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_refuses_packages_and_answers_the_rest(
-        tmp_path):
+    tmp_path,
+):
     """The raylet waits for its runtime-environment agent's port, then asks it over HTTP, in
     protobuf, for a task's runtime environment. The stand-in writes the port it listens on (as
     Ray's persist_port writes it), serves an environment of variables with the context Ray's
@@ -353,12 +408,23 @@ def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_ref
     from ray.core.generated import runtime_env_agent_pb2 as pb
 
     from raysim.engine import ray_agent, ray_start
+
     assert ray_start._env_stand_in_fits()
     node = "3d" * 28
-    proc = subprocess.Popen([sys.executable, ray_start.AGENT, "/ray/_private/runtime_env/agent/main.py",
-                             f"--node-id={node}", "--node-ip-address=127.0.0.1", "--runtime-env-agent-port=0",
-                             f"--session-dir={tmp_path}", "--gcs-address=127.0.0.1:1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            ray_start.AGENT,
+            "/ray/_private/runtime_env/agent/main.py",
+            f"--node-id={node}",
+            "--node-ip-address=127.0.0.1",
+            "--runtime-env-agent-port=0",
+            f"--session-dir={tmp_path}",
+            "--gcs-address=127.0.0.1:1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         port_file = tmp_path / f"{_raylet.RUNTIME_ENV_AGENT_PORT_NAME}_{node}"
         deadline = time.time() + 10
@@ -368,14 +434,18 @@ def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_ref
         assert port > 0
 
         def post(path: str, message) -> bytes:
-            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=message.SerializeToString(),
-                                             method="POST")
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}{path}", data=message.SerializeToString(), method="POST"
+            )
             with urllib.request.urlopen(request, timeout=10) as reply:
                 assert reply.status == 200
                 return reply.read()
+
         from ray._private.runtime_env.context import RuntimeEnvContext
-        ask = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env='{"env_vars": {"A": "1", "B": "x y"}}',
-                                              job_id=b"\x01", source_process="raylet")
+
+        ask = pb.GetOrCreateRuntimeEnvRequest(
+            serialized_runtime_env='{"env_vars": {"A": "1", "B": "x y"}}', job_id=b"\x01", source_process="raylet"
+        )
         served = pb.GetOrCreateRuntimeEnvReply.FromString(post("/get_or_create_runtime_env", ask))
         assert served.status == pb.AGENT_RPC_STATUS_OK and served.error_message == ""
         context = RuntimeEnvContext.deserialize(served.serialized_runtime_env_context)
@@ -388,13 +458,16 @@ def test_the_runtime_env_agent_stand_in_listens_on_loopback_serves_variables_ref
             assert refused.error_message == ray_agent.REFUSAL and "ray start --head" in refused.error_message
             assert refused.serialized_runtime_env_context == ""
         deleted = pb.DeleteRuntimeEnvIfPossibleReply.FromString(
-            post("/delete_runtime_env_if_possible", pb.DeleteRuntimeEnvIfPossibleRequest()))
+            post("/delete_runtime_env_if_possible", pb.DeleteRuntimeEnvIfPossibleRequest())
+        )
         assert deleted.status == pb.AGENT_RPC_STATUS_OK
         info = pb.GetRuntimeEnvsInfoReply.FromString(post("/get_runtime_envs_info", pb.GetRuntimeEnvsInfoRequest()))
         assert len(info.runtime_env_states) == 0 and info.total == 0
         import psutil
-        listens = [c.laddr for c in psutil.Process(proc.pid).net_connections(kind="inet")
-                   if c.status == psutil.CONN_LISTEN]
+
+        listens = [
+            c.laddr for c in psutil.Process(proc.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN
+        ]
         assert [(a.ip, a.port) for a in listens] == [("127.0.0.1", port)]
     finally:
         proc.kill()
@@ -406,6 +479,7 @@ def test_a_protobuf_message_is_read_as_the_wire_format_says():
     field 2 = b"ab"; 1d and four bytes, a fixed32 field 3, is skipped; a field given twice is
     kept twice; a length past the end is an error."""
     from raysim.engine.ray_agent import _fields
+
     assert _fields(b"\x08\x96\x01\x12\x02ab\x1d\x00\x00\x80\x3f\x12\x00") == {1: [150], 2: [b"ab", b""]}
     with pytest.raises(ValueError, match="truncated"):
         _fields(b"\x12\x05ab")
@@ -416,6 +490,7 @@ def test_a_protobuf_field_is_written_as_the_wire_format_says():
     (2 << 3 | 2), the length 2, the bytes; a 300-byte string's length is the two-byte varint
     0xAC 0x02 (300 = 0b10_0101100)."""
     from raysim.engine.ray_agent import _field
+
     assert _field(1, 1) == b"\x08\x01"
     assert _field(2, "ab") == b"\x12\x02ab"
     assert _field(2, "x" * 300)[:3] == b"\x12\xac\x02"
@@ -443,12 +518,19 @@ def test_joining_a_token_cluster_says_in_one_line_what_to_set_and_joins_with_the
     import time
 
     from tests.conftest import ROOT
+
     token = "5f" * 32
     plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
-    head = subprocess.Popen([sys.executable, "-c", TOKEN_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT, start_new_session=True,
-                            env={**plain, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_TMPDIR": ray_tmp})
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths have a limit
+    head = subprocess.Popen(
+        [sys.executable, "-c", TOKEN_HEAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**plain, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_TMPDIR": ray_tmp},
+    )
     try:
         address = head.stdout.readline().strip()
         assert address, "the token-authenticated Ray did not start"
@@ -456,25 +538,48 @@ def test_joining_a_token_cluster_says_in_one_line_what_to_set_and_joins_with_the
 
         def join(**auth):
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", path, "-q", "--address", address,
-                                   "--summary", str(tmp_path / "s.json")],
-                                  capture_output=True, text=True, cwd=ROOT, env={**plain, **auth}, timeout=300)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "raysim.cli",
+                    "run",
+                    path,
+                    "-q",
+                    "--address",
+                    address,
+                    "--summary",
+                    str(tmp_path / "s.json"),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env={**plain, **auth},
+                timeout=300,
+            )
             return proc, time.perf_counter() - t0
+
         proc, _ = join()
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, proc.stderr
-        assert lines[-1] == (f"raysim: --address {address}: the Ray cluster at {address} requires token "
-                             "authentication; set RAY_AUTH_MODE=token for raysim too (export RAY_AUTH_MODE=token), "
-                             "with the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+        assert lines[-1] == (
+            f"raysim: --address {address}: the Ray cluster at {address} requires token "
+            "authentication; set RAY_AUTH_MODE=token for raysim too (export RAY_AUTH_MODE=token), "
+            "with the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)"
+        )
         assert "InvalidAuthToken" not in proc.stderr and "Traceback" not in proc.stderr
-        assert not (tmp_path / "mlflow.db").exists()            # refused before any MLflow run
+        assert not (tmp_path / "mlflow.db").exists()  # refused before any MLflow run
         proc, _ = join(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="a0" * 32)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.strip().splitlines()[-1].startswith(
-            f"raysim: --address {address}: the Ray cluster at {address} refused raysim's token"), proc.stderr
+        assert (
+            proc.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"raysim: --address {address}: the Ray cluster at {address} refused raysim's token")
+        ), proc.stderr
         proc, _ = join(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
         assert proc.returncode == 0, proc.stderr
         import json
+
         assert [h["round"] for h in json.loads((tmp_path / "s.json").read_text())["history"]] == [1, 2, 3]
     finally:
         head.stdin.close()

@@ -1,5 +1,6 @@
 """Seeded runs nested under one parent MLflow run, and `raysim compare`: the table's numbers are
 the mean and sample std of the children's final metrics, computed here by hand."""
+
 import csv
 
 import numpy as np
@@ -34,8 +35,11 @@ def sweep(tmp_path_factory):
     path = write_scenario(tmp, SWEEP.format(tmp=tmp))
     assert cli.main(["run", path, "--engine", "serial", "-q"]) == 0
     _, client = report.client_for(f"sqlite:///{tmp}/m.db")
-    parent = [r for r in client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
-              if r.data.tags.get("raysim.parent") == "1"]
+    parent = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+        if r.data.tags.get("raysim.parent") == "1"
+    ]
     assert len(parent) == 1
     return tmp, client, parent[0]
 
@@ -46,7 +50,7 @@ def test_seeds_run_every_variant_once_per_seed_nested_under_a_parent(sweep):
     got = sorted((k.data.tags["variant"], k.data.tags["seed"]) for k in kids)
     assert got == [("fedavg", "0"), ("fedavg", "1"), ("local", "0"), ("local", "1")]
     assert all(k.data.tags["mlflow.parentRunId"] == parent.info.run_id for k in kids)
-    assert {k.data.params["seed"] for k in kids} == {"0", "1"}          # the seed each run really used
+    assert {k.data.params["seed"] for k in kids} == {"0", "1"}  # the seed each run really used
     assert parent.info.status == "FINISHED" and parent.data.params["seeds"] == "0,1"
     # two seeds give two different runs
     acc = {(k.data.tags["variant"], k.data.tags["seed"]): k.data.metrics["accuracy"] for k in kids}
@@ -55,15 +59,19 @@ def test_seeds_run_every_variant_once_per_seed_nested_under_a_parent(sweep):
 
 def test_compare_table_is_the_mean_and_std_over_seeds(sweep, tmp_path, capsys):
     tmp, client, parent = sweep
-    assert cli.main(["compare", parent.info.run_id, "--tracking-uri", f"sqlite:///{tmp}/m.db",
-                     "--out", str(tmp_path)]) == 0
+    assert (
+        cli.main(["compare", parent.info.run_id, "--tracking-uri", f"sqlite:///{tmp}/m.db", "--out", str(tmp_path)])
+        == 0
+    )
     kids = report.expand(client, [parent.info.run_id])
     for method in ("fedavg", "local"):
         runs = [k for k in kids if k.data.tags["variant"] == method]
         acc = np.array([k.data.metrics["accuracy"] for k in runs])
         bot = np.array([k.data.metrics["bottom_decile_accuracy"] for k in runs])
-        want = (f"| {method} | {100 * acc.mean():.1f} ± {100 * acc.std(ddof=1):.1f} / "
-                f"{100 * bot.mean():.1f} ± {100 * bot.std(ddof=1):.1f} (n=2) |")
+        want = (
+            f"| {method} | {100 * acc.mean():.1f} ± {100 * acc.std(ddof=1):.1f} / "
+            f"{100 * bot.mean():.1f} ± {100 * bot.std(ddof=1):.1f} (n=2) |"
+        )
         assert want in (tmp_path / "compare.md").read_text().splitlines()
         row = next(r for r in csv.DictReader(open(tmp_path / "compare.csv")) if r["method"] == method)
         assert float(row["mean"]) == pytest.approx(acc.mean()) and float(row["std"]) == pytest.approx(acc.std(ddof=1))
@@ -104,6 +112,9 @@ def test_rank_orders_the_methods_best_first(sweep, tmp_path):
     assert order(text)[:2] == sorted(["fedavg", "local"], key=lambda v: -mean(v, "accuracy"))
     text, _, _ = compare([parent.info.run_id], None, uri, tmp_path, ["accuracy", "test_loss"], rank="test_loss")
     assert order(text)[:2] == sorted(["fedavg", "local"], key=lambda v: mean(v, "test_loss"))
-    with pytest.raises(CompareError, match=r"--rank target_virtual_hours: not among the table's metrics "
-                                           r"\(accuracy\); add it to --metrics"):
+    with pytest.raises(
+        CompareError,
+        match=r"--rank target_virtual_hours: not among the table's metrics "
+        r"\(accuracy\); add it to --metrics",
+    ):
         compare([parent.info.run_id], None, uri, tmp_path, ["accuracy"], rank="target_virtual_hours")

@@ -1,4 +1,5 @@
 """Datasets, partitioners and per-client splits on small inputs, with hand-checkable numbers."""
+
 import dataclasses
 import gzip
 import struct
@@ -24,7 +25,7 @@ def test_registries_name_their_components_and_params_have_checkable_defaults():
     assert DATASETS["fashion_mnist"].pooled and not DATASETS["synthetic"].pooled
     for spec in list(DATASETS.values()) + list(PARTITIONERS.values()):
         assert spec.summary and "\n" not in spec.summary
-        typing.get_type_hints(spec.Params)           # plain, resolvable annotations
+        typing.get_type_hints(spec.Params)  # plain, resolvable annotations
         for f in dataclasses.fields(spec.Params):
             assert f.default is not dataclasses.MISSING, (spec.name, f.name)
             assert set(f.metadata) <= {"min", "max", "gt", "lt", "choices", "help"}, (spec.name, f.name)
@@ -39,23 +40,26 @@ def test_split_client_fractions_disjoint_deterministic():
     y = torch.arange(20)
     c = split_client(4, x, y, Splits(0.7, 0.1, 0.2), seed=0)
     assert (len(c.train_y), len(c.val_y), len(c.test_y)) == (14, 2, 4)
-    assert torch.equal(c.train_x[:, 0].long(), c.train_y)          # rows stay paired
+    assert torch.equal(c.train_x[:, 0].long(), c.train_y)  # rows stay paired
     assert sorted(torch.cat([c.train_y, c.val_y, c.test_y]).tolist()) == list(range(20))
     again = split_client(4, x, y, Splits(0.7, 0.1, 0.2), seed=0)
     assert torch.equal(c.test_y, again.test_y) and torch.equal(c.train_y, again.train_y)
-    other = split_client(5, x, y, Splits(0.7, 0.1, 0.2), seed=0)   # another client: another shuffle
+    other = split_client(5, x, y, Splits(0.7, 0.1, 0.2), seed=0)  # another client: another shuffle
     assert not torch.equal(c.train_y, other.train_y)
     assert c.train_x.dtype == torch.float32 and c.train_y.dtype == torch.int64
 
 
-@pytest.mark.parametrize("n, splits, sizes", [
-    (10, Splits(0.85, 0.0, 0.15), (9, 0, 1)),    # round(8.5) = 9: half up
-    (2, Splits(0.9, 0.0, 0.1), (1, 0, 1)),       # at least one test sample
-    (2, Splits(0.1, 0.0, 0.9), (1, 0, 1)),       # at least one train sample
-    (3, Splits(0.2, 0.6, 0.2), (1, 1, 1)),       # val gives way first
-    (5, Splits(1.0, 0.0, 0.0), (5, 0, 0)),       # no test asked, none given
-    (1, Splits(0.8, 0.0, 0.2), (1, 0, 0)),
-])
+@pytest.mark.parametrize(
+    "n, splits, sizes",
+    [
+        (10, Splits(0.85, 0.0, 0.15), (9, 0, 1)),  # round(8.5) = 9: half up
+        (2, Splits(0.9, 0.0, 0.1), (1, 0, 1)),  # at least one test sample
+        (2, Splits(0.1, 0.0, 0.9), (1, 0, 1)),  # at least one train sample
+        (3, Splits(0.2, 0.6, 0.2), (1, 1, 1)),  # val gives way first
+        (5, Splits(1.0, 0.0, 0.0), (5, 0, 0)),  # no test asked, none given
+        (1, Splits(0.8, 0.0, 0.2), (1, 0, 0)),
+    ],
+)
 def test_split_client_sizes(n, splits, sizes):
     c = split_client(0, np.zeros((n, 3), np.float32), np.arange(n), splits, seed=1)
     assert (len(c.train_y), len(c.val_y), len(c.test_y)) == sizes
@@ -74,7 +78,7 @@ def synth(clients=20, seed=0, **kw):
 def test_synthetic_is_deterministic_per_client_and_seed():
     a, b, c = synth(), synth(clients=5), synth(seed=1)
     xa, ya, _ = a.raw(3)
-    xb, yb, _ = b.raw(3)                     # client 3 does not depend on how many clients exist
+    xb, yb, _ = b.raw(3)  # client 3 does not depend on how many clients exist
     assert np.array_equal(xa, xb) and np.array_equal(ya, yb) and np.array_equal(a.theta, b.theta)
     assert not np.array_equal(xa[:5], c.raw(3)[0][:5]) and not np.array_equal(a.theta, c.theta)
     assert torch.equal(a.client(3).test_x, b.client(3).test_x)
@@ -86,8 +90,8 @@ def test_synthetic_sizes_follow_lognormal_plus_min_capped():
     s = synth(clients=300)
     n = np.array([s.num_samples(c) for c in range(300)])
     assert n.min() >= 50 and n.max() <= 1000
-    assert 85 <= np.median(n) <= 130                  # median int(e^4 = 54.6) + 50 ≈ 104
-    assert 0.03 <= np.mean(n == 1000) <= 0.15         # P(lognormal(4, 2) > 950) ≈ 0.077
+    assert 85 <= np.median(n) <= 130  # median int(e^4 = 54.6) + 50 ≈ 104
+    assert 0.03 <= np.mean(n == 1000) <= 0.15  # P(lognormal(4, 2) > 950) ≈ 0.077
     c = s.client(7)
     assert c.num_train + len(c.val_y) + c.num_test == s.num_samples(7) == len(s.raw(7)[1])
     assert c.train_x.shape == (c.num_train, 20) and s.input_shape == (20,) and s.num_classes == 2
@@ -105,7 +109,7 @@ def test_synthetic_labels_follow_the_component_models_exactly_without_noise():
     logits = np.einsum("nd,nd->n", x.astype(np.float64), three.theta[comp])
     assert np.array_equal(y, np.round(1 / (1 + np.exp(-logits))).astype(np.int64))
     noisy = synth(noise=0.5).raw(1)[1]
-    assert 0 < np.sum(noisy != y) < 0.2 * len(y)     # same x, logit noise flips a few labels
+    assert 0 < np.sum(noisy != y) < 0.2 * len(y)  # same x, logit noise flips a few labels
 
 
 def test_synthetic_components_follow_the_mixture_weights():
@@ -118,18 +122,18 @@ def test_synthetic_components_follow_the_mixture_weights():
 def test_legacy_overwrite_reproduces_the_official_label_skew():
     fixed = synth(clients=150, dim=150)
     legacy = synth(clients=150, dim=150, legacy_overwrite=True)
-    rate = lambda s: np.mean(np.concatenate([s.raw(c)[1] for c in range(150)]))   # noqa: E731
+    rate = lambda s: np.mean(np.concatenate([s.raw(c)[1] for c in range(150)]))  # noqa: E731
     assert 0.45 < rate(fixed) < 0.55
     assert 0.30 < rate(legacy) < 0.42
     for cid in range(10):
         xf, _, comp_f = fixed.raw(cid)
         xl, yl, comp_l = legacy.raw(cid)
-        assert np.array_equal(xf, xl)                 # same draws, only the label writes differ
+        assert np.array_equal(xf, xl)  # same draws, only the label writes differ
         counts = np.bincount(comp_f, minlength=3)
         assert np.sum(comp_l == -1) == len(yl) - counts.max()
-        assert np.all(yl[comp_l == -1] == 0)          # rows past the largest block keep label 0
-        for m in range(3):                            # the last write wins
-            later = counts[m + 1:].max(initial=0)
+        assert np.all(yl[comp_l == -1] == 0)  # rows past the largest block keep label 0
+        for m in range(3):  # the last write wins
+            later = counts[m + 1 :].max(initial=0)
             assert np.sum(comp_l == m) == max(0, counts[m] - later)
 
 
@@ -140,8 +144,9 @@ def test_synthetic_rejects_max_below_min():
 
 # ------------------------------------------------------------------------------- gaussian
 def test_gaussian_shapes_and_determinism():
-    src = build_source("gaussian", GaussianParams(samples=10, features=(1, 4, 4), classes=3), 5, None,
-                       Splits(0.6, 0.0, 0.4), 7)
+    src = build_source(
+        "gaussian", GaussianParams(samples=10, features=(1, 4, 4), classes=3), 5, None, Splits(0.6, 0.0, 0.4), 7
+    )
     c = src.client(2)
     assert c.train_x.shape == (6, 1, 4, 4) and c.test_x.shape == (4, 1, 4, 4)
     assert src.input_shape == (1, 4, 4) and src.num_classes == 3 and src.num_samples(2) == 10
@@ -174,8 +179,9 @@ def fashion_root(root, gz):
 
 
 def fashion(root, clients=5, partition=IID):
-    return build_source("fashion_mnist", DATASETS["fashion_mnist"].Params(root=str(root)), clients,
-                        partition, Splits(0.8, 0, 0.2), 0)
+    return build_source(
+        "fashion_mnist", DATASETS["fashion_mnist"].Params(root=str(root)), clients, partition, Splits(0.8, 0, 0.2), 0
+    )
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -187,13 +193,13 @@ def test_fashion_mnist_reads_idx_files_and_its_pixels_decode_normalized(tmp_path
     assert all(p.num_train == 8 and p.num_test == 2 for p in parts)
     x = torch.cat([t for p in parts for t in (p.train_x, p.test_x)])
     y = torch.cat([t for p in parts for t in (p.train_y, p.test_y)])
-    assert x.shape == (50, 1, 28, 28) and x.dtype == torch.uint8       # clients hold the pixels
-    x = src.pixels(x)                                                   # the model's inputs
+    assert x.shape == (50, 1, 28, 28) and x.dtype == torch.uint8  # clients hold the pixels
+    x = src.pixels(x)  # the model's inputs
     assert x.dtype == torch.float32
-    i = torch.round((x[:, 0, 0, 0] * STD + MEAN) * 255 / 5).long()        # recover each image's index
+    i = torch.round((x[:, 0, 0, 0] * STD + MEAN) * 255 / 5).long()  # recover each image's index
     assert sorted(i.tolist()) == list(range(50)) and torch.equal(y, i % 10)
     assert torch.allclose(x[:, 0, 27, 27], ((255 - i) / 255 - MEAN) / STD, atol=1e-6)
-    assert abs(x[i == 0][0, 0, 0, 0].item() - (-0.2860 / 0.3530)) < 1e-6   # pixel 0 -> -0.81020
+    assert abs(x[i == 0][0, 0, 0, 0].item() - (-0.2860 / 0.3530)) < 1e-6  # pixel 0 -> -0.81020
     assert abs(x[i == 0][0, 0, 5, 5].item() + 0.810198) < 1e-5
 
 
@@ -203,10 +209,14 @@ def test_pixels_decode_to_the_floats_numpy_normalization_of_the_pool_gave(datase
     pool was normalized before clients held uint8 pixels, so runs keep their numbers."""
     from raysim.core.data import Pixels
     from raysim.data.vision import CIFAR
-    constants = {"fashion_mnist": ((MEAN,), (STD,)), "emnist": ((0.0,), (1.0,)),
-                 **{name: (spec["mean"], spec["std"]) for name, spec in CIFAR.items()}}
+
+    constants = {
+        "fashion_mnist": ((MEAN,), (STD,)),
+        "emnist": ((0.0,), (1.0,)),
+        **{name: (spec["mean"], spec["std"]) for name, spec in CIFAR.items()},
+    }
     mean, std = constants[dataset]
-    if dataset in ("fashion_mnist", "emnist"):          # CIFAR's are set per instance (its test_vision test)
+    if dataset in ("fashion_mnist", "emnist"):  # CIFAR's are set per instance (its test_vision test)
         assert DATASETS[dataset].build.pixels == Pixels(mean, std)
     c = len(mean)
     u = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None, None, None], (256, c, 2, 3)).copy()
@@ -215,10 +225,10 @@ def test_pixels_decode_to_the_floats_numpy_normalization_of_the_pool_gave(datase
     want = (u.astype(np.float32) / np.float32(255.0) - m) / s
     got = Pixels(mean, std)(torch.from_numpy(u))
     assert got.dtype == torch.float32 and np.array_equal(got.numpy(), want)
-    stacked = Pixels(mean, std)(torch.from_numpy(u).expand(2, *u.shape))   # (K, B, C, H, W) batches
+    stacked = Pixels(mean, std)(torch.from_numpy(u).expand(2, *u.shape))  # (K, B, C, H, W) batches
     assert np.array_equal(stacked[1].numpy(), want)
     floats = torch.from_numpy(want)
-    assert Pixels(mean, std)(floats) is floats                              # floats pass through
+    assert Pixels(mean, std)(floats) is floats  # floats pass through
 
 
 def test_fashion_mnist_reads_gzip_without_the_suffix_and_partitions(tmp_path):
@@ -226,12 +236,12 @@ def test_fashion_mnist_reads_gzip_without_the_suffix_and_partitions(tmp_path):
     for name in NAMES[:2]:
         (tmp_path / f"{name}.gz").rename(tmp_path / name)
     src = fashion(tmp_path, clients=10, partition=PartitionCfg("shards", ShardsParams(1)))
-    for c in range(10):    # 10 shards of 5 label-sorted samples (5 per label): one label per client
+    for c in range(10):  # 10 shards of 5 label-sorted samples (5 per label): one label per client
         assert len(torch.unique(torch.cat([src.client(c).train_y, src.client(c).test_y]))) == 1
 
 
 def test_fashion_mnist_errors_name_files_and_package(tmp_path):
-    absent = fashion(tmp_path / "absent")                      # building reads nothing
+    absent = fashion(tmp_path / "absent")  # building reads nothing
     with pytest.raises(DataError, match="dataset-fashion-mnist") as e:
         absent.client(0)
     assert "\n" not in str(e.value) and str(tmp_path / "absent") in str(e.value)
@@ -262,13 +272,14 @@ def test_fashion_mnist_idx_decompressed_once_into_a_memory_mapped_cache(tmp_path
     folder = tmp_path / ".raysim-cache" / "fashion_mnist"
     x, y = np.load(folder / "x.npy"), np.load(folder / "y.npy")
     assert x.shape == (50, 28, 28) and x.dtype == np.uint8 and y.dtype == np.int64
-    assert x[:, 0, 0].tolist() == [5 * i for i in range(50)]          # train (40) then test (10)
+    assert x[:, 0, 0].tolist() == [5 * i for i in range(50)]  # train (40) then test (10)
     assert y.tolist() == [i % 10 for i in range(50)]
 
     from raysim.data import fashion as fashion_module
 
     def no_reading(*a, **k):
         raise AssertionError("read the IDX files again")
+
     monkeypatch.setattr(fashion_module, "read_idx", no_reading)
     src = fashion(tmp_path)
     again = [src.client(c) for c in range(5)]
@@ -292,13 +303,14 @@ def test_a_prepared_pooled_source_carries_its_partition_not_its_pool(tmp_path, m
     src = fashion(tmp_path, clients=5, partition=PartitionCfg("dirichlet", DirichletParams(alpha=0.5, min_size=2)))
     src.prepare()
     blob = pickle.dumps(src)
-    assert len(blob) < 50 * 28 * 28                                  # the images stay behind
+    assert len(blob) < 50 * 28 * 28  # the images stay behind
     clone = pickle.loads(blob)
     assert clone._arrays is None
     assert all(np.array_equal(a, b) for a, b in zip(clone._parts, src._parts))
 
     def no_partitioning(*a, **k):
         raise AssertionError("partitioned again")
+
     spec = PARTITIONERS["dirichlet"]
     monkeypatch.setitem(PARTITIONERS, "dirichlet", dataclasses.replace(spec, fn=no_partitioning))
     for c in range(5):
@@ -338,7 +350,7 @@ def test_dirichlet_assigns_every_sample_once_and_skews_labels():
     assert exactly_once(iid, 1000) and sorted(len(p) for p in iid) == [50] * 20
     assert max_share(y, parts) > 0.6 and max_share(y, iid) < 0.4
     wide = PARTITIONERS["dirichlet"].fn(y, 20, DirichletParams(alpha=100.0), np.random.default_rng(0))
-    assert max_share(y, wide) < 0.4                    # large alpha: close to iid
+    assert max_share(y, wide) < 0.4  # large alpha: close to iid
     for p in parts:
         assert p.dtype == np.int64 and np.all(np.diff(p) > 0)
 
@@ -351,8 +363,9 @@ def test_dirichlet_fix_up_reaches_min_size_and_rejects_impossible_requests():
         PARTITIONERS["dirichlet"].fn(y, 100, DirichletParams(min_size=11), np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("kind, params", [("dirichlet", DirichletParams()), ("shards", ShardsParams()),
-                                          ("iid", IIDParams())])
+@pytest.mark.parametrize(
+    "kind, params", [("dirichlet", DirichletParams()), ("shards", ShardsParams()), ("iid", IIDParams())]
+)
 def test_partitioners_are_deterministic_for_a_fixed_rng(kind, params):
     y = labels_pool()
     fn = PARTITIONERS[kind].fn
@@ -366,8 +379,9 @@ def test_shards_give_at_most_k_labels_and_drop_nothing():
     y = labels_pool()
     parts = PARTITIONERS["shards"].fn(y, 10, ShardsParams(2), np.random.default_rng(1))
     assert all(len(np.unique(y[p])) <= 2 and len(p) == 100 for p in parts) and exactly_once(parts, 1000)
-    uneven = PARTITIONERS["shards"].fn(labels_pool()[:900].tolist() + [9] * 103, 7, ShardsParams(3),
-                                       np.random.default_rng(0))
+    uneven = PARTITIONERS["shards"].fn(
+        labels_pool()[:900].tolist() + [9] * 103, 7, ShardsParams(3), np.random.default_rng(0)
+    )
     assert exactly_once(uneven, 1003) and {len(p) for p in uneven} <= {141, 142, 143, 144}
 
 
@@ -379,11 +393,17 @@ def test_iid_sizes_differ_by_at_most_one():
 def write_leaf(root, users, seed=0):
     rng = np.random.default_rng(seed)
     import json
+
     for sub, n in (("train", 6), ("test", 2)):
         (root / sub).mkdir(parents=True)
-        doc = {"users": users, "num_samples": [n] * len(users),
-               "user_data": {u: {"x": rng.random((n, 784)).round(3).tolist(),
-                                 "y": [int(v) for v in rng.integers(0, 62, n)]} for u in users}}
+        doc = {
+            "users": users,
+            "num_samples": [n] * len(users),
+            "user_data": {
+                u: {"x": rng.random((n, 784)).round(3).tolist(), "y": [int(v) for v in rng.integers(0, 62, n)]}
+                for u in users
+            },
+        }
         (root / sub / "all_data_0.json").write_text(json.dumps(doc))
 
 
@@ -391,10 +411,11 @@ def test_leaf_femnist_one_client_per_writer(tmp_path):
     write_leaf(tmp_path, ["f0003_11", "f0001_42", "f0002_07"])
     params = DATASETS["leaf_femnist"].Params(root=str(tmp_path))
     src = build_source("leaf_femnist", params, 2, None, Splits(0.8, 0.0, 0.2), 0)
-    c = src.client(0)                               # writers sorted: f0001_42 first
+    c = src.client(0)  # writers sorted: f0001_42 first
     assert c.train_x.shape == (6, 1, 28, 28) and c.test_x.shape == (2, 1, 28, 28)
     assert src.num_samples(1) == 8 and src.num_classes == 62
     import json
+
     doc = json.loads((tmp_path / "train" / "all_data_0.json").read_text())
     assert sorted(c.train_y.tolist()) == sorted(doc["user_data"]["f0001_42"]["y"])
 
@@ -420,14 +441,22 @@ def test_digits_read_from_scikit_learns_file_equal_its_loader_without_importing_
     from sklearn.datasets import load_digits as sk_load_digits
 
     from raysim.data.synthetic import load_digits
+
     x, y = load_digits()
     want_x, want_y = sk_load_digits(return_X_y=True)
     assert x.shape == (1797, 64) and np.array_equal(x, want_x) and np.array_equal(y, want_y)
     assert x.dtype == want_x.dtype and y.dtype == want_y.dtype
     # the point of reading the file: a host loading the digits imports neither scikit-learn's
     # datasets module nor what it drags in (SciPy's statistics, pandas)
-    code = ("import sys; from raysim.data.synthetic import load_digits; load_digits(); "
-            "print(sorted(m for m in ('sklearn.datasets', 'scipy.stats', 'pandas') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+    code = (
+        "import sys; from raysim.data.synthetic import load_digits; load_digits(); "
+        "print(sorted(m for m in ('sklearn.datasets', 'scipy.stats', 'pandas') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout
     assert out.strip() == "[]"

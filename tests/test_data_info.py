@@ -1,4 +1,5 @@
 """`raysim data info`: every client's split sizes and train label counts, printed and drawn."""
+
 import numpy as np
 from conftest import write_scenario
 from PIL import Image
@@ -28,17 +29,17 @@ def test_data_info_counts_every_sample_and_each_clients_labels(tmp_path, capsys)
     total = out[1]
     assert total.startswith("samples: 1797 (train ") and "val 0" in total
     n_train = int(total.split("train ")[1].split(",")[0])
-    assert 1797 // 2 - 4 <= n_train <= 1797 // 2 + 4                  # half of each client, rounded
+    assert 1797 // 2 - 4 <= n_train <= 1797 // 2 + 4  # half of each client, rounded
     assert "train labels: 10 of 10 classes present" in out[3]
     rows = [line for line in out if line[:6].strip().isdigit()]
     assert len(rows) == 4
     for row in rows:
         classes = int(row.split("classes (")[0].split()[-1])
-        assert classes <= 4                                           # a 449-sample shard spans few classes
+        assert classes <= 4  # a 449-sample shard spans few classes
     img = Image.open(png)
     assert img.size[0] >= 1000 and img.size[1] >= 300
     pixels = np.asarray(img.convert("L"))
-    assert pixels.std() > 10                                          # not blank
+    assert pixels.std() > 10  # not blank
 
 
 def test_data_info_bad_input_exits_2_with_one_line(tmp_path, capsys):

@@ -6,6 +6,7 @@ allowed values, and nothing in the repository points outside it.
 
 The site is built once for the module (about 10 to 20 s on 2 cores).
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,8 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     return proc, out
 
 
@@ -56,15 +63,15 @@ class Page(HTMLParser):
 
     def __init__(self, path: Path):
         super().__init__(convert_charrefs=True)
-        self.sections: list[dict] = []       # {level, id, title, rows, text}
+        self.sections: list[dict] = []  # {level, id, title, rows, text}
         self.ids: set[str] = set()
         self._heading: dict | None = None
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
-        self._skip = 0                       # inside a heading's permalink
+        self._skip = 0  # inside a heading's permalink
         source = path.read_text(encoding="utf-8")
         start = source.index("<article")
-        self.feed(source[start:source.index("</article>", start)])
+        self.feed(source[start : source.index("</article>", start)])
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -164,7 +171,7 @@ def check_row(row: list[str], key: str, cls, f) -> list[str]:
     meta = effective_meta(cls, f)
     shown = set(re.split(r"[\s|,]+", allowed))
     for choice in meta.get("choices", ()):
-        written = ("true" if choice else "false") if isinstance(choice, bool) else str(choice)   # as in YAML
+        written = ("true" if choice else "false") if isinstance(choice, bool) else str(choice)  # as in YAML
         if written not in shown:
             problems.append(f"{key}: allowed {allowed!r} lacks the choice {choice!r}")
     for k in ("min", "max", "gt", "lt"):
@@ -188,6 +195,7 @@ def section_keys() -> list[tuple[str, type, object]]:
     from raysim.scenario.config import TOP_KEYS
     from raysim.scenario.schema import Component
     from raysim.scenario.sections import Scenario
+
     found = []
 
     def walk(cls, prefix):
@@ -216,20 +224,24 @@ def components():
     import raysim.algorithms as algorithms
     from raysim.data import DATASETS, PARTITIONERS
     from raysim.models import MODELS
-    return [("algorithm", "algorithm.", {n: a.Hyper for n, a in algorithms.REGISTRY.items()}),
-            ("dataset", "data.", {n: s.Params for n, s in DATASETS.items()}),
-            ("partitioner", "data.partition.", {n: s.Params for n, s in PARTITIONERS.items()}),
-            ("model", "model.", {n: s.Params for n, s in MODELS.items()})]
+
+    return [
+        ("algorithm", "algorithm.", {n: a.Hyper for n, a in algorithms.REGISTRY.items()}),
+        ("dataset", "data.", {n: s.Params for n, s in DATASETS.items()}),
+        ("partitioner", "data.partition.", {n: s.Params for n, s in PARTITIONERS.items()}),
+        ("model", "model.", {n: s.Params for n, s in MODELS.items()}),
+    ]
 
 
 def test_scenario_page_lists_every_section_key_with_its_default_and_range(site):
     from raysim.scenario.config import TOP_KEYS
+
     p = page(site, "reference/scenario")
     rows = table_rows(p.sections)
     missing = [k for k in TOP_KEYS if k not in rows]
     assert not missing, f"top-level keys missing from the scenario page: {missing}"
     keys = section_keys()
-    assert len(keys) > 30           # the sections' dataclasses were found
+    assert len(keys) > 30  # the sections' dataclasses were found
     problems = []
     for key, cls, f in keys:
         if key not in rows:
@@ -255,8 +267,7 @@ def test_scenario_page_lists_every_components_options_under_its_name(site):
             if best is None:
                 problems.append(f"{kind} {name}: no section titled {name!r}")
                 continue
-            if not fields and "No options of its own." not in " ".join(
-                    "".join(s["text"]) for s in p.section(name)):
+            if not fields and "No options of its own." not in " ".join("".join(s["text"]) for s in p.section(name)):
                 problems.append(f"{kind} {name}: has no options, and the page does not say so")
             for key, cls, f in fields:
                 if key not in best:
@@ -281,17 +292,20 @@ def test_every_scenario_key_has_help():
     for kind, prefix, registry in components():
         for name, params in registry.items():
             fields += [(key, f"{kind} {name}", cls, f) for key, cls, f in dataclass_fields(params, prefix)]
-    assert len(fields) > 300                 # the sections and every registry were walked
-    missing: dict[str, dict[str, list[str]]] = {}        # class.field -> key -> where it is read
+    assert len(fields) > 300  # the sections and every registry were walked
+    missing: dict[str, dict[str, list[str]]] = {}  # class.field -> key -> where it is read
     for key, where, cls, f in fields:
         if not str(f.metadata.get("help", "")).strip():
             missing.setdefault(_defined_in(cls, f.name), {}).setdefault(key, []).append(where)
     assert not missing, (
         f"{len(missing)} fields without metadata={{'help': ...}} (one line: what it is, its unit, what "
         f"null/0 means, the paper's symbol; a LocalTraining option redefined in a subclass keeps its help "
-        f"with algorithms.base.training_field):\n" + "\n".join(
+        f"with algorithms.base.training_field):\n"
+        + "\n".join(
             f"{owner}: " + "; ".join(f"{key} ({', '.join(w)})" for key, w in keys.items())
-            for owner, keys in sorted(missing.items())))
+            for owner, keys in sorted(missing.items())
+        )
+    )
 
 
 def test_every_cli_argument_has_help():
@@ -300,6 +314,7 @@ def test_every_cli_argument_has_help():
     import argparse
 
     from raysim.cli import build_parser
+
     missing = []
     for words, sub in _subcommands(build_parser()):
         for a in sub._actions:
@@ -315,12 +330,14 @@ def test_every_cli_argument_has_help():
 def _opening(doc: str | None) -> str:
     """A docstring's first words as they read in HTML (before any ``code`` or **bold**)."""
     import inspect
+
     first = " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
     return re.split(r"[`*]", first)[0][:60].strip()
 
 
 def test_methods_page_has_every_algorithm_with_summary_docstring_and_options(site):
     import raysim.algorithms as algorithms
+
     p = page(site, "reference/methods")
     text = p.text()
     problems = []
@@ -354,6 +371,7 @@ def test_every_algorithm_sets_its_catalogue_attributes():
     and what it sends; ``paper`` in its own class, so a subclass cannot show its parent's."""
     import raysim.algorithms as algorithms
     from raysim.algorithms.base import FAMILIES
+
     problems = []
     for name, cls in algorithms.REGISTRY.items():
         where = f"{name} ({cls.__module__}.{cls.__qualname__})"
@@ -372,19 +390,27 @@ def test_methods_page_catalogue_has_a_row_per_algorithm(site):
     grouped by family in FAMILIES' order, and a link to its section."""
     import raysim.algorithms as algorithms
     from raysim.algorithms.base import FAMILIES
+
     p = page(site, "reference/methods")
     (section,) = p.section("Algorithms")
     header, *rows = section["rows"]
     assert header == ["Method", "Paper", "Family", "Keeps", "Sends", "Gossip", "Async", "Unseen", "Split"], header
     by_name = {row[0]: row for row in rows}
     assert len(by_name) == len(rows), "a method has two rows"
-    assert set(by_name) == set(algorithms.REGISTRY), \
+    assert set(by_name) == set(algorithms.REGISTRY), (
         f"rows {sorted(set(by_name) ^ set(algorithms.REGISTRY))} differ from the registry"
-    yn = lambda b: "yes" if b else "no"          # noqa: E731
+    )
+    yn = lambda b: "yes" if b else "no"  # noqa: E731
     problems = []
     for name, cls in algorithms.REGISTRY.items():
-        want = [name, *(" ".join(str(getattr(cls, a)).split()) for a in CATALOGUE),
-                yn(cls.decentralized), yn(cls.has_async()), yn(cls.unseen), yn(cls.split)]
+        want = [
+            name,
+            *(" ".join(str(getattr(cls, a)).split()) for a in CATALOGUE),
+            yn(cls.decentralized),
+            yn(cls.has_async()),
+            yn(cls.unseen),
+            yn(cls.split),
+        ]
         if by_name[name] != want:
             problems.append(f"{name}: row {by_name[name]} is not {want}")
     assert not problems, "\n".join(problems)
@@ -400,12 +426,17 @@ def test_methods_page_catalogue_has_a_row_per_algorithm(site):
 
 def test_methods_page_sections_state_the_catalogue_attributes(site):
     import raysim.algorithms as algorithms
+
     p = page(site, "reference/methods")
     problems = []
     for name, cls in algorithms.REGISTRY.items():
         body = " ".join(" ".join("".join(s["text"]) for s in p.section(name)).split())
-        for label, attr in (("Paper:", "paper"), ("Family:", "family"), ("A client keeps:", "personal"),
-                            ("A client sends:", "sends")):
+        for label, attr in (
+            ("Paper:", "paper"),
+            ("Family:", "family"),
+            ("A client keeps:", "personal"),
+            ("A client sends:", "sends"),
+        ):
             if f"{label} {' '.join(str(getattr(cls, attr)).split())}" not in body:
                 problems.append(f"{name}: its section lacks {label} {getattr(cls, attr)!r}")
         gossip = "yes" if cls.decentralized else f"no ({cls.no_gossip})"
@@ -417,6 +448,7 @@ def test_methods_page_sections_state_the_catalogue_attributes(site):
 def test_methods_page_lists_datasets_models_and_partitioners(site):
     from raysim.data import DATASETS, PARTITIONERS
     from raysim.models import MODELS
+
     p = page(site, "reference/methods")
     for title, registry in (("Datasets", DATASETS), ("Models", MODELS), ("Partitioners", PARTITIONERS)):
         rows = table_rows(p.section(title))
@@ -428,6 +460,7 @@ def test_methods_page_lists_datasets_models_and_partitioners(site):
 # ----------------------------------------------------------------------------- command line
 def _subcommands(parser, words=()):
     import argparse
+
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
             for name, sub in a.choices.items():
@@ -440,6 +473,7 @@ def test_cli_page_has_every_subcommand_argument_and_exit_code(site):
 
     import raysim.errors as errors
     from raysim.cli import build_parser
+
     p = page(site, "reference/cli")
     problems = []
     commands = list(_subcommands(build_parser()))
@@ -457,8 +491,7 @@ def test_cli_page_has_every_subcommand_argument_and_exit_code(site):
             name = a.option_strings[0] if a.option_strings else (a.metavar or a.dest)
             if not any(cell.split(",")[0].split()[0] == name for cell in first_cells if cell):
                 problems.append(f"{title}: argument {name} missing")
-            if a.help and " ".join(a.help.split())[:30] not in " ".join(
-                    "".join(s["text"]) for s in sections):
+            if a.help and " ".join(a.help.split())[:30] not in " ".join("".join(s["text"]) for s in sections):
                 problems.append(f"{title}: the help of {name} is missing")
     codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
     rows = table_rows(p.section("Exit codes"))
@@ -475,8 +508,9 @@ def test_python_api_page_documents_the_public_names(site):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
             names = ast.literal_eval(node.value)
     if names is None:
-        names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                 and not n.name.startswith("_")]
+        names = [
+            n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")
+        ]
     assert names
     ids = page(site, "reference/python-api").ids
     missing = [n for n in names if f"raysim.api.{n}" not in ids]
@@ -529,12 +563,12 @@ def test_nothing_points_outside_the_repository():
         rel = path.relative_to(ROOT)
         for bad in FORBIDDEN:
             if bad in text:
-                line = text[:text.index(bad)].count("\n") + 1
+                line = text[: text.index(bad)].count("\n") + 1
                 problems.append(f"{rel}:{line}: {bad}")
         for m in LINK.finditer(_markdown_of(path, text)):
             target = html.unescape(m.group(1) or m.group(2)).split("#")[0].split("?")[0]
             if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):
-                continue                        # an anchor, http(s):, mailto:, data:
+                continue  # an anchor, http(s):, mailto:, data:
             resolved = (path.parent / target).resolve()
             if not resolved.is_relative_to(ROOT):
                 problems.append(f"{rel}: links to {target}, outside the repository")

@@ -1,5 +1,6 @@
 """Faults injected into Ray runs (a host SIGKILLed mid-training, mid-evaluation, mid-gossip; a
 hung host): the run goes on and ends with the metrics of an undisturbed run."""
+
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from tests.test_runs import raysim, summary_of, tracked
 
 pytestmark = pytest.mark.ray
 
-LOCAL = TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local")     # stateful clients
+LOCAL = TINY.replace("rounds: 3", "rounds: 5").replace("fedavg", "local")  # stateful clients
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +36,14 @@ def test_host_killed_mid_training_is_replaced_and_the_run_ends_identical(tmp_pat
     path = tracked(tmp_path, LOCAL, every=2)
     serial = reference
     out = tmp_path / "ray.json"
-    proc = raysim("run", path, "-q", "--set", "resources.hosts=3", "--summary", str(out),
-                  env=kill(tmp_path, "kill:train:3:1"))
-    assert (tmp_path / "killed").exists()                       # the fault happened
+    proc = raysim(
+        "run", path, "-q", "--set", "resources.hosts=3", "--summary", str(out), env=kill(tmp_path, "kill:train:3:1")
+    )
+    assert (tmp_path / "killed").exists()  # the fault happened
     assert "raysim: host 1 lost: its process died (pid " in proc.stderr
-    assert ("or crashed; new hosts started; going on from the checkpoint of round 2 (rounds 3..4 are redone)"
-            in proc.stderr)
+    assert (
+        "or crashed; new hosts started; going on from the checkpoint of round 2 (rounds 3..4 are redone)" in proc.stderr
+    )
     ray_run = json.loads(out.read_text())
     same_run(ray_run, serial)
     assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(ray_run["mlflow_run_id"]).info.status == "FINISHED"
@@ -62,8 +65,9 @@ def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run
     clients as rows (D-SGD: rows travel between hosts as one array a host)."""
     path = tracked(tmp_path, text, every=1)
     serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
-    ray_run = summary_of(tmp_path, path, "--set", "resources.hosts=3", env=kill(tmp_path, "kill:gossip_mix:2:1"),
-                         name="ray.json")
+    ray_run = summary_of(
+        tmp_path, path, "--set", "resources.hosts=3", env=kill(tmp_path, "kill:gossip_mix:2:1"), name="ray.json"
+    )
     assert (tmp_path / "killed").exists()
     same_run(ray_run, serial)
     assert strip(ray_run["history"]) == strip(serial["history"])
@@ -72,16 +76,18 @@ def test_host_killed_during_the_gossip_exchange_gives_the_same_decentralized_run
 def test_a_hung_host_times_out_and_is_replaced(tmp_path, reference):
     path = tracked(tmp_path, LOCAL, every=1)
     serial = reference
-    ray_run = summary_of(tmp_path, path, "--set", "resources.host_timeout_s=10",
-                         env=kill(tmp_path, "hang:train:1:1"), name="ray.json")
+    ray_run = summary_of(
+        tmp_path, path, "--set", "resources.host_timeout_s=10", env=kill(tmp_path, "hang:train:1:1"), name="ray.json"
+    )
     assert (tmp_path / "killed").exists()
     same_run(ray_run, serial)
 
 
 def test_beyond_max_host_losses_the_run_fails_with_the_cause_and_the_resume_command(tmp_path):
     path = tracked(tmp_path, LOCAL, every=1)
-    proc = raysim("run", path, "-q", "--set", "resources.max_host_losses=0", env=kill(tmp_path, "kill:train:2:1"),
-                  check=False)
+    proc = raysim(
+        "run", path, "-q", "--set", "resources.max_host_losses=0", env=kill(tmp_path, "kill:train:2:1"), check=False
+    )
     assert proc.returncode == 1
     assert "raysim: run failed: HostLost: host 1 lost: its process died (pid " in proc.stderr
     assert "or crashed (host loss 1, beyond resources.max_host_losses = 0)" in proc.stderr
@@ -102,21 +108,27 @@ def test_driver_killed_is_marked_failed_by_the_next_run_and_resumes_identical_on
     import time
 
     from tests.conftest import ROOT
+
     path = tracked(tmp_path, LOCAL, every=1)
     serial = reference
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(path), "-q"], cwd=ROOT, text=True,
-                            env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raysim.cli", "run", str(path), "-q"],
+        cwd=ROOT,
+        text=True,
+        env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 300
     rid = None
-    while time.time() < deadline and proc.poll() is None and rid is None:   # round 2 checkpointed
+    while time.time() < deadline and proc.poll() is None and rid is None:  # round 2 checkpointed
         time.sleep(0.5)
         for f in (tmp_path / "ck").glob("*/manifest.json") if (tmp_path / "ck").exists() else []:
             if __import__("json").loads(f.read_text())["round"] == 2:
-                rid = f.parent.name                  # checkpoints/<MLflow run id>/
+                rid = f.parent.name  # checkpoints/<MLflow run id>/
     assert rid is not None, "the Ray run never checkpointed round 2"
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    os.kill(proc.pid, signal.SIGKILL)            # the driver: no chance to mark its run
+    os.kill(proc.pid, signal.SIGKILL)  # the driver: no chance to mark its run
     proc.communicate(timeout=60)
     assert client.get_run(rid).info.status == "RUNNING"
     # any later run on the store notices the driver is gone
@@ -136,7 +148,8 @@ def test_every_host_an_actor_gives_the_same_run_as_host_zero_in_the_driver(tmp_p
     serial engine's all the same."""
     path = tracked(tmp_path, LOCAL, every=2)
     out = tmp_path / "actors.json"
-    said = raysim("run", path, "-q", "--set", "resources.hosts=3", "--set", "resources.driver_host=false",
-                  "--summary", str(out)).stderr
+    said = raysim(
+        "run", path, "-q", "--set", "resources.hosts=3", "--set", "resources.driver_host=false", "--summary", str(out)
+    ).stderr
     same_run(json.loads(out.read_text()), reference)
     assert "raysim: starting 3 host actors ...\n" in said

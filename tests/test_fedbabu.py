@@ -2,6 +2,7 @@
 trained and averaged with n_k weights, the head bit for bit its initialization), the fine-tuned
 evaluation (the whole global model, 5 epochs, through the shared local update), and a tiny serial
 run where the fine-tuned accuracy beats the global model's on a pathological split."""
+
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,6 @@ PLAIN = dict(lr=0.1, batch_size=3, momentum=0.0, weight_decay=0.0)
 
 def close(a, b):
     return len(a) == len(b) and all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
-
 
 
 # -- FedBABU -------------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ def fedbabu(**hp):
 def test_fedbabu_round_trains_and_averages_the_body_and_the_head_stays_its_initialization():
     algo = fedbabu(local_epochs=2, momentum=0.9, weight_decay=0.01)
     hp = type(algo.hp)()
-    assert (hp.lr, hp.momentum, hp.batch_size, hp.local_epochs) == (0.1, 0.9, 50, 1)     # the paper's
+    assert (hp.lr, hp.momentum, hp.batch_size, hp.local_epochs) == (0.1, 0.9, 50, 1)  # the paper's
     init = params_of(tiny_mlp())
     server = algo.init_server(None)
     assert equal(server, init)
@@ -70,17 +70,21 @@ def test_fedbabu_round_trains_and_averages_the_body_and_the_head_stays_its_initi
     outs = run(plain, *(plain.train(None, Received(server), d, ctx(d.cid)) for d in (A, B)))
     for d, (state, reply, _) in zip((A, B), outs):
         assert state is None and reply.weight == d.num_train
-        assert close(reply.values, gd(init, d, 0.1, 2, BODY)[:2])          # only the body, the head frozen
+        assert close(reply.values, gd(init, d, 0.1, 2, BODY)[:2])  # only the body, the head frozen
     new = plain.aggregate(server, reduce(outs[0][1], outs[1][1]), 0)
     assert close(new[:2], [(3 * u + 2 * v) / 5 for u, v in zip(outs[0][1].values, outs[1][1].values)])
     assert equal(new[2:], init[2:]) and not torch.allclose(new[0], init[0])
     # with momentum and weight decay the head is not touched either
     fitted = []
-    drive([algo.train(None, Received(server), A, ctx(0))],
-          lambda jobs: fitted.extend(algo.trainer(CPU).fit(jobs)) or fitted)
+    drive(
+        [algo.train(None, Received(server), A, ctx(0))],
+        lambda jobs: fitted.extend(algo.trainer(CPU).fit(jobs)) or fitted,
+    )
     assert equal(fitted[0].params[2:], init[2:]) and not torch.equal(fitted[0].params[0], init[0])
     # gossip mixes the body alone
-    assert equal(algo.shared(new)[0], new[:2]) and equal(algo.with_shared(server, algo.shared(new)), [*new[:2], *init[2:]])
+    assert equal(algo.shared(new)[0], new[:2]) and equal(
+        algo.with_shared(server, algo.shared(new)), [*new[:2], *init[2:]]
+    )
     # the official code's 1/|S|: the same bodies, each weighing 1
     uni = fedbabu(local_epochs=2, weighting="uniform")
     (_, ua, _), (_, ub, _) = run(uni, *(uni.train(None, Received(server), d, ctx(d.cid)) for d in (A, B)))
@@ -91,16 +95,17 @@ def test_fedbabu_round_trains_and_averages_the_body_and_the_head_stays_its_initi
 
 def test_fedbabu_evaluation_fine_tunes_the_whole_global_model_for_five_epochs():
     algo = fedbabu()
-    algo.finetune = None                                                   # eval.finetune left null
-    glob = gd(params_of(tiny_mlp()), B, 0.5, 3, BODY)                      # some global model
+    algo.finetune = None  # eval.finetune left null
+    glob = gd(params_of(tiny_mlp()), B, 0.5, 3, BODY)  # some global model
     trained = []
 
     def fit(jobs):
         out = algo.trainer(CPU).fit(jobs)
         trained.extend(f.params for f in out)
         return out
+
     (m,) = drive([algo.evaluation(None, Received(glob), A, ctx(0, 1))], fit)
-    tuned = gd(glob, A, 0.1, 5, BODY + HEAD)                              # τ = 5, every layer
+    tuned = gd(glob, A, 0.1, 5, BODY + HEAD)  # τ = 5, every layer
     assert len(trained) == 1 and close(trained[0], tuned)
     for params, prefix in ((tuned, ""), (tuned, "lu_"), (glob, "global_")):
         pred = forward(params, A.test_x).argmax(1)
@@ -139,13 +144,16 @@ def test_fedbabu_fine_tuned_accuracy_beats_the_global_models_on_a_pathological_s
     assert h["accuracy"] == h["lu_accuracy"] and h["accuracy"] > h["global_accuracy"] + 0.2, h
     g = d.algo.groups
     init = params_of(d.algo.model_fn())
-    assert equal(g.pick(d.server_state, "head"), g.pick(init, "head"))      # never updated
+    assert equal(g.pick(d.server_state, "head"), g.pick(init, "head"))  # never updated
     assert not equal(g.pick(d.server_state, "body"), g.pick(init, "body"))
 
 
 def test_gossip_fedbabu_mixes_the_bodies_and_every_client_keeps_the_initial_head(tmp_path):
-    text = (PATHOLOGICAL.replace("rounds: 10", "rounds: 3").replace("eval: {every: 10}", "eval: {every: 3}")
-            .replace("sampling: {fraction: 0.5}\n", ""))
+    text = (
+        PATHOLOGICAL.replace("rounds: 10", "rounds: 3")
+        .replace("eval: {every: 10}", "eval: {every: 3}")
+        .replace("sampling: {fraction: 0.5}\n", "")
+    )
     d = final(tmp_path, text + "topology: {kind: ring}\n")
     g = d.algo.groups
     init = params_of(d.algo.model_fn())
@@ -154,5 +162,5 @@ def test_gossip_fedbabu_mixes_the_bodies_and_every_client_keeps_the_initial_head
     for server in copies:
         assert equal(g.pick(server, "head"), g.pick(init, "head"))
         assert not equal(g.pick(server, "body"), g.pick(init, "body"))
-    assert not equal(g.pick(copies[0], "body"), g.pick(copies[1], "body"))   # a ring mixes, not averages
-    assert d.history[-1]["accuracy"] == d.history[-1]["lu_accuracy"] > 0.5          # each client fine-tunes its copy
+    assert not equal(g.pick(copies[0], "body"), g.pick(copies[1], "body"))  # a ring mixes, not averages
+    assert d.history[-1]["accuracy"] == d.history[-1]["lu_accuracy"] > 0.5  # each client fine-tunes its copy

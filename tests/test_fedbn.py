@@ -2,6 +2,7 @@
 written out here (batch norm, its running statistics included, kept per client; the rest averaged
 with n_k weights), unseen clients, the refusal of a model without batch norm, and a tiny serial
 run where FedBN beats FedAvg on rotated digits (a feature shift)."""
+
 from pathlib import Path
 
 import pytest
@@ -35,14 +36,13 @@ def close(a, b):
     return len(a) == len(b) and all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
 
 
-
 # -- FedBN ---------------------------------------------------------------------------------------
 def bn_mlp(variant=0):
     """1 -> 3 -> BatchNorm1d -> ReLU -> 2; parameters: 0.weight, 0.bias, 1.weight (γ), 1.bias (β),
     1.running_mean, 1.running_var, 3.weight, 3.bias."""
     torch.manual_seed(3 + variant)
     model = nn.Sequential(nn.Linear(1, 3), BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 2))
-    with torch.no_grad():                       # γ, β away from 1, 0 so that they matter
+    with torch.no_grad():  # γ, β away from 1, 0 so that they matter
         model[1].weight.copy_(torch.tensor([1.5, 0.5, 1.0]))
         model[1].bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
     return model
@@ -89,9 +89,22 @@ def test_the_norm_group_is_every_normalization_parameter_and_its_complement_the_
     assert g.of("~head") == g.body and g.mask("~norm") == (True, True, False, False, False, False, True, True)
     # an MLP with norm: batch has a BatchNorm1d after each hidden layer; without, no norm group
     names = groups_of(mlp(MLPParams((6, 5), norm="batch"), (4,), 3)).names
-    assert names == ("1.weight", "1.bias", "2.weight", "2.bias", "2.running_mean", "2.running_var",
-                     "4.weight", "4.bias", "5.weight", "5.bias", "5.running_mean", "5.running_var",
-                     "7.weight", "7.bias")
+    assert names == (
+        "1.weight",
+        "1.bias",
+        "2.weight",
+        "2.bias",
+        "2.running_mean",
+        "2.running_var",
+        "4.weight",
+        "4.bias",
+        "5.weight",
+        "5.bias",
+        "5.running_mean",
+        "5.running_var",
+        "7.weight",
+        "7.bias",
+    )
     assert groups_of(mlp(MLPParams((6, 5)), (4,), 3)).norm == ()
 
 
@@ -100,11 +113,13 @@ def test_fedbn_round_keeps_batch_norm_per_client_and_averages_the_rest_by_sample
     init = params_of(bn_mlp())
     server = algo.init_server(None)
     msg = algo.message(server, 0).shared
-    assert equal(msg.shared, [init[i] for i in REST]) and msg.local is None   # batch norm never goes down
+    assert equal(msg.shared, [init[i] for i in REST]) and msg.local is None  # batch norm never goes down
     (sa, ra, _), (sb, rb, _) = run(algo, *(algo.train(None, Received(msg), d, ctx(d.cid)) for d in (A, B)))
-    ta, tb = bn_gd(init, A, 0.1, 2, TRAINED), bn_gd(init, B, 0.1, 2, TRAINED)    # the whole model trains
+    ta, tb = bn_gd(init, A, 0.1, 2, TRAINED), bn_gd(init, B, 0.1, 2, TRAINED)  # the whole model trains
     # each client keeps its own batch norm: γ, β and the running statistics of its own batches
-    assert isinstance(sa, FedBNState) and close(sa.norm, [ta[i] for i in NORM]) and close(sb.norm, [tb[i] for i in NORM])
+    assert (
+        isinstance(sa, FedBNState) and close(sa.norm, [ta[i] for i in NORM]) and close(sb.norm, [tb[i] for i in NORM])
+    )
     assert not torch.allclose(sa.norm[2], sb.norm[2]) and not torch.allclose(sa.norm[0], sb.norm[0])
     # the reply is the rest, weighted by n_k; the server averages it, its batch norm stays the initial one
     assert close(ra.values, [ta[i] for i in REST]) and (ra.weight, rb.weight) == (3.0, 2.0)
@@ -135,7 +150,9 @@ def test_fedbn_unseen_clients_train_only_their_batch_norm_and_a_model_without_on
     assert close(state.norm, [bn_gd(init, A, 0.1, 1, [2, 3])[i] for i in NORM])
     with pytest.raises(ValueError, match="no normalization layer"):
         make("fedbn", model_fn=lambda variant=0: nn.Sequential(nn.Linear(1, 3), nn.ReLU(), nn.Linear(3, 2)))
-    path = write_scenario(tmp_path, FEATURE_SHIFT.replace("NAME", "fedbn").replace("SEED", "0").replace(", norm: batch", ""))
+    path = write_scenario(
+        tmp_path, FEATURE_SHIFT.replace("NAME", "fedbn").replace("SEED", "0").replace(", norm: batch", "")
+    )
     with pytest.raises(config.ScenarioError, match="no normalization layer"):
         config.load(path)
 
@@ -174,8 +191,11 @@ def test_fedbn_beats_fedavg_on_rotated_digits(tmp_path):
     text = FEATURE_SHIFT.replace("SEED", "0")
     fedavg = final(tmp_path, text.replace("NAME", "fedavg")).history[-1]
     fedbn_ = final(tmp_path, text.replace("NAME", "fedbn")).history[-1]
-    assert fedbn_["accuracy"] > 0.5 and fedbn_["accuracy"] >= fedavg["accuracy"], (fedbn_["accuracy"], fedavg["accuracy"])
-    assert fedbn_["bytes_up"] < fedavg["bytes_up"]                          # batch norm never sent
+    assert fedbn_["accuracy"] > 0.5 and fedbn_["accuracy"] >= fedavg["accuracy"], (
+        fedbn_["accuracy"],
+        fedavg["accuracy"],
+    )
+    assert fedbn_["bytes_up"] < fedavg["bytes_up"]  # batch norm never sent
 
 
 def test_a_training_batch_of_one_sample_is_normalized_by_the_running_statistics():
@@ -196,8 +216,8 @@ def test_a_training_batch_of_one_sample_is_normalized_by_the_running_statistics(
     grads = torch.autograd.grad(F.cross_entropy(bn_forward(q, x[8:], False), y[8:]), [q[i] for i in TRAINED])
     for i, g in zip(TRAINED, grads):
         p[i] = p[i] - 0.1 * g
-    assert close(fit.params, p)                 # its running statistics: those of the 8-sample step
-    h = x[8:] @ p[0].T + p[1]                   # a one-sample update of them would have moved the mean
+    assert close(fit.params, p)  # its running statistics: those of the 8-sample step
+    h = x[8:] @ p[0].T + p[1]  # a one-sample update of them would have moved the mean
     assert not torch.allclose(fit.params[4], 0.9 * stats[0] + 0.1 * h[0], atol=1e-3)
 
 
@@ -209,7 +229,7 @@ def test_fedbn_eval_stats_refit_scores_with_the_running_statistics_of_the_client
     stale = FedBNState([init[2], init[3], torch.tensor([5.0, -4.0, 3.0]), torch.tensor([0.01, 9.0, 0.2])])
     kept, refit = fedbn(), fedbn(eval_stats="refit")
     msg = kept.message(kept.init_server(None), 0).shared
-    h = A.train_x @ init[0].T + init[1]                                    # (3, 3), by hand
+    h = A.train_x @ init[0].T + init[1]  # (3, 3), by hand
     fresh = [init[2], init[3], h.mean(0), h.var(0, unbiased=True)]
     for algo, stats in ((kept, stale.norm), (refit, fresh)):
         (m,) = run(algo, algo.evaluate(stale, Received(msg), A, ctx(0)))
@@ -217,8 +237,9 @@ def test_fedbn_eval_stats_refit_scores_with_the_running_statistics_of_the_client
         p[2:6] = stats
         pred = bn_forward(p, A.test_x, False).argmax(1)
         assert m["accuracy"] == pytest.approx(float((pred == A.test_y).float().mean()))
-        assert m["test_loss"] == pytest.approx(float(F.cross_entropy(bn_forward(p, A.test_x, False), A.test_y)),
-                                               rel=1e-5)
+        assert m["test_loss"] == pytest.approx(
+            float(F.cross_entropy(bn_forward(p, A.test_x, False), A.test_y)), rel=1e-5
+        )
     got = refit.refit_stats(kept.model(stale, msg, torch.device("cpu")), A.train_x, torch.device("cpu"))
     assert close([got[i] for i in NORM], fresh) and equal([got[i] for i in REST], [init[i] for i in REST])
     # in blocks: block k folded in with momentum 1/k, the average of the blocks' statistics
@@ -226,11 +247,13 @@ def test_fedbn_eval_stats_refit_scores_with_the_running_statistics_of_the_client
     got = refit.refit_stats(kept.model(stale, msg, torch.device("cpu")), A.train_x, torch.device("cpu"))
     # the second block is one sample: batch norm cannot take its statistics, so it leaves them
     assert close([got[4], got[5]], [h[:2].mean(0), h[:2].var(0, unbiased=True)])
-    four = client(2, [2.0, -1.0, 0.5, 3.0], [0, 1, 0, 1])                 # two blocks of two
+    four = client(2, [2.0, -1.0, 0.5, 3.0], [0, 1, 0, 1])  # two blocks of two
     h4 = four.train_x @ init[0].T + init[1]
     got = refit.refit_stats(kept.model(stale, msg, torch.device("cpu")), four.train_x, torch.device("cpu"))
-    assert close([got[4], got[5]], [(h4[:2].mean(0) + h4[2:].mean(0)) / 2,
-                                    (h4[:2].var(0, unbiased=True) + h4[2:].var(0, unbiased=True)) / 2])
+    assert close(
+        [got[4], got[5]],
+        [(h4[:2].mean(0) + h4[2:].mean(0)) / 2, (h4[:2].var(0, unbiased=True) + h4[2:].var(0, unbiased=True)) / 2],
+    )
 
 
 def test_rescoring_a_fedbn_checkpoint_gives_the_runs_scores_and_refit_those_of_a_run_with_it(tmp_path):
@@ -240,17 +263,24 @@ def test_rescoring_a_fedbn_checkpoint_gives_the_runs_scores_and_refit_those_of_a
     with eval_stats=refit, that of the same run made with the option (training is the same), which
     differs from the kept statistics' score."""
     import sys
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import rescore
 
     from raysim import api
-    text = FEATURE_SHIFT.replace("SEED", "1").replace("NAME", "fedbn").replace("rounds: 15", "rounds: 8").replace(
-        "fraction: 1.0", "count: 2").replace("every: 15", "every: 8")
+
+    text = (
+        FEATURE_SHIFT.replace("SEED", "1")
+        .replace("NAME", "fedbn")
+        .replace("rounds: 15", "rounds: 8")
+        .replace("fraction: 1.0", "count: 2")
+        .replace("every: 15", "every: 8")
+    )
     path = write_scenario(Path(tmp_path), text)
     common = {"tracking.uri": f"sqlite:///{tmp_path}/m.db", "checkpoint.dir": str(tmp_path / "ck")}
     kept = api.run(path, common, engine="serial")
     refit = api.run(path, {**common, "algorithm.eval_stats": "refit"}, engine="serial")
-    assert refit.history["train_loss"].tolist() == kept.history["train_loss"].tolist()   # the same training
+    assert refit.history["train_loss"].tolist() == kept.history["train_loss"].tolist()  # the same training
     folder = str(tmp_path / "ck" / kept.run_id)
     as_run, round_ = rescore.scores(folder, [])
     again, _ = rescore.scores(folder, ["algorithm.eval_stats=refit"])

@@ -1,6 +1,7 @@
 """FedRoD: the balanced softmax by hand, one local step of the generic model and the personal
 head by hand (the personal loss never reaches the body), and its personalized accuracy above
 FedAvg's on a pathological digits split."""
+
 import math
 
 import pytest
@@ -24,19 +25,19 @@ CLS = TASKS["classification"]
 
 
 def test_balanced_softmax_on_three_logits_by_hand():
-    prior = log_prior(torch.tensor([0, 0, 1, 2]), 3)               # π = (1/2, 1/4, 1/4)
+    prior = log_prior(torch.tensor([0, 0, 1, 2]), 3)  # π = (1/2, 1/4, 1/4)
     assert torch.allclose(prior.exp(), torch.tensor([0.5, 0.25, 0.25]))
     obj = BalancedSoftmax(CLS, None, 0)
     z = torch.tensor([[[1.0, 2.0, 0.0]]])
     got = obj.balanced(z, torch.tensor([[0]]), prior.unsqueeze(0))
     e = math.e
-    want = -math.log(0.5 * e / (0.5 * e + 0.25 * e ** 2 + 0.25))   # −log softmax(z + log π)_0
+    want = -math.log(0.5 * e / (0.5 * e + 0.25 * e**2 + 0.25))  # −log softmax(z + log π)_0
     assert abs(float(got) - want) < 1e-6
     # a class the client lacks: log 0 = −inf, it takes no probability
     absent = log_prior(torch.tensor([0, 1]), 3)
     assert absent[2] == -math.inf
     got = obj.balanced(z, torch.tensor([[1]]), absent.unsqueeze(0))
-    assert abs(float(got) - -math.log(0.5 * e ** 2 / (0.5 * e + 0.5 * e ** 2))) < 1e-6
+    assert abs(float(got) - -math.log(0.5 * e**2 / (0.5 * e + 0.5 * e**2))) < 1e-6
 
 
 def test_one_step_of_the_generic_model_and_the_personal_head_by_hand():
@@ -52,7 +53,9 @@ def test_one_step_of_the_generic_model_and_the_personal_head_by_hand():
     W, b = reply.values
     assert torch.allclose(W, torch.tensor([[-0.1], [0.1]]), atol=1e-6) and torch.allclose(b, torch.zeros(2), atol=1e-7)
     pW, pb = state.head
-    assert torch.allclose(pW, torch.zeros(2, 1), atol=1e-7) and torch.allclose(pb, torch.tensor([0.15, -0.15]), atol=1e-6)
+    assert torch.allclose(pW, torch.zeros(2, 1), atol=1e-7) and torch.allclose(
+        pb, torch.tensor([0.15, -0.15]), atol=1e-6
+    )
     assert reply.weight == 3.0
     # personalized prediction: g(x) + p(x); at x = 1: (−0.1 + 0.15, 0.1 − 0.15) → class 0
     (m,) = run(fedrod, fedrod.evaluate(state, Received([W, b]), client(0, [1.0], [0]), ctx(0)))
@@ -108,7 +111,7 @@ def test_fedrod_personalized_beats_fedavg_on_a_pathological_split(tmp_path):
     # generic model against FedAvg's goes either way this early: not asserted)
     fedavg, fedrod = final(tmp_path, "fedavg"), final(tmp_path, "fedrod")
     assert fedrod["accuracy"] > fedavg["accuracy"] + 0.3, (fedrod["accuracy"], fedavg["accuracy"])
-    assert fedrod["global_accuracy"] > 0.2                  # the generic model learns too (chance: 0.1)
+    assert fedrod["global_accuracy"] > 0.2  # the generic model learns too (chance: 0.1)
 
 
 @pytest.mark.parametrize("gradients", ["auto", "autograd"])
@@ -117,6 +120,7 @@ def test_the_gradients_path_equals_autograd_of_the_loss_with_an_absent_class_and
     # is padding (weight 0) labelled with the class set 0 lacks (log π = −inf there)
     from raysim.core.groups import groups_of
     from raysim.core.loop import Batch, Trainer
+
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3))
     groups = groups_of(model)
     n = 4
@@ -131,8 +135,9 @@ def test_the_gradients_path_equals_autograd_of_the_loss_with_an_absent_class_and
     assert prior[0, 2] == -math.inf
     batch = Batch(x, y, weight, valid)
     obj = BalancedSoftmax(CLS, groups, n)
-    seen, got, assign = obj.gradients(Trainer(model, gradients=gradients).point_grad(CLS, batch), sets + personal,
-                                      batch, {"log_prior": prior}, None)
+    seen, got, assign = obj.gradients(
+        Trainer(model, gradients=gradients).point_grad(CLS, batch), sets + personal, batch, {"log_prior": prior}, None
+    )
     # the reference: autograd of ``loss`` with the padded row labelled with a class set 0 has (its
     # balanced loss is then finite, and weighs 0 as before; with class 2 it is inf · 0 = nan)
     ref = Batch(x, torch.where(valid > 0, y, torch.zeros_like(y)), weight, valid)

@@ -6,6 +6,7 @@ the cross-entropy gradient w.r.t. the logits is softmax − onehot(y). One full 
 (−.5, +.5) and (+.5, −.5); their mean is ∇W = (−.25, +.25), ∇b = 0. One SGD step of lr gives
 W = lr·(+.25, −.25), b = 0: x > 0 is class 0, x < 0 class 1.
 """
+
 import math
 import subprocess
 import sys
@@ -40,8 +41,7 @@ def zero_model(variant=0):
 def data():
     x = torch.tensor(TRAIN[0]).reshape(-1, 1)
     tx = torch.tensor(TEST[0]).reshape(-1, 1)
-    return ClientData(0, x, torch.tensor(TRAIN[1]), x[:0], torch.zeros(0, dtype=torch.int64),
-                      tx, torch.tensor(TEST[1]))
+    return ClientData(0, x, torch.tensor(TRAIN[1]), x[:0], torch.zeros(0, dtype=torch.int64), tx, torch.tensor(TEST[1]))
 
 
 def ctx(round_=10, rounds=10):
@@ -63,8 +63,10 @@ def evaluate(algo, received=None, state=None):
         out = algo.trainer(CPU).fit(jobs)
         trained.extend(f.params for f in out)
         return out
-    (metrics,) = drive([algo.evaluation(state, received or Received([torch.zeros(2, 1), torch.zeros(2)]), data(),
-                                        ctx())], fit)
+
+    (metrics,) = drive(
+        [algo.evaluation(state, received or Received([torch.zeros(2, 1), torch.zeros(2)]), data(), ctx())], fit
+    )
     return metrics, trained
 
 
@@ -90,11 +92,11 @@ def test_one_full_batch_epoch_is_one_sgd_step_by_hand_and_the_scores_are_the_tun
     nn.functional.cross_entropy(m(x), y).backward()
     assert torch.allclose(tuned[0], -1.0 * m.weight.grad) and torch.allclose(tuned[1], -1.0 * m.bias.grad)
     acc, loss = by_hand(1.0)
-    assert acc == pytest.approx(2 / 3)                               # x = 3 (label 1) still says 0
-    for prefix in ("lu_", ""):            # FedAvg-LU: the personalized metrics are the tuned model's
+    assert acc == pytest.approx(2 / 3)  # x = 3 (label 1) still says 0
+    for prefix in ("lu_", ""):  # FedAvg-LU: the personalized metrics are the tuned model's
         assert metrics[f"{prefix}accuracy"] == pytest.approx(acc)
         assert metrics[f"{prefix}test_loss"] == pytest.approx(loss, rel=1e-6)
-    assert metrics["global_accuracy"] == pytest.approx(1 / 3)         # untuned: ties go to class 0
+    assert metrics["global_accuracy"] == pytest.approx(1 / 3)  # untuned: ties go to class 0
     assert metrics["global_test_loss"] == pytest.approx(math.log(2))
 
 
@@ -113,11 +115,11 @@ def test_the_lr_does_not_follow_the_schedule_to_zero_unless_asked():
     algo = make(lr_schedule="step", finetune=FinetuneCfg(epochs=1))
     assert algo.hp.lr_at(10, 10) == pytest.approx(0.01)
     _, (base,) = evaluate(algo)
-    assert torch.allclose(base[0], torch.tensor([[0.25], [-0.25]]))              # the base lr's step
+    assert torch.allclose(base[0], torch.tensor([[0.25], [-0.25]]))  # the base lr's step
     _, (sched,) = evaluate(make(lr_schedule="step", finetune=FinetuneCfg(epochs=1, lr_source="schedule")))
-    assert torch.allclose(sched[0], torch.tensor([[0.0025], [-0.0025]]))         # x0.01: SuPerFed's choice
+    assert torch.allclose(sched[0], torch.tensor([[0.0025], [-0.0025]]))  # x0.01: SuPerFed's choice
     _, (given,) = evaluate(make(lr_schedule="step", finetune=FinetuneCfg(epochs=1, lr=2.0, lr_source="schedule")))
-    assert torch.allclose(given[0], torch.tensor([[0.005], [-0.005]]))          # a given lr scaled too
+    assert torch.allclose(given[0], torch.tensor([[0.005], [-0.005]]))  # a given lr scaled too
 
 
 def test_methods_with_a_personal_model_keep_theirs_and_add_lu():
@@ -128,16 +130,19 @@ def test_methods_with_a_personal_model_keep_theirs_and_add_lu():
     assert metrics["accuracy"] == metrics["global_accuracy"] == pytest.approx(1 / 3)
     # SCAFFOLD: the global model is x of its message
     from raysim.algorithms.scaffold import ScaffoldMessage
+
     zeros = [torch.zeros(2, 1), torch.zeros(2)]
-    metrics, (tuned,) = evaluate(make("scaffold", finetune=FinetuneCfg(epochs=1)), Received(ScaffoldMessage(zeros, zeros)))
+    metrics, (tuned,) = evaluate(
+        make("scaffold", finetune=FinetuneCfg(epochs=1)), Received(ScaffoldMessage(zeros, zeros))
+    )
     assert torch.allclose(tuned[0], torch.tensor([[0.25], [-0.25]])) and metrics["accuracy"] == pytest.approx(acc)
 
 
 def test_fedavg_plus_is_fedavg_with_the_local_update_on_by_default():
-    metrics, (tuned,) = evaluate(make("fedavg+"))                    # eval.finetune not given: 1 epoch
+    metrics, (tuned,) = evaluate(make("fedavg+"))  # eval.finetune not given: 1 epoch
     assert torch.allclose(tuned[0], torch.tensor([[0.25], [-0.25]]))
     assert metrics["accuracy"] == metrics["lu_accuracy"] == pytest.approx(by_hand(1.0)[0])
-    _, (two,) = evaluate(make("fedavg+", tune_epochs=2))             # the deprecated alias still counts
+    _, (two,) = evaluate(make("fedavg+", tune_epochs=2))  # the deprecated alias still counts
     assert not torch.allclose(two[0], tuned[0])
     off, trained = evaluate(make("fedavg+", finetune=FinetuneCfg(epochs=0)))
     assert trained == [] and "lu_accuracy" not in off
@@ -160,7 +165,7 @@ algorithm: {name: fedavg, lr: 0.1, batch_size: 32, momentum: 0.9, lr_schedule: s
 eval: {every: 8}
 resources: {hosts: 2, cpus_per_host: 0.5}
 """
-MARGIN = 0.03        # measured on seed 0: fedavg 62.6 %, fedavg+ 68.4 % (seeds 1-4: +2.7 to +6.7 points)
+MARGIN = 0.03  # measured on seed 0: fedavg 62.6 %, fedavg+ 68.4 % (seeds 1-4: +2.7 to +6.7 points)
 
 
 def metrics_of(record):
@@ -178,37 +183,57 @@ def last(tmp_path, text, *overrides, hosts=None):
 def test_fedavg_plus_beats_fedavg_on_heterogeneous_data_with_the_same_global_model(tmp_path):
     plain = last(tmp_path, SYNTH)
     plus = last(tmp_path, SYNTH, "algorithm.name=fedavg+")
-    assert plus["global_accuracy"] == plain["global_accuracy"]            # same training, same seed
+    assert plus["global_accuracy"] == plain["global_accuracy"]  # same training, same seed
     assert plus["global_test_loss"] == plain["global_test_loss"]
     assert plain["accuracy"] == plain["global_accuracy"] and "lu_accuracy" not in plain
     assert plus["accuracy"] == plus["lu_accuracy"]
     assert plus["accuracy"] > plain["accuracy"] + MARGIN
-    lu = last(tmp_path, SYNTH, "eval.finetune.epochs=1")                 # FedAvg-LU: the same numbers
+    lu = last(tmp_path, SYNTH, "eval.finetune.epochs=1")  # FedAvg-LU: the same numbers
     assert metrics_of(lu) == metrics_of(plus)
     # lr_source: schedule at the step schedule's end (lr x0.01) barely moves the global model
     sched = last(tmp_path, SYNTH, "algorithm.name=fedavg+", "eval.finetune.lr_source=schedule")
     assert abs(sched["accuracy"] - plain["accuracy"]) < abs(plus["accuracy"] - plain["accuracy"])
 
 
-
 @pytest.mark.parametrize("name,extra", [("fedprox", ["algorithm.mu=0.01"]), ("scaffold", [])])
 def test_fedprox_lu_and_scaffold_lu_are_scenario_settings(tmp_path, name, extra):
     one = last(tmp_path, SYNTH, f"algorithm.name={name}", "eval.finetune.epochs=1", *extra, "rounds=3", "eval.every=3")
-    assert {"lu_accuracy", "lu_accuracy_std", "bottom_decile_lu_accuracy", "lu_test_loss", "lu_ece", "lu_ece_union",
-            "global_accuracy"} <= set(one)
+    assert {
+        "lu_accuracy",
+        "lu_accuracy_std",
+        "bottom_decile_lu_accuracy",
+        "lu_test_loss",
+        "lu_ece",
+        "lu_ece_union",
+        "global_accuracy",
+    } <= set(one)
     assert one["accuracy"] == one["lu_accuracy"] != one["global_accuracy"]
-    three = last(tmp_path, SYNTH, f"algorithm.name={name}", "eval.finetune.epochs=1", *extra, "rounds=3", "eval.every=3",
-                 hosts=3)
-    assert metrics_of(three) == metrics_of(one)                       # any host count: the same numbers
+    three = last(
+        tmp_path, SYNTH, f"algorithm.name={name}", "eval.finetune.epochs=1", *extra, "rounds=3", "eval.every=3", hosts=3
+    )
+    assert metrics_of(three) == metrics_of(one)  # any host count: the same numbers
 
 
 def test_a_method_without_a_global_model_is_refused(tmp_path):
     path = write_scenario(tmp_path, TINY)
     with pytest.raises(ScenarioError, match="eval.finetune: 'local' has no global model"):
         config.load(path, ["algorithm.name=local", "eval.finetune.epochs=1"])
-    config.load(path, ["algorithm.name=local", "eval.finetune.epochs=0"])          # off: fine
-    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "validate", path, "--set", "algorithm.name=local",
-                           "--set", "eval.finetune.epochs=1"], capture_output=True, text=True)
+    config.load(path, ["algorithm.name=local", "eval.finetune.epochs=0"])  # off: fine
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raysim.cli",
+            "validate",
+            path,
+            "--set",
+            "algorithm.name=local",
+            "--set",
+            "eval.finetune.epochs=1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "eval.finetune" in line and "fedavg" in line and "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """Decentralized rounds: the gossip scheduler, mixing across hosts, consensus, D-SGD, D-FedEM."""
+
 import pytest
 import torch
 
@@ -48,7 +49,7 @@ def test_dfedem_same_metrics_for_one_or_three_hosts(tmp_path):
     sc = load(tmp_path, DFEDEM)
     a, b = run(sc, 1), run(sc, 3)
     assert strip(a.history) == strip(b.history)
-    assert "spectral_gap" in a.history[0] and "spectral_gap" not in a.history[1]      # fixed graph
+    assert "spectral_gap" in a.history[0] and "spectral_gap" not in a.history[1]  # fixed graph
     assert {"consensus_distance_0", "consensus_distance_1", "pi_entropy"} <= set(a.history[-1])
     assert b.history[0]["messages_fetched_across_hosts"] > 0
 
@@ -75,13 +76,21 @@ def path_round(tmp_path, *overrides, weighting="uniform"):
     as it is): one round on 2 hosts; returns (driver, record, theta after the round)."""
     edges = tmp_path / "path.txt"
     edges.write_text("0 1\n1 2\n")
-    text = DFEDEM.replace("clients: 12", "clients: 3").replace(
-        "algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 1.0e-30,").replace(
-        "topology: {kind: erdos_renyi, p: 0.5, mixing: metropolis}",
-        f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis, weighting: {weighting}}}")
+    text = (
+        DFEDEM.replace("clients: 12", "clients: 3")
+        .replace("algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 1.0e-30,")
+        .replace(
+            "topology: {kind: erdos_renyi, p: 0.5, mixing: metropolis}",
+            f"topology: {{kind: edges, edges: '{edges}', mixing: metropolis, weighting: {weighting}}}",
+        )
+    )
     d = serial_driver(load(tmp_path, text, "rounds=1", *overrides), 2)
-    d.transport.set_states({c: {"state": None, "server": [torch.full((2, 10), v), torch.zeros(2)]}
-                            for c, v in ((0, 1.0), (1, 2.0), (2, 4.0))})
+    d.transport.set_states(
+        {
+            c: {"state": None, "server": [torch.full((2, 10), v), torch.zeros(2)]}
+            for c, v in ((0, 1.0), (1, 2.0), (2, 4.0))
+        }
+    )
     rec = d.step()
     states = d.transport.get_states()
     return d, rec, [states[c]["server"][0][0, 0].item() for c in range(3)]
@@ -103,10 +112,12 @@ def test_sample_weighted_mixing_step_and_exchange_on_a_path(tmp_path):
     import numpy as np
 
     from raysim.federation import topology
-    d, rec, got = path_round(tmp_path, "data.min_samples=10", "data.max_samples=300",
-                             "resources.placement=round_robin", weighting="samples")
+
+    d, rec, got = path_round(
+        tmp_path, "data.min_samples=10", "data.max_samples=300", "resources.placement=round_robin", weighting="samples"
+    )
     n = d.counts
-    assert len(set(n)) > 1                                     # unequal, so the weighting matters
+    assert len(set(n)) > 1  # unequal, so the weighting matters
     assert list(n) == [h.data(c).num_train for c in range(3) for h in d.transport.hosts if c in h.cids]
     w = topology.sample_weighted(topology.metropolis(topology.from_edges(tmp_path / "path.txt", 3)), n)
     assert got == pytest.approx(list(w @ np.array([1.0, 2.0, 4.0])), abs=1e-6)
@@ -118,8 +129,14 @@ def test_dsgd_on_a_complete_graph_is_fedavg(tmp_path):
     # which is FedAvg's sample-weighted average; consensus distance is 0
     text = DFEDEM.replace("algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 0.3,")
     dsgd = run(load(tmp_path, text, "topology.kind=complete", "rounds=3"))
-    fedavg = run(load(tmp_path, text.split("topology:")[0] + "eval: {every: 2}\nresources: {hosts: 2}\n",
-                      "rounds=3", name="f.yaml"))
+    fedavg = run(
+        load(
+            tmp_path,
+            text.split("topology:")[0] + "eval: {every: 2}\nresources: {hosts: 2}\n",
+            "rounds=3",
+            name="f.yaml",
+        )
+    )
     assert all(h["consensus_distance"] < 1e-10 for h in dsgd.history)
     states = dsgd.transport.get_states()
     for c in range(12):
@@ -162,18 +179,21 @@ def test_gossip_checkpoint_resume_is_identical(tmp_path, extra):
 
 def test_sweep_runs_every_topology_and_prints_a_table(tmp_path):
     from tests.test_runs import raysim
+
     text = DFEDEM.replace("rounds: 4", "rounds: 2") + (
-        "sweep:\n  ring: {topology.kind: ring}\n  complete: {topology.kind: complete}\n")
+        "sweep:\n  ring: {topology.kind: ring}\n  complete: {topology.kind: complete}\n"
+    )
     path = tracked(tmp_path, text)
     out = tmp_path / "sweep.json"
     proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(out), here=True)
     lines = proc.stdout.strip().splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("variant"))
-    table = lines[at:at + 3]
+    table = lines[at : at + 3]
     assert table[0].split()[:2] == ["variant", "accuracy"] and table[1].startswith("ring")
     # then the comparison table of the parent's runs (both variants are D-FedEM: one row each)
     assert "| fedem [ring] |" in proc.stdout and "| fedem [complete] |" in proc.stdout
     import json
+
     s = json.loads(out.read_text())
     assert list(s["variants"]) == ["ring", "complete"]
     ring, complete = s["variants"]["ring"], s["variants"]["complete"]
@@ -207,14 +227,23 @@ def test_a_star_runs_hosts_hold_no_mixing_rows_and_never_import_scipy():
     from pathlib import Path
 
     from raysim.core.mixing import Rows
+
     empty = Rows({})
     assert empty.cids == [] and empty.matrix is None and empty.mix({}).numel() == 0
-    code = ("import sys; from raysim.engine.serial import serial_driver; from raysim.scenario import config; "
-            "d = serial_driver(config.load(sys.argv[1])); d.step(); d.step(); "
-            "print(sorted(m for m in ('scipy', 'scipy.sparse') if m in sys.modules))")
+    code = (
+        "import sys; from raysim.engine.serial import serial_driver; from raysim.scenario import config; "
+        "d = serial_driver(config.load(sys.argv[1])); d.step(); d.step(); "
+        "print(sorted(m for m in ('scipy', 'scipy.sparse') if m in sys.modules))"
+    )
     path = Path(__file__).resolve().parents[1] / "bench" / "tiny.yaml"
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1], timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=300,
+    ).stdout
     assert out.strip().splitlines()[-1] == "[]"
 
 
@@ -224,6 +253,7 @@ def test_sparse_rows_mix_each_row_on_its_own_and_sums_add_row_by_row():
     the consensus sum adds the rows one after another in float64."""
     from raysim.core.mixing import Rows, squared_distances, squared_distances_rows
     from raysim.core.replies import Accumulator
+
     g = torch.Generator().manual_seed(0)
     sources = {j: torch.randn(7, generator=g) for j in (0, 2, 5, 9, 11)}
     rows = {2: [(0, 0.25), (2, 0.5), (5, 0.25)], 9: [(5, 1 / 3), (9, 1 / 3), (11, 1 / 3)], 11: [(9, 0.5), (11, 0.5)]}
@@ -246,7 +276,8 @@ def test_sparse_rows_mix_each_row_on_its_own_and_sums_add_row_by_row():
 
 
 DSGD = DFEDEM.replace("algorithm: {name: fedem, components: 2, lr: 0.3,", "algorithm: {name: fedavg, lr: 0.3,").replace(
-    "  min_samples: 40\n  max_samples: 40\n", "  min_samples: 20\n  max_samples: 70\n")      # ragged: 2-5 batches
+    "  min_samples: 40\n  max_samples: 40\n", "  min_samples: 20\n  max_samples: 70\n"
+)  # ragged: 2-5 batches
 
 
 def states_of(d):
@@ -257,14 +288,24 @@ def states_of(d):
         out = []
         tree_map(lambda t: out.append(t.clone()), tree)
         return out
+
     return {c: leaves(s) for c, s in d.transport.get_states().items()}
 
 
-@pytest.mark.parametrize("extra", [
-    ("topology.kind=ring",),
-    ("algorithm.name=fedprox", "algorithm.mu=0.5", "algorithm.local_epochs=2", "algorithm.momentum=0.9",
-     "topology.resample=true", "topology.weighting=samples"),
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("topology.kind=ring",),
+        (
+            "algorithm.name=fedprox",
+            "algorithm.mu=0.5",
+            "algorithm.local_epochs=2",
+            "algorithm.momentum=0.9",
+            "topology.resample=true",
+            "topology.weighting=samples",
+        ),
+    ],
+)
 def test_rows_path_gives_the_numbers_of_the_per_client_steps(tmp_path, monkeypatch, extra):
     """D-SGD and decentralized FedProx with a host's clients as rows of one matrix
     (``train_rows``) against the same runs client by client (the host-level path switched
@@ -272,10 +313,11 @@ def test_rows_path_gives_the_numbers_of_the_per_client_steps(tmp_path, monkeypat
     a graph redrawn each round, sample-weighted mixing, 1 and 3 hosts: every metric and every
     client's model equal, bit for bit."""
     from raysim.engine import host
+
     sc = load(tmp_path, DSGD, *extra)
     assert host.ROWS
     rows = [run(sc, h) for h in (1, 3)]
-    assert rows[0].transport.hosts[0]._F is not None            # the path under test ran
+    assert rows[0].transport.hosts[0]._F is not None  # the path under test ran
     monkeypatch.setattr(host, "ROWS", False)
     each = run(sc, 3)
     assert each.transport.hosts[0]._F is None
@@ -293,7 +335,7 @@ def test_rows_checkpoint_resume_is_identical(tmp_path):
     again = resumed(tmp_path, sc, 2)
     assert strip(again.history) == strip(run(sc, 2).history)
     one = next(iter(again.transport.hosts[0].get_states().values()))["server"][0]
-    assert one.untyped_storage().nbytes() == one.numel() * one.element_size()    # a copy, not a view of the matrix
+    assert one.untyped_storage().nbytes() == one.numel() * one.element_size()  # a copy, not a view of the matrix
 
 
 def test_which_methods_train_as_rows():
@@ -319,6 +361,7 @@ def test_failed_links_and_down_clients_by_hand():
     import numpy as np
 
     from raysim.federation import topology
+
     edges = np.array([[0, 1], [1, 2], [2, 3], [3, 0]])
     g = np.random.default_rng(5)
     down_draw, edge_draw = g.random(4), g.random(4)
@@ -326,7 +369,7 @@ def test_failed_links_and_down_clients_by_hand():
     assert down.tolist() == (down_draw < 0.3).tolist()
     want = [e for e, f in zip(edges.tolist(), edge_draw) if f >= 0.5 and not down[e[0]] and not down[e[1]]]
     assert kept.tolist() == want
-    path = np.array([[0, 1]])                  # 0-1-2 with 1-2 failed
+    path = np.array([[0, 1]])  # 0-1-2 with 1-2 failed
     w = topology.from_edge_weights(3, path, topology.metropolis_weights(3, path)).toarray()
     assert w.tolist() == [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]
 
@@ -340,6 +383,7 @@ def test_unreliable_gossip_rebuilds_w_and_down_clients_keep_their_models(tmp_pat
 
     from raysim import rng
     from raysim.federation import topology
+
     sc = load(tmp_path, text, "topology.link_failure=0.3", "topology.node_failure=0.2", "rounds=3")
     d = serial_driver(sc, 3)
     d.step()

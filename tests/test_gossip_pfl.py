@@ -4,6 +4,7 @@ clients, mixing is the star's average, so every client's copy of the shared part
 part are the star's with every client training; on a ring, each client's own part stays on it,
 the shared parts are mixed (not averaged), and the numbers are the same on one host or three, and
 after a checkpoint restored on another number of hosts."""
+
 import pytest
 import torch
 
@@ -22,12 +23,19 @@ algorithm: {{name: {name}, lr: 0.1, batch_size: 8, momentum: 0.0, weight_decay: 
 eval: {{every: 2}}
 resources: {{hosts: 2, cpus_per_host: 0.5}}
 """
-METHODS = {          # name: (model option, algorithm options)
-    "fedper": ("", ""), "fedrep": ("", ", head_epochs: 1"), "lg_fedavg": ("", ""),
-    "fedbn": (", norm: batch", ""), "perfedavg": ("", ", lr: 0.05, alpha: 0.05"),
-    "moon": ("", ", mu: 1.0"), "fedrod": ("", ""), "ditto": ("", ", lam: 0.5"), "apfl": ("", ""),
+METHODS = {  # name: (model option, algorithm options)
+    "fedper": ("", ""),
+    "fedrep": ("", ", head_epochs: 1"),
+    "lg_fedavg": ("", ""),
+    "fedbn": (", norm: batch", ""),
+    "perfedavg": ("", ", lr: 0.05, alpha: 0.05"),
+    "moon": ("", ", mu: 1.0"),
+    "fedrod": ("", ""),
+    "ditto": ("", ", lam: 0.5"),
+    "apfl": ("", ""),
     "pfedme": ("", ", personal_lr: 0.05, lam: 5, inner_steps: 2"),
-    "superfed-mm": ("", ", start: 0.0"), "superfed-lm": ("", ", start: 0.0"),
+    "superfed-mm": ("", ", start: 0.0"),
+    "superfed-lm": ("", ", start: 0.0"),
 }
 
 
@@ -64,7 +72,7 @@ def test_gossip_on_a_complete_graph_is_the_star_with_every_client(tmp_path, name
     for cid, s in gossip.transport.get_states().items():
         server = config_tree(s["server"], star.server_state)
         assert close(tensors(algo.shared(server)), tensors(shared)), (name, cid)
-        if algo.ClientState is not None:                      # its own part (Per-FedAvg keeps none)
+        if algo.ClientState is not None:  # its own part (Per-FedAvg keeps none)
             assert close(tensors(s["state"]), tensors(star_states[cid]["state"])), (name, cid)
     assert gossip.history[-1]["accuracy"] == pytest.approx(star.history[-1]["accuracy"], abs=1e-9)
 
@@ -79,14 +87,14 @@ def test_gossip_on_a_ring_mixes_the_shared_part_keeps_the_clients_own_and_ignore
     sc = scenario(tmp_path, name, "topology: {kind: ring}\n", "rounds=3", "data.min_samples=20")
     one, three = run(sc, 1), run(sc, 3)
     assert strip(one.history) == strip(three.history)
-    assert strip(resumed(tmp_path, sc, 2).history) == strip(one.history)     # each client's own part checkpointed
+    assert strip(resumed(tmp_path, sc, 2).history) == strip(one.history)  # each client's own part checkpointed
     states = one.transport.get_states()
     algo = one.algo
-    first, second = (states[c] for c in (0, 3))            # not neighbours on a ring of 6
-    if algo.ClientState is not None:                           # own parts differ (Per-FedAvg keeps none)
+    first, second = (states[c] for c in (0, 3))  # not neighbours on a ring of 6
+    if algo.ClientState is not None:  # own parts differ (Per-FedAvg keeps none)
         assert not close(tensors(first["state"]), tensors(second["state"]), atol=0)
     mine = [tensors(algo.shared(config_tree(states[c]["server"], one.server_state))) for c in (0, 3)]
-    assert not close(mine[0], mine[1], atol=0)                 # a ring mixes, it does not average
+    assert not close(mine[0], mine[1], atol=0)  # a ring mixes, it does not average
     assert one.history[-1]["consensus_distance_0"] > 0
 
 
@@ -125,9 +133,13 @@ def test_personal_parts_beat_d_sgd_on_a_ring_over_a_pathological_split(tmp_path)
 
 def test_a_method_without_a_gossip_form_is_refused_with_its_reason(tmp_path):
     import raysim.algorithms as registry
+
     refused = [name for name, cls in registry.REGISTRY.items() if not cls.decentralized]
-    assert refused and all(registry.REGISTRY[n].no_gossip for n in refused)    # every refusal says why
+    assert refused and all(registry.REGISTRY[n].no_gossip for n in refused)  # every refusal says why
     text = EQUAL.format(name="scaffold", norm="", extra="") + "topology: {kind: ring}\n"
-    with pytest.raises(ScenarioError, match=r"algorithm.name: 'scaffold' has no decentralized form \(its server "
-                                            r"control variate c, .*\); with a topology choose one of .*fedper"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"algorithm.name: 'scaffold' has no decentralized form \(its server "
+        r"control variate c, .*\); with a topology choose one of .*fedper",
+    ):
         config.load(write_scenario(tmp_path, text, "scaffold.yaml"))

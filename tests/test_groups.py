@@ -2,6 +2,7 @@
 state (raysim/core/norm.py): which indices each group names on small models, the scenario's
 ``model.head`` override and its errors, and the loop leaving non-trainable tensors to the
 forward pass."""
+
 import pytest
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from tests.conftest import TINY, write_scenario
 
 
 def test_an_mlp_has_its_last_linear_layer_as_head_and_the_rest_as_body():
-    g = groups_of(mlp(MLPParams((6, 5)), (4,), 3))    # Flatten, Linear 4-6, ReLU, Linear 6-5, ReLU, Linear 5-3
+    g = groups_of(mlp(MLPParams((6, 5)), (4,), 3))  # Flatten, Linear 4-6, ReLU, Linear 6-5, ReLU, Linear 5-3
     assert g.names == ("1.weight", "1.bias", "3.weight", "3.bias", "5.weight", "5.bias")
     assert g.head == (4, 5) and g.body == (0, 1, 2, 3) and g.stats == ()
     assert g.layers == {"1": (0, 1), "3": (2, 3), "5": (4, 5)}
@@ -30,8 +31,8 @@ def test_the_head_override_takes_a_layer_count_or_names():
     model = mlp(MLPParams((6, 5)), (4,), 3)
     assert groups_of(model, 2).head == (2, 3, 4, 5) and groups_of(model, 2).body == (0, 1)
     assert groups_of(model, ["3", "5"]).head == (2, 3, 4, 5)
-    assert groups_of(model, ["5.weight"]).head == (4,)            # a single parameter: the bias is body
-    assert groups_of(model, 3).body == ()                           # all head: allowed, a split method refuses it
+    assert groups_of(model, ["5.weight"]).head == (4,)  # a single parameter: the bias is body
+    assert groups_of(model, 3).body == ()  # all head: allowed, a split method refuses it
     with pytest.raises(ValueError, match=r"model.head: 'fc' is not a layer or parameter of the model; layers: 1, 3, 5"):
         groups_of(model, ["fc"])
     with pytest.raises(ValueError, match=r"model.head: 4 layers; the model has 3 layers with parameters"):
@@ -60,9 +61,9 @@ def test_pick_and_merge_replace_exactly_the_groups_tensors():
 
 def test_the_scenarios_model_head_is_checked_at_validation(tmp_path, capsys):
     path = write_scenario(tmp_path, TINY.replace("model: {name: linear}", "model: {name: mlp, hidden: [8]}"))
-    assert cli.main(["validate", path, "--set", "model.head=[\"1\"]"]) == 0
+    assert cli.main(["validate", path, "--set", 'model.head=["1"]']) == 0
     capsys.readouterr()
-    assert cli.main(["validate", path, "--set", "model.head=[\"fc\"]"]) == 2
+    assert cli.main(["validate", path, "--set", 'model.head=["fc"]']) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"raysim: {path}: model.head: 'fc' is not a layer or parameter of the model; layers: 1, 3"]
 
@@ -80,7 +81,7 @@ def test_running_statistics_are_a_group_that_the_loop_never_trains_and_the_forwa
     model = _bn_model()
     g = groups_of(model)
     assert [g.names[i] for i in g.stats] == ["1.running_mean", "1.running_var"]
-    assert g.stats[0] in g.body                        # the body's statistics travel with the body
+    assert g.stats[0] in g.body  # the body's statistics travel with the body
     trainer = Trainer(model, "never")
     x = torch.randn(8, 3, generator=torch.Generator().manual_seed(1)) * 2 + 1
     y = torch.tensor([0, 1] * 4)
@@ -93,7 +94,7 @@ def test_running_statistics_are_a_group_that_the_loop_never_trains_and_the_forwa
     h = x @ start[0].T + start[1]
     assert torch.allclose(fit.params[2 + 2], 0.9 * start[4] + 0.1 * h.mean(0), atol=1e-6)
     assert torch.allclose(fit.params[2 + 3], 0.9 * start[5] + 0.1 * h.var(0, unbiased=True), atol=1e-5)
-    assert not torch.equal(fit.params[0], start[0])            # the weights did train
+    assert not torch.equal(fit.params[0], start[0])  # the weights did train
     # the scratch model's own statistics are untouched: every client keeps its own
     assert torch.equal(model[1].running_mean, torch.zeros(4))
     # evaluation uses the job's statistics

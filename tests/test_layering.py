@@ -1,6 +1,7 @@
 """The layering rules, checked on the source: the floors of raysim's wings (no import runs back
 up a floor), algorithms never import Ray, the engine reaches algorithms through the registry,
 every Ray call lives in the transport."""
+
 import ast
 import re
 from pathlib import Path
@@ -33,8 +34,10 @@ def imports(path: Path) -> set[str]:
             frm = f"{base}.{frm.lstrip('.')}".rstrip(".")
         out.add(frm)
         for name in re.findall(r"\w+", names):
-            if any((ROOT / Path(*parts)).with_suffix(".py").exists()
-                   for parts in (f"{frm}.{name}".split("."), f"{frm}.{name}".split(".")[1:])):
+            if any(
+                (ROOT / Path(*parts)).with_suffix(".py").exists()
+                for parts in (f"{frm}.{name}".split("."), f"{frm}.{name}".split(".")[1:])
+            ):
                 out.add(f"{frm}.{name}")
     return out
 
@@ -46,21 +49,30 @@ def sources(*dirs):
 # Each wing of raysim/ and its floor: a module imports modules of its own wing or of a lower
 # floor, never of a higher one, nor of another wing on its floor (except the pairs in SIDEWAYS).
 FLOORS = {
-    "raysim.rng": 0, "raysim.cachedir": 0, "raysim.signals": 0, "raysim.errors": 0, "raysim.plugins": 0,
+    "raysim.rng": 0,
+    "raysim.cachedir": 0,
+    "raysim.signals": 0,
+    "raysim.errors": 0,
+    "raysim.plugins": 0,
     "raysim.core": 1,
     "raysim.algorithms": 2,
-    "raysim.data": 3, "raysim.models": 3, "raysim.federation": 3,
+    "raysim.data": 3,
+    "raysim.models": 3,
+    "raysim.federation": 3,
     "raysim.scenario": 4,
-    "raysim.engine": 5, "raysim.results": 5,
+    "raysim.engine": 5,
+    "raysim.results": 5,
     "raysim.experiment": 6,
-    "raysim.api": 7, "raysim.cli": 7, "raysim": 7,
+    "raysim.api": 7,
+    "raysim.cli": 7,
+    "raysim": 7,
 }
 SIDEWAYS = {
-    ("raysim.errors", "raysim.signals"),      # an interrupt's exit code: 143 after SIGTERM
-    ("raysim.plugins", "raysim.errors"),      # a name that does not resolve is a ScenarioError
+    ("raysim.errors", "raysim.signals"),  # an interrupt's exit code: 143 after SIGTERM
+    ("raysim.plugins", "raysim.errors"),  # a name that does not resolve is a ScenarioError
     ("raysim.algorithms", "raysim.plugins"),  # every registry binds its plugin kind (data and models too)
-    ("raysim.api", "raysim.cli"),             # the API's run id as the command reads it
-    ("raysim", "raysim.api"),                 # raysim.run is raysim.api.run
+    ("raysim.api", "raysim.cli"),  # the API's run id as the command reads it
+    ("raysim", "raysim.api"),  # raysim.run is raysim.api.run
 }
 
 
@@ -86,12 +98,13 @@ def test_no_import_runs_back_up_a_floor_or_sideways_into_another_wing():
         here = wing(module_of(f))
         for mod in imports(f):
             if mod not in known and not mod.startswith("raysim.") or mod == "raysim":
-                continue                       # (``from raysim import x`` imports x, not the package)
+                continue  # (``from raysim import x`` imports x, not the package)
             there = wing(mod)
             if there == here or FLOORS[there] < FLOORS[here] or (here, there) in SIDEWAYS:
                 continue
-            wrong.append(f"{f.relative_to(ROOT)} ({here}, floor {FLOORS[here]}) imports {mod} "
-                         f"({there}, floor {FLOORS[there]})")
+            wrong.append(
+                f"{f.relative_to(ROOT)} ({here}, floor {FLOORS[here]}) imports {mod} ({there}, floor {FLOORS[there]})"
+            )
     assert not wrong, "\n".join(wrong)
 
 
@@ -120,7 +133,9 @@ def test_algorithms_import_only_the_core_of_raysim_never_ray_mlflow_or_the_engin
 def test_the_core_imports_nothing_above_it():
     for f in sources("raysim/core"):
         for mod in imports(f):
-            assert not (mod == "ray" or mod.startswith(("ray.", "mlflow", "raysim.algorithms"))), f"{f.name} imports {mod}"
+            assert not (mod == "ray" or mod.startswith(("ray.", "mlflow", "raysim.algorithms"))), (
+                f"{f.name} imports {mod}"
+            )
             if mod.startswith("raysim"):
                 assert mod.startswith("raysim.core"), f"{f.name} imports {mod}"
 
@@ -152,8 +167,9 @@ def test_no_import_cycles_between_project_modules():
     cycles = [c for c in nx.simple_cycles(g) if not all(m.endswith("__init__") for m in c)]
     # a package's __init__ importing its own submodules is not a cycle of ideas; only count
     # cycles between modules that are not each other's package
-    cycles = [c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".")
-                                          for a in c for b in c if a != b)]
+    cycles = [
+        c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".") for a in c for b in c if a != b)
+    ]
     assert not cycles, cycles
 
 
@@ -170,10 +186,13 @@ def test_the_checks_before_ray_starts_import_neither_torch_nor_mlflow(tmp_path):
     that Ray's start overlaps the validation; importing torch there (seconds) delays it."""
     import subprocess
     import sys
+
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: x\nrounds: 1\ndata: {dataset: digits, clients: 4}\nalgorithm: {name: fedavg}\n")
-    code = ("import sys; from raysim.experiment.preflight import check_run; "
-            f"check_run({str(scenario)!r}, ['rounds=2'], None, None); "
-            "print(sorted(m for m in ('torch', 'mlflow', 'ray') if m in sys.modules))")
+    code = (
+        "import sys; from raysim.experiment.preflight import check_run; "
+        f"check_run({str(scenario)!r}, ['rounds=2'], None, None); "
+        "print(sorted(m for m in ('torch', 'mlflow', 'ray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -5,6 +5,7 @@ writer w's k-th image in split s (0 train, 1 test) is ``100·w + 10·s + k + p/1
 index, 0..783), and its label ``(10·w + k) % 62``; train and test each span two JSON files, and the
 last writer has no test data.
 """
+
 import json
 import os
 import subprocess
@@ -20,8 +21,8 @@ from raysim.data.base import DataError, Splits, split_client
 from raysim.data.leaf import LeafFEMNIST, LeafParams
 from raysim.rng import generator
 
-WRITERS = ["f0003_11", "f0001_42", "f0002_07", "f0004_00"]   # sorted: f0001_42, f0002_07, f0003_11, f0004_00
-SIZES = {"train": [5, 4, 6, 3], "test": [2, 1, 2, 0]}         # per writer, in WRITERS' order
+WRITERS = ["f0003_11", "f0001_42", "f0002_07", "f0004_00"]  # sorted: f0001_42, f0002_07, f0003_11, f0004_00
+SIZES = {"train": [5, 4, 6, 3], "test": [2, 1, 2, 0]}  # per writer, in WRITERS' order
 ROOT_SRC = Path(__file__).resolve().parents[1]
 
 
@@ -42,10 +43,11 @@ def write_part(path: Path, sub: str, s: int, users, offset: int) -> None:
     data = {}
     for u in users:
         w, n = WRITERS.index(u), SIZES[sub][WRITERS.index(u)]
-        data[u] = {"x": [image(offset + 100 * w + 10 * s + k) for k in range(n)],
-                   "y": [(10 * w + k + offset) % 62 for k in range(n)]}
-    path.write_text(json.dumps({"users": users, "num_samples": [len(data[u]["y"]) for u in users],
-                                "user_data": data}))
+        data[u] = {
+            "x": [image(offset + 100 * w + 10 * s + k) for k in range(n)],
+            "y": [(10 * w + k + offset) % 62 for k in range(n)],
+        }
+    path.write_text(json.dumps({"users": users, "num_samples": [len(data[u]["y"]) for u in users], "user_data": data}))
 
 
 def reference(root: Path, cid: int, leaf_split: bool, splits: Splits, seed: int):
@@ -60,8 +62,10 @@ def reference(root: Path, cid: int, leaf_split: bool, splits: Splits, seed: int)
         parts[sub] = users
     names = sorted(set(parts["train"]) | set(parts["test"]))
     name = names[cid]
-    (trx, try_), (tex, tey) = ((np.asarray(x, np.float32).reshape(-1, 1, 28, 28), np.asarray(y, np.int64))
-                               for x, y in (parts[s].get(name, ([], [])) for s in ("train", "test")))
+    (trx, try_), (tex, tey) = (
+        (np.asarray(x, np.float32).reshape(-1, 1, 28, 28), np.asarray(y, np.int64))
+        for x, y in (parts[s].get(name, ([], [])) for s in ("train", "test"))
+    )
     if not leaf_split:
         c = split_client(cid, np.concatenate([trx, tex]), np.concatenate([try_, tey]), splits, seed)
         return [c.train_x, c.train_y, c.val_x, c.val_y, c.test_x, c.test_y]
@@ -83,13 +87,14 @@ def assert_same(got, want):
 
 
 def source(root, leaf_split=True, clients=4, splits=Splits(0.5, 0.25, 0.25), seed=3):
-    return LeafFEMNIST(LeafParams(root=str(root), leaf_split=leaf_split), clients=clients, partition=None,
-                       splits=splits, seed=seed)
+    return LeafFEMNIST(
+        LeafParams(root=str(root), leaf_split=leaf_split), clients=clients, partition=None, splits=splits, seed=seed
+    )
 
 
 @pytest.fixture
 def tree(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # never touch the real ~/.cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # never touch the real ~/.cache
     root = tmp_path / "femnist"
     write_tree(root)
     return root
@@ -120,24 +125,25 @@ def test_clients_identical_before_and_after_the_cache(tree, leaf_split):
         assert c.test_x.shape == (1, 1, 28, 28) and c.train_x.dtype == torch.float32
         assert c.train_y.dtype == torch.int64
         assert torch.allclose(c.test_x.reshape(-1), torch.tensor(image(110), dtype=torch.float32))
-    last = second.client(3)                                 # f0004_00: no test data anywhere
+    last = second.client(3)  # f0004_00: no test data anywhere
     assert last.num_train + last.num_val + int(last.test_y.shape[0]) == 3
     if leaf_split:
         assert last.test_x.shape == (0, 1, 28, 28) and last.test_y.shape == (0,)
 
 
 def test_second_source_reads_the_cache_not_the_json(tree, monkeypatch):
-    source(tree).client(0)                                  # builds the cache
+    source(tree).client(0)  # builds the cache
 
     def no_parsing(*a, **k):
         raise AssertionError("parsed the JSON again")
+
     monkeypatch.setattr(leaf, "_decode", no_parsing)
     monkeypatch.setattr(leaf, "_parse", no_parsing)
 
     src = source(tree)
-    assert src.num_samples(2) == 5 + 2                      # f0003_11 = WRITERS[0]: 5 train, 2 test
-    assert src.cache().cached._arrays is None                      # counting read only the index
-    c = src.client(2)                                       # its codes: train 0..4, test 10..11
+    assert src.num_samples(2) == 5 + 2  # f0003_11 = WRITERS[0]: 5 train, 2 test
+    assert src.cache().cached._arrays is None  # counting read only the index
+    c = src.client(2)  # its codes: train 0..4, test 10..11
     assert sorted(c.train_x[:, 0, 0, 0].tolist() + c.val_x[:, 0, 0, 0].tolist()) == [0, 1, 2, 3, 4]
     assert c.test_x[:, 0, 0, 0].tolist() == [10, 11]
     arrays = src.cache().arrays()
@@ -151,6 +157,7 @@ def test_second_source_reads_the_cache_not_the_json(tree, monkeypatch):
     assert index["train_offsets"] == [0, 4, 10, 15, 18] and index["test_offsets"] == [0, 1, 3, 5, 5]
     # a pickled source carries no memory maps and reopens the cache on the other side
     import pickle
+
     clone = pickle.loads(pickle.dumps(src))
     assert clone._cache is None
     assert_same(fields(clone.client(2)), fields(c))
@@ -159,9 +166,9 @@ def test_second_source_reads_the_cache_not_the_json(tree, monkeypatch):
 def test_changed_json_rebuilds_the_cache(tree):
     old = source(tree)
     old_client = fields(old.client(2))
-    f = tree / "train" / "all_data_1.json"                  # writers f0002_07 and f0004_00
+    f = tree / "train" / "all_data_1.json"  # writers f0002_07 and f0004_00
     st = f.stat()
-    SIZES["train"][2] += 2                                  # f0002_07 gets 2 more images
+    SIZES["train"][2] += 2  # f0002_07 gets 2 more images
     try:
         write_part(f, "train", 0, WRITERS[2:], offset=1000)
     finally:
@@ -170,14 +177,14 @@ def test_changed_json_rebuilds_the_cache(tree):
     assert f.stat().st_size != st.st_size
 
     new = source(tree)
-    assert new.num_samples(1) == 8 + 2                      # f0002_07: now 8 train, still 2 test
+    assert new.num_samples(1) == 8 + 2  # f0002_07: now 8 train, still 2 test
     index = json.loads((local_cache(tree) / "index.json").read_text())
     assert [r[1:] for r in index["files"]["train"] if r[0] == f.name] == [[f.stat().st_size, f.stat().st_mtime_ns]]
     c = new.client(1)
     codes = sorted(c.train_x[:, 0, 0, 0].tolist() + c.val_x[:, 0, 0, 0].tolist())
-    assert codes == [1200.0 + k for k in range(8)]          # the new values: 1000 + 100·2 + k
+    assert codes == [1200.0 + k for k in range(8)]  # the new values: 1000 + 100·2 + k
     assert_same(fields(c), reference(tree, 1, True, Splits(0.5, 0.25, 0.25), 3))
-    assert_same(fields(new.client(2)), old_client)          # f0003_11 unchanged (other file)
+    assert_same(fields(new.client(2)), old_client)  # f0003_11 unchanged (other file)
 
 
 def test_read_only_root_caches_under_xdg(tmp_path, monkeypatch):
@@ -185,7 +192,7 @@ def test_read_only_root_caches_under_xdg(tmp_path, monkeypatch):
     write_tree(root)
     xdg = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
-    if os.geteuid() == 0:                                   # root ignores chmod: say it is read-only
+    if os.geteuid() == 0:  # root ignores chmod: say it is read-only
         real = cache.writable
         monkeypatch.setattr(cache, "writable", lambda p: False if root in Path(p).parents else real(p))
     else:
@@ -208,11 +215,11 @@ def test_read_only_root_caches_under_xdg(tmp_path, monkeypatch):
 def test_damaged_or_half_written_cache_is_rebuilt(tree):
     want = fields(source(tree).client(1))
     cache = local_cache(tree)
-    (cache / "index.json").unlink()                         # a crash before the index was written
+    (cache / "index.json").unlink()  # a crash before the index was written
     (cache / "train_x.tmp999.deadbeef.npy").write_bytes(b"junk")
     assert_same(fields(source(tree).client(1)), want)
     assert (cache / "index.json").is_file() and not list(cache.glob("*.tmp*"))
-    with open(cache / "train_x.npy", "r+b") as fh:          # truncated array: size no longer matches
+    with open(cache / "train_x.npy", "r+b") as fh:  # truncated array: size no longer matches
         fh.truncate(1000)
     assert_same(fields(source(tree).client(1)), want)
     assert (cache / "train_x.npy").stat().st_size > 1000
@@ -232,12 +239,16 @@ c = src.client(2)
 print(len(built), float(c.test_x.sum()))
 """
     env = dict(os.environ, PYTHONPATH=str(ROOT_SRC))
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     rows = [o[0].split() for o in outs]
-    assert sum(int(r[0]) for r in rows) == 1                # exactly one process parsed the JSON
+    assert sum(int(r[0]) for r in rows) == 1  # exactly one process parsed the JSON
     assert len({r[1] for r in rows}) == 1
     assert not list(local_cache(tree).glob("*.tmp*"))
 

@@ -1,6 +1,7 @@
 """The one local-training loop (raysim/core/loop.py): K jobs at once must equal a plain PyTorch
 loop per job, on every model of the zoo and on models the stacked forward does not know; a
 job's numbers must not depend on the other jobs in the pass."""
+
 import copy
 
 import pytest
@@ -21,8 +22,10 @@ ZOO = {
     "linear_image": (lambda: linear(LinearParams(), (1, 4, 4), 3), (1, 4, 4)),
     "mlp": (lambda: mlp(MLPParams((7, 6)), (1, 4, 4), 3), (1, 4, 4)),
     "femnist_cnn": (lambda: femnist_cnn(CNNParams(), (1, 28, 28), 62), (1, 28, 28)),
-    "layernorm_mlp": (lambda: nn.Sequential(nn.Flatten(), nn.Linear(5, 6), nn.LayerNorm(6), nn.ReLU(),
-                                            nn.Linear(6, 3)), (5,)),
+    "layernorm_mlp": (
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(5, 6), nn.LayerNorm(6), nn.ReLU(), nn.Linear(6, 3)),
+        (5,),
+    ),
 }
 
 
@@ -34,7 +37,7 @@ def reference(model, x, y, orders, s: Settings, weights=None, mu=0.0):
     opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
     for order in orders:
         for i in range(0, len(order), s.batch_size):
-            idx = order[i:i + s.batch_size]
+            idx = order[i : i + s.batch_size]
             per = F.cross_entropy(model(x[idx]), y[idx], reduction="none")
             loss = (per * (1 if weights is None else weights[idx])).mean()
             if mu:
@@ -47,8 +50,19 @@ def reference(model, x, y, orders, s: Settings, weights=None, mu=0.0):
 
 def jobs_for(models, x, y, s, weights=None, seed=3):
     g = torch.Generator().manual_seed(seed)
-    return [Job(fwd.params_of(m), x, y, draw_orders(g, len(y), s.epochs), s, CE,
-                None if weights is None else weights[k], cid=0) for k, m in enumerate(models)]
+    return [
+        Job(
+            fwd.params_of(m),
+            x,
+            y,
+            draw_orders(g, len(y), s.epochs),
+            s,
+            CE,
+            None if weights is None else weights[k],
+            cid=0,
+        )
+        for k, m in enumerate(models)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -66,8 +80,8 @@ def test_k_jobs_equal_the_plain_loop_one_job_at_a_time(name):
     for k, model in enumerate(models):
         expect = reference(model, x, y, jobs[k].orders, s, q[k])
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out[k].params, expect)), (name, k)
-        assert not torch.equal(out[k].params[0], jobs[k].params[0])        # it did train
-    one = Trainer(build(), "never").fit(jobs)                             # K = 1, one after another
+        assert not torch.equal(out[k].params[0], jobs[k].params[0])  # it did train
+    one = Trainer(build(), "never").fit(jobs)  # K = 1, one after another
     for a, b in zip(out, one):
         assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a.params, b.params))
         assert a.loss == pytest.approx(b.loss, abs=1e-5)
@@ -80,8 +94,9 @@ def test_two_jobs_by_hand():
     x, y = torch.tensor([[2.0]]), torch.tensor([0])
     s = Settings(lr=0.1, batch_size=4)
     orders = torch.zeros(1, 1, dtype=torch.long)
-    out = Trainer(nn.Linear(1, 2)).fit([Job(start, x, y, orders, s, CE, torch.tensor([1.0])),
-                                        Job(start, x, y, orders, s, CE, torch.tensor([0.0]))])
+    out = Trainer(nn.Linear(1, 2)).fit(
+        [Job(start, x, y, orders, s, CE, torch.tensor([1.0])), Job(start, x, y, orders, s, CE, torch.tensor([0.0]))]
+    )
     assert torch.allclose(out[0].params[0], torch.tensor([[0.1], [-0.1]]))
     assert torch.allclose(out[0].params[1], torch.tensor([0.05, -0.05]))
     assert torch.equal(out[1].params[0], torch.zeros(2, 1)) and torch.equal(out[1].params[1], torch.zeros(2))
@@ -112,6 +127,7 @@ def test_across_clients_a_jobs_numbers_do_not_depend_on_the_others_bitwise():
 
     def fit(pick):
         return trainer.fit([make_job(start, datas[i], ctx_of(datas[i]), s, CE) for i in pick])
+
     everyone = fit(range(6))
     for pick in ([1], [0, 3], [2, 4, 5]):
         for i, f in zip(pick, fit(pick)):
@@ -139,7 +155,7 @@ def test_sgd_matches_torch_sgd_bitwise(momentum, wd):
     ours = Stacked("sgd", 0.1, momentum, wd, (0.9, 0.999), 1e-8, P, [None])
     ref = torch.optim.SGD(b.parameters(), lr=0.1, momentum=momentum, weight_decay=wd)
     x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
-    for _ in range(5):                  # the same gradients into both: the update arithmetic alone
+    for _ in range(5):  # the same gradients into both: the update arithmetic alone
         with torch.no_grad():
             for p, q in zip(a.parameters(), P):
                 p.copy_(q[0])
@@ -161,12 +177,12 @@ def test_adam_matches_torch_adam_and_continues_from_kept_state():
     x, y = torch.randn(8, 5), torch.randint(0, 3, (8,))
     orders = torch.arange(8).unsqueeze(0)
     state, params = None, fwd.params_of(a)
-    for _ in range(3):                   # three rounds of 2 steps, the state kept in between
+    for _ in range(3):  # three rounds of 2 steps, the state kept in between
         (f,) = Trainer(a).fit([Job(params, x, y, orders, s, CE, opt_state=state, keep_state=True)])
         params, state = f.params, f.opt_state
         for i in range(0, 8, 4):
             ref.zero_grad()
-            F.cross_entropy(b(x[i:i + 4]), y[i:i + 4]).backward()
+            F.cross_entropy(b(x[i : i + 4]), y[i : i + 4]).backward()
             ref.step()
     assert float(state["step"]) == 6.0
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(params, b.parameters()))
@@ -174,6 +190,7 @@ def test_adam_matches_torch_adam_and_continues_from_kept_state():
 
 def test_lr_schedules_by_hand():
     from raysim.algorithms.base import LocalTraining
+
     step = LocalTraining(lr=1.0, lr_schedule="step")
     assert [step.lr_at(r, 8) for r in (0, 3, 4, 5, 6, 7)] == [1.0, 1.0, 0.1, 0.1, 0.01, 0.01]
     exp = LocalTraining(lr=1.0, lr_schedule="exponential", lr_decay=0.5)
@@ -207,7 +224,7 @@ def test_per_step_draws_come_from_the_clients_generator_and_do_not_depend_on_oth
     j = jobs[1]
     w = [p.clone().requires_grad_(True) for p in start]
     for t, i in enumerate(range(0, 5, 4)):
-        idx = j.orders[0, i:i + 4]
+        idx = j.orders[0, i : i + 4]
         loss = F.cross_entropy(F.linear(datas[1].train_x[idx], w[0], w[1]), datas[1].train_y[idx]) * j.draws[t]
         g = torch.autograd.grad(loss, w)
         w = [(p - 0.1 * gi).detach().requires_grad_(True) for p, gi in zip(w, g)]
@@ -232,14 +249,22 @@ def test_drive_batches_every_clients_jobs_and_supports_several_phases():
 
     out = drive([two_phases("x"), "value", two_phases("y"), no_jobs()], fit)
     assert out[0] == ["trained x1", "trained x2", "trained x3"] and out[1] == "value" and out[3] == "plain"
-    assert calls == [4, 2]          # both clients' phase-1 jobs in one pass, then both phase-2 jobs
+    assert calls == [4, 2]  # both clients' phase-1 jobs in one pass, then both phase-2 jobs
 
 
 CHAINS = {
-    "mlp relu": lambda: nn.Sequential(nn.Flatten(), nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)),
-    "tanh sigmoid leaky, no bias": lambda: nn.Sequential(nn.Linear(5, 6, bias=False), nn.Tanh(), nn.Linear(6, 4),
-                                                         nn.Sigmoid(), nn.Linear(4, 5), nn.LeakyReLU(0.1),
-                                                         nn.Linear(5, 3, bias=False)),
+    "mlp relu": lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)
+    ),
+    "tanh sigmoid leaky, no bias": lambda: nn.Sequential(
+        nn.Linear(5, 6, bias=False),
+        nn.Tanh(),
+        nn.Linear(6, 4),
+        nn.Sigmoid(),
+        nn.Linear(4, 5),
+        nn.LeakyReLU(0.1),
+        nn.Linear(5, 3, bias=False),
+    ),
     "linear": lambda: nn.Linear(5, 3),
 }
 
@@ -257,8 +282,11 @@ def test_chain_gradients_by_hand_equal_autograd(name, consts, momentum, wd):
     start = fwd.params_of(model)
     datas = clients([5, 17, 23], dim=5)
     s = Settings(lr=0.1, epochs=2, batch_size=4, momentum=momentum, weight_decay=wd)
-    extra = {"none": {}, "prox": {"anchor": [p + 0.3 for p in start], "mu": 0.7},
-             "linear": {"linear": [torch.full_like(p, 0.05) for p in start]}}[consts]
+    extra = {
+        "none": {},
+        "prox": {"anchor": [p + 0.3 for p in start], "mu": 0.7},
+        "linear": {"linear": [torch.full_like(p, 0.05) for p in start]},
+    }[consts]
     for trainable in (None, (False,) + (True,) * (len(start) - 1)):
         obj = Supervised(TASKS["classification"], trainable=trainable)
         fast, slow = Trainer(model, "always"), Trainer(model, "always")
@@ -285,10 +313,12 @@ def test_chain_regression_and_unsupported_models():
     (a,), (b,) = fast.fit(jobs), slow.fit(jobs)
     assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a.params, b.params))
     # batch norm, dropout, convolutions and an activation before any layer stay with autograd
-    for other in (nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2)),
-                  nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.1), nn.Linear(6, 2)),
-                  nn.Sequential(nn.ReLU(), nn.Linear(4, 2)),
-                  femnist_cnn(CNNParams(), (1, 28, 28), 62)):
+    for other in (
+        nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2)),
+        nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.1), nn.Linear(6, 2)),
+        nn.Sequential(nn.ReLU(), nn.Linear(4, 2)),
+        femnist_cnn(CNNParams(), (1, 28, 28), 62),
+    ):
         assert Trainer(other).chain is None
 
 
@@ -298,24 +328,25 @@ def test_a_stragglers_partial_work_stops_after_its_share_of_steps(gradients):
     steps (at least one) of its orders, the first batches of the plain loop, and reports them in
     ``Fitted.steps``; the other jobs of the pass are untouched."""
     import dataclasses
+
     model = mlp(MLPParams((6,)), (4,), 3)
     trainer = Trainer(model, gradients=gradients)
     s = Settings(lr=0.1, epochs=2, batch_size=8, momentum=0.9)
-    datas = clients([30, 17, 40])                 # 2 x 4, 2 x 3, 2 x 5 steps
+    datas = clients([30, 17, 40])  # 2 x 4, 2 x 3, 2 x 5 steps
     start = fwd.params_of(model)
     full = trainer.fit([make_job(start, d, ctx_of(d), s, CE) for d in datas])
-    cut = dataclasses.replace(ctx_of(datas[0]), work=0.4)       # 0.4 x 8 steps -> 3
+    cut = dataclasses.replace(ctx_of(datas[0]), work=0.4)  # 0.4 x 8 steps -> 3
     jobs = [make_job(start, datas[0], cut, s, CE)] + [make_job(start, d, ctx_of(d), s, CE) for d in datas[1:]]
     out = trainer.fit(jobs)
     assert [f.steps for f in out] == [3, 6, 10] and [f.steps for f in full] == [8, 6, 10]
     order = draw_orders(ctx_of(datas[0]).generator, 30, 2).reshape(-1)
-    three = [order[i:i + 8] for i in (0, 8, 16)]                # epoch 1's first three batches
+    three = [order[i : i + 8] for i in (0, 8, 16)]  # epoch 1's first three batches
     want = reference(model, datas[0].train_x, datas[0].train_y, [torch.cat(three)], s)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out[0].params, want))
     assert out[0].loss != full[0].loss
     for a, b in zip(out[1:], full[1:]):
         assert all(torch.equal(u, v) for u, v in zip(a.params, b.params)) and a.loss == b.loss
-    tiny = dataclasses.replace(ctx_of(datas[1]), work=0.01)      # never below one step
+    tiny = dataclasses.replace(ctx_of(datas[1]), work=0.01)  # never below one step
     assert trainer.fit([make_job(start, datas[1], tiny, s, CE)])[0].steps == 1
 
 
@@ -345,8 +376,10 @@ def test_an_objective_given_as_gradients_trains_as_its_loss_does(name):
     g = torch.Generator().manual_seed(3)
     obj = AtOnePoint(TASKS["classification"])
     assert obj.by_points() and not Supervised.by_points()
-    jobs = [Job(start, x, y, draw_orders(g, n, s.epochs), s, obj, consts={"anchor": start, "mu": torch.tensor(0.5)},
-                cid=k) for k in range(2)]
+    jobs = [
+        Job(start, x, y, draw_orders(g, n, s.epochs), s, obj, consts={"anchor": start, "mu": torch.tensor(0.5)}, cid=k)
+        for k in range(2)
+    ]
     trainer = Trainer(build())
     assert (trainer.chain is not None) == (name == "mlp")
     for j, f in zip(jobs, trainer.fit(jobs)):
@@ -363,9 +396,11 @@ def test_an_objective_given_as_gradients_keeps_a_jobs_numbers_independent_of_the
     obj = AtOnePoint(TASKS["classification"])
     prox = {"anchor": [p + 0.1 for p in start], "mu": 0.3}
     for trainer in (Trainer(model, "always"), Trainer(model, "always", gradients="autograd")):
+
         def fit(pick):
             jobs = [make_job(start, datas[i], ctx_of(datas[i]), s, obj, consts=prox) for i in pick]
             return trainer.fit(jobs)  # noqa: B023 - called in this pass
+
         everyone = fit(range(5))
         for pick in ([1], [0, 3], [2, 4]):
             for i, f in zip(pick, fit(pick)):
@@ -376,10 +411,20 @@ def test_an_objective_given_as_gradients_keeps_a_jobs_numbers_independent_of_the
 def test_pack_starts_every_client_on_a_64_byte_boundary_with_its_own_values():
     from raysim.core.data import ClientData, pack
     from raysim.core.loop import pool
+
     sizes = [3, 5, 7]
-    shards = [ClientData(c, torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + 100 * c,
-                         torch.full((n,), c), torch.zeros(0, 5), torch.zeros(0, dtype=torch.long),
-                         torch.zeros(0, 5), torch.zeros(0, dtype=torch.long)) for c, n in enumerate(sizes)]
+    shards = [
+        ClientData(
+            c,
+            torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + 100 * c,
+            torch.full((n,), c),
+            torch.zeros(0, 5),
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, 5),
+            torch.zeros(0, dtype=torch.long),
+        )
+        for c, n in enumerate(sizes)
+    ]
     packed = pack(shards)
     for d, p in zip(shards, packed):
         assert p.train_x.data_ptr() % 64 == 0 and torch.equal(p.train_x, d.train_x)
@@ -429,6 +474,7 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
     import dataclasses
 
     from raysim.core.loop import make_rows
+
     model = mlp(MLPParams((6,)), (4,), 3)
     datas = clients([5, 17, 40, 30, 0, 12, 23], seed=4)
     start = fwd.params_of(model)
@@ -442,11 +488,11 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
         obj, consts = AtOnePoint(TASKS["classification"]), {"anchor": [p + 0.1 for p in start], "mu": 0.3}
     elif case == "draws":
         obj, gradients = WithDraws(TASKS["classification"]), "autograd"
-    elif case == "dp-sgd":                        # each job's noise from its own seed, padded copies too
+    elif case == "dp-sgd":  # each job's noise from its own seed, padded copies too
         s = dataclasses.replace(s, dp_clip=0.5, dp_noise=1.0)
         consts = {"anchor": [p - 0.1 for p in start], "mu": 0.2}
     measured, fixed = Trainer(model, gradients=gradients), Trainer(model, "padded", gradients=gradients)
-    fixed.fixed = 3                               # GPU_PASS would pad these 7 jobs to one pass
+    fixed.fixed = 3  # GPU_PASS would pad these 7 jobs to one pass
     if case == "rows":
         x = torch.cat([d.train_x for d in datas])
         y = torch.cat([d.train_y for d in datas])
@@ -464,12 +510,13 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
         straggler = dataclasses.replace(ctx_of(datas[3]), work=0.3)
         out[3] = make_job(start, datas[3], straggler, s, obj, consts=consts, opt_state=state, keep_state=True)
         return out
+
     a, b = measured.fit(jobs()), fixed.fit(jobs())
     assert [f.steps for f in b] == [f.steps for f in a] and a[3].steps < 8
     for u, v in zip(a, b):
         assert all(torch.equal(p, q) for p, q in zip(u.params, v.params)) and u.loss == v.loss
         assert (u.opt_state is None) == (v.opt_state is None)
-        for key in (u.opt_state or {}):
+        for key in u.opt_state or {}:
             x, z = u.opt_state[key], v.opt_state[key]
             assert all(torch.equal(p, q) for p, q in zip(x, z)) if isinstance(x, list) else torch.equal(x, z)
     assert not torch.equal(a[2].params[0], start[0]) and torch.equal(b[4].params[0], start[0])
@@ -477,10 +524,25 @@ def test_passes_of_a_fixed_width_give_every_job_the_numbers_of_measured_widths_b
 
 def test_pack_keeps_a_client_without_training_rows_first_in_line():
     from raysim.core.data import ClientData, pack
-    empty = ClientData(0, torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), torch.zeros(0, 3),
-                       torch.zeros(0, dtype=torch.long), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
-    full = ClientData(1, torch.ones(5, 3), torch.ones(5, dtype=torch.long), torch.zeros(0, 3),
-                      torch.zeros(0, dtype=torch.long), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+
+    empty = ClientData(
+        0,
+        torch.zeros(0, 3),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, 3),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, 3),
+        torch.zeros(0, dtype=torch.long),
+    )
+    full = ClientData(
+        1,
+        torch.ones(5, 3),
+        torch.ones(5, dtype=torch.long),
+        torch.zeros(0, 3),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, 3),
+        torch.zeros(0, dtype=torch.long),
+    )
     a, b = pack([empty, full])
     assert a.train_x.shape == (0, 3) and torch.equal(b.train_x, full.train_x) and b.train_x.data_ptr() % 64 == 0
 
@@ -499,8 +561,9 @@ def test_a_known_best_width_splits_the_jobs_left_into_passes_of_nearly_equal_wid
             out.append(w.pick("kind", left))
             left -= out[-1]
         return out
-    assert passes(8, 25) == [7, 6, 6, 6]          # not 8, 8, 8, 1
-    assert passes(16, 25) == [13, 12]             # not 16, 9
+
+    assert passes(8, 25) == [7, 6, 6, 6]  # not 8, 8, 8, 1
+    assert passes(16, 25) == [13, 12]  # not 16, 9
     assert passes(8, 24) == [8, 8, 8]
     assert passes(8, 5) == [5]
     assert passes(1, 3) == [1, 1, 1]
@@ -512,13 +575,14 @@ def _settle(costs: dict[int, float], jobs: int, slow: dict[int, float] | None = 
     width in ``slow``, which takes that long instead (preempted): (the width chosen, the widths
     of the timed passes in order)."""
     from raysim.core.widths import Widths
+
     w, timed, slowed = Widths("auto"), [], set()
     for _ in range(20):
         left = jobs
         while left:
             width = w.pick("kind", left)
             per = costs.get(width, 1.0)
-            if "kind" not in w.best and width == w.plan.get("kind", 1):       # a timed pass
+            if "kind" not in w.best and width == w.plan.get("kind", 1):  # a timed pass
                 timed.append(width)
                 if width in (slow or {}) and width not in slowed:
                     per = slow[width]
@@ -538,7 +602,7 @@ def test_one_preempted_pass_does_not_settle_the_width_on_a_narrower_one():
     costs = {1: 5.0, 2: 3.0, 4: 2.0, 8: 1.5, 16: 1.3, 32: 1.2}
     best, timed = _settle(costs, 25, slow={16: 2.0})
     assert best == 16
-    assert timed == [1, 2, 4, 8, 16, 16]          # the ladder, then 16 again
+    assert timed == [1, 2, 4, 8, 16, 16]  # the ladder, then 16 again
 
 
 def test_a_width_that_is_slower_on_both_timings_still_ends_the_ladder():
@@ -565,6 +629,7 @@ def test_the_chosen_width_is_the_cheapest_as_the_jobs_will_be_split():
     12: 105 + (log2 13 − 3)·(110 − 105) = 108.5 at 13; so 16. For 24 jobs, 8 means passes of
     exactly 8 (105) and 16 passes of 12 (107.9): 8. Equal costs go to the wider."""
     from raysim.core.widths import split_best
+
     cost = {1: 429.0, 2: 254.0, 4: 159.0, 8: 105.0, 16: 110.0}
     assert split_best(cost, 25) == 16
     assert split_best(cost, 24) == 8
@@ -572,13 +637,15 @@ def test_the_chosen_width_is_the_cheapest_as_the_jobs_will_be_split():
     assert split_best({1: 1.0}, 1) == 1
 
 
-@pytest.mark.parametrize("name,mode,gradients", [("mlp", "always", "auto"), ("mlp", "never", "autograd"),
-                                                 ("femnist_cnn", "auto", "auto")])
+@pytest.mark.parametrize(
+    "name,mode,gradients", [("mlp", "always", "auto"), ("mlp", "never", "autograd"), ("femnist_cnn", "auto", "auto")]
+)
 def test_uint8_pixels_decoded_per_batch_train_and_score_as_their_floats_do_bitwise(name, mode, gradients):
     """Clients holding an image source's uint8 pixels (the loop decodes each gathered batch)
     get the numbers of clients holding the decoded floats: by-hand chain and autograd steps,
     stacked or one job at a time, and evaluation."""
     from raysim.core.data import Pixels
+
     build, shape = ZOO[name]
     pixels = Pixels((0.2860,), (0.3530,))
     g = torch.Generator().manual_seed(1)
@@ -597,14 +664,14 @@ def test_uint8_pixels_decoded_per_batch_train_and_score_as_their_floats_do_bitwi
     want = b.fit([make_job(start, d, ctx_of(d), s, CE) for d in floats])
     for u, v in zip(got, want):
         assert all(torch.equal(p, q) for p, q in zip(u.params, v.params)) and u.loss == v.loss
-        assert not torch.equal(u.params[0], start[0])                     # it did train
+        assert not torch.equal(u.params[0], start[0])  # it did train
     sets = [u.params for u in got]
     assert torch.equal(a.outputs(sets, held[1].test_x), b.outputs(sets, floats[1].test_x))
 
 
 def test_gather_picks_the_same_rows_as_advanced_indexing_for_any_shape_of_row_numbers():
-    t = torch.arange(10, dtype=torch.float32).view(5, 2)          # row r is [2r, 2r + 1]
-    rows = torch.tensor([[4, 0, 2], [1, 1, 3]])[:, :2]           # a non-contiguous (2, 2) slice
+    t = torch.arange(10, dtype=torch.float32).view(5, 2)  # row r is [2r, 2r + 1]
+    rows = torch.tensor([[4, 0, 2], [1, 1, 3]])[:, :2]  # a non-contiguous (2, 2) slice
     got = gather(t, rows)
     assert got.shape == (2, 2, 2)
     assert got.tolist() == [[[8.0, 9.0], [0.0, 1.0]], [[2.0, 3.0], [2.0, 3.0]]]

@@ -4,6 +4,7 @@ file is this user's only (0600 in a 0700 folder, under a temporary HOME here); a
 its session (nor Ray's temporary folder) is writable by every user without the sticky bit. One
 run serves the three checks. An early refusal leaving no Ray process behind: tests/test_cluster.py.
 """
+
 import ipaddress
 import os
 import signal
@@ -56,7 +57,7 @@ def listening(procs: list[psutil.Process]) -> list[tuple[int, str, str, int]]:
 
 def loopback(ip: str) -> bool:
     address = ipaddress.ip_address(ip.split("%")[0])
-    return (getattr(address, "ipv4_mapped", None) or address).is_loopback     # ::ffff:127.0.0.1 too
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +68,17 @@ def live_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loopback")
     home = tmp / "home"
     home.mkdir()
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")      # short: Ray's socket paths have a limit
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths have a limit
     path = tracked(tmp, TINY.replace("rounds: 3", "rounds: 100000"), every=100000)
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "HOME": str(home), "RAY_AUTH_MODE": "token"}
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raysim.cli", "run", path, "-q"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         driver = psutil.Process(proc.pid)
         deadline = time.time() + 90
@@ -97,11 +104,13 @@ def test_every_process_of_the_local_ray_and_the_driver_listens_on_loopback_only(
     proc, procs, _, _ = live_run
     sockets = listening(procs)
     names = " ".join(title(p) for p in procs)
+
     # not vacuous: the GCS, the raylet, the runtime-env agent's stand-in, the host actor and the
     # driver all listen; the dashboard agent's stand-in listens on nothing (both stand-ins are
     # raysim/engine/ray_agent.py, given Ray's agent script as an argument)
-    def stand_in(agent: str) -> list[int]:          # a stand-in's pid, given Ray's AGENT script
+    def stand_in(agent: str) -> list[int]:  # a stand-in's pid, given Ray's AGENT script
         return [p.pid for p in procs if "ray_agent.py" in title(p) and any(a.endswith(agent) for a in p.cmdline())]
+
     for name in ("gcs_server", "raylet", "RayHost"):
         assert name in names, names
     assert "DashboardAgent" not in names and "RuntimeEnvAgent" not in names, names
@@ -109,7 +118,7 @@ def test_every_process_of_the_local_ray_and_the_driver_listens_on_loopback_only(
     assert len(dashboard) == 1 and not [s for s in sockets if s[0] in dashboard], sockets
     assert len(runtime_env) == 1 and [s for s in sockets if s[0] in runtime_env], sockets
     assert proc.pid in {pid for pid, *_ in sockets} and len(sockets) >= 6, sockets
-    for name in ("gcs_server", "raylet", "RayHost"):    # each of them listens
+    for name in ("gcs_server", "raylet", "RayHost"):  # each of them listens
         assert [s for s in sockets if name in s[1]], (name, sockets)
     assert [s for s in sockets if not loopback(s[2])] == [], sockets
 
@@ -124,10 +133,16 @@ def test_rays_token_file_is_private(live_run):
 
 def test_no_folder_of_the_session_is_writable_by_everyone_without_the_sticky_bit(live_run):
     _, _, ray_tmp, _ = live_run
-    (session,) = [e.path for e in os.scandir(os.path.join(ray_tmp, "ray"))
-                  if e.name.startswith("session_") and e.is_dir(follow_symlinks=False)]
+    (session,) = [
+        e.path
+        for e in os.scandir(os.path.join(ray_tmp, "ray"))
+        if e.name.startswith("session_") and e.is_dir(follow_symlinks=False)
+    ]
     folders = [os.path.join(ray_tmp, "ray")] + [root for root, _, _ in os.walk(session)]
     assert len(folders) > 5, folders
-    open_ = [(f, oct(os.stat(f).st_mode & 0o7777)) for f in folders
-             if os.stat(f).st_mode & stat.S_IWOTH and not os.stat(f).st_mode & stat.S_ISVTX]
+    open_ = [
+        (f, oct(os.stat(f).st_mode & 0o7777))
+        for f in folders
+        if os.stat(f).st_mode & stat.S_IWOTH and not os.stat(f).st_mode & stat.S_ISVTX
+    ]
     assert open_ == [], open_

@@ -3,6 +3,7 @@ output shapes for their input sizes, parameter counts worked out by hand from th
 named head/body groups, and batch norm as client state through the training loop (running
 statistics updated by the forward pass, never by the optimizer, kept per job, used in
 evaluation)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,15 +48,23 @@ def counts(model):
 
 
 # -- shapes -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fn, params, shape", [
-    (twocnn, TwoNNParams(), (1, 28, 28)), (twocnn, TwoNNParams(), (3, 32, 32)),
-    (vgg9, VGG9Params(), (1, 28, 28)), (vgg9, VGG9Params(norm="batch"), (3, 32, 32)),
-    (resnet9, ResNet9Params(), (3, 28, 28)), (resnet9, ResNet9Params(norm="group"), (3, 32, 32)),
-    (mobilenet, MobileNetParams(), (3, 64, 64)), (mobilenet, MobileNetParams(padding=1), (3, 32, 32)),
-    (mobilenet, MobileNetParams(norm="batch_stateless"), (3, 33, 33)),
-    (fedsoft_cnn, FedSoftCNNParams(), (3, 32, 32)),
-    (squeezenet, SqueezeNetParams(), (3, 32, 32)), (squeezenet, SqueezeNetParams(classifier="conv"), (3, 32, 32)),
-])
+@pytest.mark.parametrize(
+    "fn, params, shape",
+    [
+        (twocnn, TwoNNParams(), (1, 28, 28)),
+        (twocnn, TwoNNParams(), (3, 32, 32)),
+        (vgg9, VGG9Params(), (1, 28, 28)),
+        (vgg9, VGG9Params(norm="batch"), (3, 32, 32)),
+        (resnet9, ResNet9Params(), (3, 28, 28)),
+        (resnet9, ResNet9Params(norm="group"), (3, 32, 32)),
+        (mobilenet, MobileNetParams(), (3, 64, 64)),
+        (mobilenet, MobileNetParams(padding=1), (3, 32, 32)),
+        (mobilenet, MobileNetParams(norm="batch_stateless"), (3, 33, 33)),
+        (fedsoft_cnn, FedSoftCNNParams(), (3, 32, 32)),
+        (squeezenet, SqueezeNetParams(), (3, 32, 32)),
+        (squeezenet, SqueezeNetParams(classifier="conv"), (3, 32, 32)),
+    ],
+)
 def test_output_shape_on_a_tiny_batch(fn, params, shape):
     model = build(fn, params, shape, classes=7)
     assert model(torch.randn(3, *shape)).shape == (3, 7)
@@ -65,9 +74,9 @@ def test_output_shape_on_a_tiny_batch(fn, params, shape):
 
 
 def test_the_flattened_width_follows_the_input_and_too_small_inputs_are_refused():
-    assert build(twocnn, TwoNNParams(), (1, 28, 28))[7].in_features == 64 * 7 * 7      # SuPerFed's 3136
+    assert build(twocnn, TwoNNParams(), (1, 28, 28))[7].in_features == 64 * 7 * 7  # SuPerFed's 3136
     assert build(twocnn, TwoNNParams(), (3, 32, 32))[7].in_features == 64 * 8 * 8
-    assert build(vgg9, VGG9Params(), (1, 28, 28)).classifier.fc1.in_features == 512    # 28/16 -> 1x1
+    assert build(vgg9, VGG9Params(), (1, 28, 28)).classifier.fc1.in_features == 512  # 28/16 -> 1x1
     assert build(vgg9, VGG9Params(), (3, 32, 32)).classifier.fc1.in_features == 512 * 2 * 2
     assert build(fedsoft_cnn, FedSoftCNNParams(), (3, 32, 32)).classifier.fc1.in_features == 256 * 4 * 4
     with pytest.raises(ValueError, match=r"at least 33x33.*padding: 1"):
@@ -136,25 +145,38 @@ def test_heads_are_the_papers_classifiers_and_the_body_the_rest():
     m = build(resnet9, ResNet9Params(), (3, 32, 32))
     g = groups_of(m)
     assert names(m, "head") == ["classifier.fc1.weight", "classifier.fc2.weight"]
-    assert names(m, "body")[:6] == ["features.stem.conv.weight", "features.stem.norm.weight",
-                                    "features.stem.norm.bias", "features.stem.norm.running_mean",
-                                    "features.stem.norm.running_var", "features.layer1.conv1.weight"]
+    assert names(m, "body")[:6] == [
+        "features.stem.conv.weight",
+        "features.stem.norm.weight",
+        "features.stem.norm.bias",
+        "features.stem.norm.running_mean",
+        "features.stem.norm.running_var",
+        "features.layer1.conv1.weight",
+    ]
     # 12 norms (stem 1, layer1 2, layers 2-4 3 each with their shortcut), mean and variance each
     assert len(g.stats) == 2 * 12 and all(g.names[i].endswith(("running_mean", "running_var")) for i in g.stats)
     assert set(g.stats) <= set(g.body)
     assert "features.layer2.downsample.conv" in g.layers and "features.layer1.downsample.conv" not in g.layers
-    assert [g.names[i] for i in groups_of(m, 1).head] == ["classifier.fc2.weight"]     # model.head still overrides
+    assert [g.names[i] for i in groups_of(m, 1).head] == ["classifier.fc2.weight"]  # model.head still overrides
     m = build(mobilenet, MobileNetParams(), (3, 64, 64))
     assert names(m, "head") == ["classifier.fc1.weight", "classifier.fc2.weight"]
     assert "features.block3.conv_dw" in groups_of(m).layers
     m = build(fedsoft_cnn, FedSoftCNNParams(), (3, 32, 32))
     assert names(m, "head") == ["classifier.fc3.weight", "classifier.fc3.bias"]
-    assert names(m, "body")[-4:] == ["classifier.fc1.weight", "classifier.fc1.bias", "classifier.fc2.weight",
-                                     "classifier.fc2.bias"]
-    assert names(build(squeezenet, SqueezeNetParams(), (3, 32, 32)), "head") == ["classifier.fc.weight",
-                                                                                  "classifier.fc.bias"]
+    assert names(m, "body")[-4:] == [
+        "classifier.fc1.weight",
+        "classifier.fc1.bias",
+        "classifier.fc2.weight",
+        "classifier.fc2.bias",
+    ]
+    assert names(build(squeezenet, SqueezeNetParams(), (3, 32, 32)), "head") == [
+        "classifier.fc.weight",
+        "classifier.fc.bias",
+    ]
     assert names(build(squeezenet, SqueezeNetParams(classifier="conv"), (3, 32, 32)), "head") == [
-        "classifier.1.weight", "classifier.1.bias"]
+        "classifier.1.weight",
+        "classifier.1.bias",
+    ]
     # SuPerFed's TwoNN / TwoCNN keep their numbered names; their head is the official classifier
     assert names(build(twocnn, TwoNNParams(), (1, 28, 28)), "head") == ["7.weight", "9.weight", "11.weight"]
     assert names(build(twocnn, TwoNNParams(), (1, 28, 28)), "body") == ["0.weight", "3.weight"]
@@ -170,8 +192,7 @@ def client(cid, n, seed, shift=0.0):
 
 
 def job(start, data, settings):
-    return make_job(start, data, Context(0, 1, data.cid, torch.Generator().manual_seed(10 + data.cid)),
-                    settings, CE)
+    return make_job(start, data, Context(0, 1, data.cid, torch.Generator().manual_seed(10 + data.cid)), settings, CE)
 
 
 def test_batch_norm_statistics_are_updated_by_the_forward_pass_never_by_the_optimizer():
@@ -191,7 +212,7 @@ def test_batch_norm_statistics_are_updated_by_the_forward_pass_never_by_the_opti
     assert torch.equal(start[rm], torch.zeros(64)) and torch.equal(start[rv], torch.ones(64))
     assert torch.allclose(fit.params[rm], 0.9 * 0 + 0.1 * mean, atol=1e-5)
     assert torch.allclose(fit.params[rv], 0.9 * 1 + 0.1 * var, rtol=1e-4, atol=1e-5)
-    for i in g.stats:                                   # every layer's statistics moved from 0 / 1
+    for i in g.stats:  # every layer's statistics moved from 0 / 1
         assert not torch.equal(fit.params[i], start[i]), g.names[i]
     assert not torch.equal(fit.params[idx["features.stem.conv.weight"]], start[idx["features.stem.conv.weight"]])
     # the scratch model's own statistics are untouched
@@ -216,10 +237,10 @@ def test_two_clients_on_one_host_keep_their_own_statistics():
     a, b = client(0, 8, seed=1, shift=-1.0), client(1, 8, seed=2, shift=2.0)
     (fa,) = trainer.fit([job(start, a, settings)])
     a_stats = [fa.params[i].clone() for i in g.stats]
-    (fb,) = trainer.fit([job(start, b, settings)])        # B after A, through the same trainer
-    assert all(torch.equal(fa.params[i], s) for i, s in zip(g.stats, a_stats))   # A's untouched by B
+    (fb,) = trainer.fit([job(start, b, settings)])  # B after A, through the same trainer
+    assert all(torch.equal(fa.params[i], s) for i, s in zip(g.stats, a_stats))  # A's untouched by B
     assert all(not torch.allclose(fa.params[i], fb.params[i]) for i in g.stats)
-    assert all(torch.equal(p, q) for p, q in zip(start, params_of(model)))      # the start point unchanged
+    assert all(torch.equal(p, q) for p, q in zip(start, params_of(model)))  # the start point unchanged
     # B trained on a fresh host gives the same numbers: nothing of A's leaked into B
     (fresh,) = Trainer(build(resnet9, ResNet9Params(), (3, 32, 32))).fit([job(start, b, settings)])
     assert all(torch.equal(p, q) for p, q in zip(fb.params, fresh.params))
@@ -247,8 +268,14 @@ algorithm: {{name: fedavg, lr: 0.05, batch_size: 4}}
 
 def test_validate_a_cifar_scenario_with_the_new_models(tmp_path, capsys):
     root = write_cifar10(tmp_path / "data")
-    for model in ("{name: resnet9}", "{name: vgg9, norm: batch}", "{name: mobilenet, padding: 1}",
-                  "{name: fedsoft_cnn}", "{name: squeezenet}", "{name: twocnn}"):
+    for model in (
+        "{name: resnet9}",
+        "{name: vgg9, norm: batch}",
+        "{name: mobilenet, padding: 1}",
+        "{name: fedsoft_cnn}",
+        "{name: squeezenet}",
+        "{name: twocnn}",
+    ):
         path = write_scenario(tmp_path, CIFAR.format(root=root, model=model))
         assert cli.main(["validate", path]) == 0, (model, capsys.readouterr().err)
         assert "ok (fedavg on cifar10, 2 clients, 1 rounds)" in capsys.readouterr().out

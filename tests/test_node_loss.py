@@ -1,5 +1,6 @@
 """A node leaving a 3-node ray.cluster_utils.Cluster mid-run (its own module: the cluster of
 test_cluster.py is gone by then, so the two never share the machine)."""
+
 import pytest
 
 from tests.test_runs import summary_of, tracked
@@ -21,6 +22,7 @@ def test_a_node_leaving_mid_run_moves_its_host_and_the_result_is_unchanged(tmp_p
 
     from tests.conftest import ROOT
     from tests.test_faults import LOCAL, same_run
+
     path = tracked(tmp_path, LOCAL, every=1)
     serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
@@ -28,10 +30,14 @@ def test_a_node_leaving_mid_run_moves_its_host_and_the_result_is_unchanged(tmp_p
     c.wait_for_nodes()
     try:
         out = tmp_path / "ray.json"
-        proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--address", c.address,
-                                 "--summary", str(out)], cwd=ROOT, text=True,
-                                env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2:15"},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raysim.cli", "run", str(path), "-q", "--address", c.address, "--summary", str(out)],
+            cwd=ROOT,
+            text=True,
+            env={**os.environ, "RAYSIM_PAUSE_AFTER_ROUND": "2:15"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.time() + 300
         ck = None
         while time.time() < deadline and ck is None and proc.poll() is None:
@@ -39,8 +45,10 @@ def test_a_node_leaving_mid_run_moves_its_host_and_the_result_is_unchanged(tmp_p
                 if f.parent.name != serial["mlflow_run_id"] and json.loads(f.read_text())["round"] >= 2:
                     ck = f
             time.sleep(0.3)
-        assert ck is not None, f"the Ray run never checkpointed round 2: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
-        c.remove_node(workers[1])                    # one of the two hosts was on it (SPREAD)
+        assert ck is not None, (
+            f"the Ray run never checkpointed round 2: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
+        )
+        c.remove_node(workers[1])  # one of the two hosts was on it (SPREAD)
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
         assert "lost: its node left the cluster" in err

@@ -1,6 +1,7 @@
 """Per-FedAvg: the meta step on quadratics by hand (FO through the loop, HF's Hessian-vector
 product by autograd and by finite differences), the local update at α as its evaluation, and its
 personalized accuracy above its global model's on a pathological digits split."""
+
 import torch
 from torch import nn
 
@@ -25,6 +26,7 @@ def scalar_model(w0=1.0):
         with torch.no_grad():
             m.weight.fill_(w0)
         return m
+
     return make
 
 
@@ -45,16 +47,16 @@ def test_fo_step_on_a_one_parameter_quadratic_by_hand_through_the_loop():
     # The other order: D = (2, 2): ∇ = 0, w̃ = 1; D′ = (1, 3): ∇ = −4, w = 1 + 2 = 3.
     algo = make(scalar_model(), lr=0.5, alpha=0.1, batch_size=1)
     data = regression_client([1.0, 2.0], [3.0, 2.0])
-    first = int(torch.randperm(2, generator=torch.Generator().manual_seed(0))[0])   # ctx(0)'s first draw
+    first = int(torch.randperm(2, generator=torch.Generator().manual_seed(0))[0])  # ctx(0)'s first draw
     ((_, reply, loss),) = run(algo, algo.train(None, Received(algo.init_server(None)), data, ctx(0)))
     expected = -0.6 if first == 0 else 3.0
     assert torch.allclose(reply.values[0], torch.tensor([[expected]]), atol=1e-6)
     assert reply.weight == 2.0
-    assert abs(loss - (4.0 + 0.0) / 2) < 1e-6          # f at w0 on both samples, averaged
+    assert abs(loss - (4.0 + 0.0) / 2) < 1e-6  # f at w0 on both samples, averaged
 
 
 def forward(p, x):
-    return x @ p[0].transpose(-1, -2)                   # (K, B, d) @ (K, d, 1)
+    return x @ p[0].transpose(-1, -2)  # (K, B, d) @ (K, d, 1)
 
 
 def step_gradient(obj, batch, gradients="auto"):
@@ -91,13 +93,13 @@ def by_hand(hf: bool):
     x1, x2, x3 = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 2.0]), torch.tensor([0.5, 1.0])
     y1, y2 = 1.0, 0.0
     alpha = 0.1
-    g1 = 2 * x1 * (w @ x1 - y1)                          # w·x1 = 1: g1 = 0, w̃ = w
+    g1 = 2 * x1 * (w @ x1 - y1)  # w·x1 = 1: g1 = 0, w̃ = w
     tilde = w - alpha * g1
-    v = 2 * x2 * (tilde @ x2 - y2)                       # w̃·x2 = −1: v = (−2, −4)
+    v = 2 * x2 * (tilde @ x2 - y2)  # w̃·x2 = −1: v = (−2, −4)
     if not hf:
         return v
-    hv = 2 * x3 * (x3 @ v)                               # ∇²f = 2·x3·x3ᵀ: x3·v = −5, Hv = (−5, −10)
-    return v - alpha * hv                                # (−1.5, −3)
+    hv = 2 * x3 * (x3 @ v)  # ∇²f = 2·x3·x3ᵀ: x3·v = −5, Hv = (−5, −10)
+    return v - alpha * hv  # (−1.5, −3)
 
 
 def test_fo_meta_gradient_splits_a_batch_into_d_and_d_prime():
@@ -109,14 +111,14 @@ def test_fo_meta_gradient_splits_a_batch_into_d_and_d_prime():
     x = torch.tensor([[[1.0, 0.0], [1.0, 2.0], [0.0, 1.0], [2.0, 1.0]]])
     y = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
     one = torch.ones(1, 4)
-    for gradients in ("auto", "autograd"):          # the data gradients by hand, and by autograd
+    for gradients in ("auto", "autograd"):  # the data gradients by hand, and by autograd
         g, seen = step_gradient(objective("fo"), Batch(x, y, one / 4, one), gradients)
         assert torch.allclose(g, torch.tensor([3.2, 0.0]), atol=1e-5), g
-        assert torch.allclose(seen, torch.tensor([1.0 + 4.0 + 4.0 + 1.0]))   # f(w) summed over the batch
+        assert torch.allclose(seen, torch.tensor([1.0 + 4.0 + 4.0 + 1.0]))  # f(w) summed over the batch
 
 
 def test_hf_hessian_vector_product_on_a_quadratic_is_exact():
-    for hvp in ("autograd", "difference"):     # a quadratic's central difference is exact too
+    for hvp in ("autograd", "difference"):  # a quadratic's central difference is exact too
         for gradients in ("auto", "autograd"):
             g, _ = meta_gradient("hf", hvp, gradients)
             assert torch.allclose(g, by_hand(True), atol=1e-4), (hvp, g, by_hand(True))
@@ -127,15 +129,19 @@ def test_hf_step_through_the_loop_draws_three_samples_per_step():
     # B = 1: the loop's batch is 3 rows, D, D′, D″ in the epoch's order (ctx(0)'s first draw)
     x = [[1.0, 0.0], [1.0, 2.0], [0.5, 1.0]]
     y = [1.0, 0.0, 2.0]
+
     def model(variant=0):
         m = nn.Linear(2, 1, bias=False)
         with torch.no_grad():
             m.weight.copy_(torch.tensor([[1.0, -1.0]]))
         return m
+
     for hvp in ("autograd", "difference"):
         algo = make(model, lr=0.5, alpha=0.1, batch_size=1, variant="hf", hvp=hvp, delta=1e-2)
         order = torch.randperm(3, generator=torch.Generator().manual_seed(0)).tolist()
-        ((_, reply, _),) = run(algo, algo.train(None, Received(algo.init_server(None)), regression_client(x, y), ctx(0)))
+        ((_, reply, _),) = run(
+            algo, algo.train(None, Received(algo.init_server(None)), regression_client(x, y), ctx(0))
+        )
         w = torch.tensor([1.0, -1.0])
         (x1, y1), (x2, y2), (x3, _) = [(torch.tensor(x[i]), y[i]) for i in order]
         tilde = w - 0.1 * 2 * x1 * (w @ x1 - y1)
@@ -180,4 +186,4 @@ def test_personalized_accuracy_after_the_local_step_beats_the_global_model(tmp_p
     final = d.history[-1]
     assert final["accuracy"] == final["lu_accuracy"]
     assert final["accuracy"] > final["global_accuracy"] + 0.3, (final["accuracy"], final["global_accuracy"])
-    assert final["accuracy"] > 0.5                       # chance: 0.1
+    assert final["accuracy"] > 0.5  # chance: 0.1

@@ -2,6 +2,7 @@
 each on a tiny MLP against full-batch gradient descent written out here, the kept part
 persistent on the hosts and never sent, the ``model.head`` override, the refusal of a model
 without a body, learning on a pathological digits split, and Ray against the serial engine."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,7 @@ from tests.conftest import write_scenario
 from tests.test_algorithms import CPU, client, ctx, make, run
 
 ROOT_SCENARIOS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scenarios"
-BODY, HEAD = [0, 1], [2, 3]           # the tiny MLP's parameters: layer "0" (body), layer "2" (head)
+BODY, HEAD = [0, 1], [2, 3]  # the tiny MLP's parameters: layer "0" (body), layer "2" (head)
 
 
 def tiny_mlp(variant=0):
@@ -79,7 +80,7 @@ def test_fedrep_round_trains_the_head_on_the_frozen_body_then_the_body_and_sends
     init = params_of(tiny_mlp())
     assert equal(server, init) and fedrep.groups.body == tuple(BODY) and fedrep.groups.head == tuple(HEAD)
     msg = fedrep.message(server, 0).shared
-    assert equal(msg.shared, init[:2]) and msg.local is None          # only the body goes down
+    assert equal(msg.shared, init[:2]) and msg.local is None  # only the body goes down
     # a host's two clients: their head steps are one fit (the same objective object), then their
     # body steps another
     trainer = fedrep.trainer(CPU)
@@ -109,14 +110,14 @@ def test_fedrep_round_trains_the_head_on_the_frozen_body_then_the_body_and_sends
     new = fedrep.aggregate(server, reduce(outs[0][1], outs[1][1]), 0)
     for i in BODY:
         assert torch.allclose(new[i], (3 * bodies[0].params[i] + 2 * bodies[1].params[i]) / 5, atol=1e-6)
-    assert equal(new[2:], init[2:])                                    # no head on the server
+    assert equal(new[2:], init[2:])  # no head on the server
     # the paper's 1/|S| (the default)
     uniform = algo("fedrep", head_epochs=2)
     (_, r0, _), (_, r1, _) = run(uniform, *(uniform.train(None, Received(msg), d, ctx(d.cid)) for d in (A, B)))
     assert (r0.weight, r1.weight) == (1.0, 1.0)
     mean = uniform.aggregate(server, reduce(r0, r1), 0)
     assert close(mean[:2], [(u + v) / 2 for u, v in zip(r0.values, r1.values)])
-    assert equal(r0.values, bodies[0].params[:2])                     # the same training either way
+    assert equal(r0.values, bodies[0].params[:2])  # the same training either way
 
 
 def test_fedrep_next_round_starts_from_the_clients_own_head_and_unseen_clients_train_only_a_head():
@@ -136,9 +137,9 @@ def test_fedper_averages_the_bodies_by_samples_and_each_client_keeps_its_own_hea
     server = fedper.init_server(None)
     msg = fedper.message(server, 0).shared
     (sa, ra, _), (sb, rb, _) = run(fedper, *(fedper.train(None, Received(msg), d, ctx(d.cid)) for d in (A, B)))
-    ta, tb = gd(init, A, 0.1, 2, BODY + HEAD), gd(init, B, 0.1, 2, BODY + HEAD)     # the whole model trains
+    ta, tb = gd(init, A, 0.1, 2, BODY + HEAD), gd(init, B, 0.1, 2, BODY + HEAD)  # the whole model trains
     assert close(sa.head, ta[2:]) and close(sb.head, tb[2:])
-    assert not torch.allclose(sa.head[0], sb.head[0], atol=1e-3)      # two clients, two heads
+    assert not torch.allclose(sa.head[0], sb.head[0], atol=1e-3)  # two clients, two heads
     assert len(ra.values) == len(BODY) and close(ra.values, ta[:2]) and (ra.weight, rb.weight) == (3.0, 2.0)
     server = fedper.aggregate(server, reduce(ra, rb), 0)
     assert close(server[:2], [(3 * u + 2 * v) / 5 for u, v in zip(ta[:2], tb[:2])])
@@ -148,7 +149,9 @@ def test_fedper_averages_the_bodies_by_samples_and_each_client_keeps_its_own_hea
     ((sa2, _, _),) = run(fedper, fedper.train(sa, Received(msg2), A, ctx(0, 1)))
     assert close(sa2.head, gd(server[:2] + sa.head, A, 0.1, 2, BODY + HEAD)[2:])
     # evaluation: the received body with the client's own head; no global_* metrics
-    (ma, mb) = run(fedper, fedper.evaluate(sa, Received(msg2), A, ctx(0)), fedper.evaluate(sb, Received(msg2), B, ctx(1)))
+    (ma, mb) = run(
+        fedper, fedper.evaluate(sa, Received(msg2), A, ctx(0)), fedper.evaluate(sb, Received(msg2), B, ctx(1))
+    )
     for m, d, s in ((ma, A, sa), (mb, B, sb)):
         pred = forward(server[:2] + s.head, d.test_x).argmax(1)
         assert m["accuracy"] == pytest.approx(float((pred == d.test_y).float().mean()))
@@ -161,14 +164,14 @@ def test_lg_fedavg_averages_the_head_and_each_client_keeps_its_own_body():
     init = params_of(tiny_mlp())
     server = lg.init_server(None)
     msg = lg.message(server, 0).shared
-    assert equal(msg.shared, init[2:]) and msg.local is None          # only the head goes down
+    assert equal(msg.shared, init[2:]) and msg.local is None  # only the head goes down
     (sa, ra, _), (sb, rb, _) = run(lg, *(lg.train(None, Received(msg), d, ctx(d.cid)) for d in (A, B)))
     ta, tb = gd(init, A, 0.1, 1, BODY + HEAD), gd(init, B, 0.1, 1, BODY + HEAD)
     assert isinstance(sa, LGFedAvgState) and close(sa.body, ta[:2]) and close(sb.body, tb[:2])
     assert close(ra.values, ta[2:]) and len(rb.values) == len(HEAD) and (ra.weight, rb.weight) == (1.0, 1.0)
     server = lg.aggregate(server, reduce(ra, rb), 0)
-    assert close(server[2:], [(u + v) / 2 for u, v in zip(ta[2:], tb[2:])])    # the official 1/m
-    assert equal(server[:2], init[:2])                                 # the bodies never reach it
+    assert close(server[2:], [(u + v) / 2 for u, v in zip(ta[2:], tb[2:])])  # the official 1/m
+    assert equal(server[:2], init[:2])  # the bodies never reach it
     (m,) = run(lg, lg.evaluate(sa, Received(lg.message(server, 1).shared), A, ctx(0)))
     pred = forward(sa.body + server[2:], A.test_x).argmax(1)
     assert m["accuracy"] == pytest.approx(float((pred == A.test_y).float().mean()))
@@ -187,7 +190,7 @@ def test_lg_fedavg_warm_up_rounds_are_fedavg_on_the_whole_model():
     assert equal(msg.local + msg.shared, server)
     outs = run(lg, *(lg.train(None, Received(msg), d, ctx(d.cid)) for d in (A, B)))
     plain = run(fedavg, *(fedavg.train(None, Received(server), d, ctx(d.cid)) for d in (A, B)))
-    assert all(s is None for s, _, _ in outs)                         # no body kept yet
+    assert all(s is None for s, _, _ in outs)  # no body kept yet
     assert all(equal(o[1].values, p[1].values) for o, p in zip(outs, plain))
     server = lg.aggregate(server, reduce(*(o[1] for o in outs)), 0)
     assert equal(server, fedavg.aggregate(params_of(tiny_mlp()), reduce(*(p[1] for p in plain)), 0))
@@ -227,14 +230,14 @@ def test_the_kept_part_persists_per_client_and_the_server_never_has_it(tmp_path,
         states = {c: s["state"][field] for c, s in d.transport.get_states().items() if s["state"] is not None}
         sampled = {int(c) for c in sample_clients(sc, d.train_ids, r)}
         assert sampled <= set(states)
-        for c in sampled:                                              # trained: its own part moved
+        for c in sampled:  # trained: its own part moved
             assert not equal(states[c], before.get(c, init))
-        for c in set(before) - sampled:                                # not sampled: kept bit for bit
+        for c in set(before) - sampled:  # not sampled: kept bit for bit
             assert equal(states[c], before[c])
         before = {c: states[c] for c in sampled | set(before)}
-        assert equal(g.pick(d.server_state, kept), init)               # never averaged, never sent
+        assert equal(g.pick(d.server_state, kept), init)  # never averaged, never sent
     firsts = [before[c][0] for c in sorted(before)]
-    assert all(not torch.equal(firsts[0], t) for t in firsts[1:])      # one per client
+    assert all(not torch.equal(firsts[0], t) for t in firsts[1:])  # one per client
 
 
 # -- which part is shared: model.head ------------------------------------------------------------
@@ -251,12 +254,17 @@ def test_a_model_head_override_changes_what_is_shared(tmp_path):
         msg = algo_.message(algo_.init_server(None), 0).shared
         data = config.make_source(sc).client(0)
         ((state, reply, _),) = run(algo_, algo_.train(None, Received(msg), data, ctx(0)))
-        assert [tuple(t.shape) for t in reply.values] == [(8, 64), (8,)]              # the first layer alone
+        assert [tuple(t.shape) for t in reply.values] == [(8, 64), (8,)]  # the first layer alone
         assert [tuple(t.shape) for t in state.head] == [(6, 8), (6,), (10, 6), (10,)]  # two layers kept
     # LG-FedAvg shares the head: with model.head=2, the last two layers
     lg = config.load(write_scenario(tmp_path, text), ["model.head=2", "algorithm.name=lg_fedavg"])
     algo_ = make_algorithm(lg, config.make_source(lg))
-    assert [tuple(t.shape) for t in algo_.message(algo_.init_server(None), 0).shared.shared] == [(6, 8), (6,), (10, 6), (10,)]
+    assert [tuple(t.shape) for t in algo_.message(algo_.init_server(None), 0).shared.shared] == [
+        (6, 8),
+        (6,),
+        (10, 6),
+        (10,),
+    ]
 
 
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "lg_fedavg"])
@@ -270,7 +278,7 @@ def test_a_model_without_a_body_is_refused_at_validation(tmp_path, capsys, name)
 
 # -- end to end ----------------------------------------------------------------------------------
 def final(path, variant):
-    (_, sc), = config.load_variants(path, only=variant)
+    ((_, sc),) = config.load_variants(path, only=variant)
     d = serial_driver(sc, 2)
     for _ in range(sc.rounds):
         d.step()
@@ -287,4 +295,4 @@ def test_fedper_and_fedrep_beat_fedavg_on_a_pathological_split():
     assert fedrep["accuracy"] > fedavg["accuracy"] + 0.25, (fedrep["accuracy"], fedavg["accuracy"])
     assert fedrep["accuracy"] > fedper["accuracy"] + 0.05, (fedrep["accuracy"], fedper["accuracy"])
     assert "global_accuracy" in fedavg and not any(k.startswith("global_") for k in (*fedper, *fedrep))
-    assert fedrep["bytes_up"] < fedavg["bytes_up"]                     # the head is never sent
+    assert fedrep["bytes_up"] < fedavg["bytes_up"]  # the head is never sent

@@ -2,6 +2,7 @@
 average over two clients), the server SGD against torch's SGD with momentum, weight decay and
 clipping, a client's Δθ, learning on a pathological digits split above FedAvg with unseen clients
 adapting an embedding, and a checkpoint/resume on the serial engine."""
+
 import pytest
 import torch
 from torch import nn
@@ -18,8 +19,9 @@ from tests.test_algorithms import client, ctx, run
 
 
 def make(outputs=1, **hp) -> PFedHN:
-    def model_fn(variant=0):                               # the target: w (1, 1) and b (1,) by default
+    def model_fn(variant=0):  # the target: w (1, 1) and b (1,) by default
         return nn.Linear(1, outputs)
+
     return PFedHN(PFedHNHyper(**hp), model_fn, rounds=1, task=TASKS["classification"])
 
 
@@ -30,13 +32,21 @@ def t(v):
 def hand_server(algo) -> PFedHNServer:
     # embedding dim 1, hidden 1, no hidden layer: z = W0·v + b0, θ_w = a_w·z + c_w, θ_b = a_b·z + c_b
     phi = [t([[0.5]]), t([1.0]), t([[3.0]]), t([0.0]), t([[-1.0]]), t([0.5])]
-    v = t([[2.0], [1.0]])                    # clients 4 and 7
+    v = t([[2.0], [1.0]])  # clients 4 and 7
     return PFedHNServer(phi, v, torch.tensor([4, 7]), [torch.zeros_like(p) for p in phi], torch.zeros_like(v), 0)
 
 
 def plain(**hp):
-    return make(embed_dim=1, hidden_dim=1, n_hidden=0, server_lr=0.1, server_momentum=0.0,
-                server_weight_decay=0.0, clip_norm=0.0, **hp)
+    return make(
+        embed_dim=1,
+        hidden_dim=1,
+        n_hidden=0,
+        server_lr=0.1,
+        server_momentum=0.0,
+        server_weight_decay=0.0,
+        clip_norm=0.0,
+        **hp,
+    )
 
 
 def test_one_hypernetwork_step_by_hand():
@@ -49,32 +59,43 @@ def test_one_hypernetwork_step_by_hand():
     # ∂z = 3·(−1) + (−1)·2 = −5: g_W0 = −5·v = −10, g_b0 = −5, g_v = −5·W0 = −2.5
     reduced = reduce([PerClient({4: [t([[1.0]]), t([-2.0])]})])
     new = algo.aggregate(server, reduced, 0)
-    want = [[[1.5]], [1.5], [[3.2]], [0.1], [[-1.4]], [0.3]]      # p − 0.1·g
+    want = [[[1.5]], [1.5], [[3.2]], [0.1], [[-1.4]], [0.3]]  # p − 0.1·g
     for p, w in zip(new.phi, want):
         assert torch.allclose(p, t(w)), (p, w)
-    assert torch.allclose(new.embeddings, t([[2.25], [1.0]]))       # client 7's stays
+    assert torch.allclose(new.embeddings, t([[2.25], [1.0]]))  # client 7's stays
     # with client 7 (v = 1, z = 1.5) sending Δθ = 0 as well, the VJPs are averaged: φ's step is
     # halved, v_4's too (its gradient comes from client 4 alone, divided by |S| = 2)
-    both = algo.aggregate(server, reduce([PerClient({4: [t([[1.0]]), t([-2.0])]}),
-                                          PerClient({7: [t([[0.0]]), t([0.0])]})]), 0)
+    both = algo.aggregate(
+        server, reduce([PerClient({4: [t([[1.0]]), t([-2.0])]}), PerClient({7: [t([[0.0]]), t([0.0])]})]), 0
+    )
     for p, p0, p1 in zip(both.phi, server.phi, new.phi):
         assert torch.allclose(p, (p0 + p1) / 2)
     assert torch.allclose(both.embeddings, t([[2.125], [1.0]]))
     # combine: sum adds them: client 7's zero VJP leaves client 4's step as it was alone
-    summed = plain(combine="sum").aggregate(server, reduce([PerClient({4: [t([[1.0]]), t([-2.0])]}),
-                                                           PerClient({7: [t([[0.0]]), t([0.0])]})]), 0)
+    summed = plain(combine="sum").aggregate(
+        server, reduce([PerClient({4: [t([[1.0]]), t([-2.0])]}), PerClient({7: [t([[0.0]]), t([0.0])]})]), 0
+    )
     assert all(torch.allclose(p, q) for p, q in zip(summed.phi + [summed.embeddings], new.phi + [new.embeddings]))
 
 
 def test_server_step_is_torch_sgd_with_momentum_weight_decay_and_clipping():
-    algo = make(embed_dim=3, hidden_dim=4, n_hidden=1, server_lr=0.05, embed_lr=0.2, server_momentum=0.9,
-                server_weight_decay=0.01, clip_norm=0.5)
+    algo = make(
+        embed_dim=3,
+        hidden_dim=4,
+        n_hidden=1,
+        server_lr=0.05,
+        embed_lr=0.2,
+        server_momentum=0.9,
+        server_weight_decay=0.01,
+        clip_norm=0.5,
+    )
     phi, v = algo.build(3, seed=1)
     server = PFedHNServer(phi, v, torch.tensor([0, 1, 2]), [torch.zeros_like(p) for p in phi], torch.zeros_like(v), 1)
     ref_phi = [p.clone().requires_grad_(True) for p in phi]
     ref_v = v.clone().requires_grad_(True)
-    opt = torch.optim.SGD([{"params": ref_phi}, {"params": [ref_v], "lr": 0.2}], lr=0.05, momentum=0.9,
-                          weight_decay=0.01)
+    opt = torch.optim.SGD(
+        [{"params": ref_phi}, {"params": [ref_v], "lr": 0.2}], lr=0.05, momentum=0.9, weight_decay=0.01
+    )
     g = torch.Generator().manual_seed(0)
     for step in range(3):
         deltas = {c: [torch.randn(1, 1, generator=g), torch.randn(1, generator=g)] for c in (0, 2)}
@@ -103,8 +124,9 @@ def test_a_client_sends_its_update_keyed_by_its_id():
 
 def test_a_model_with_running_statistics_is_refused():
     with pytest.raises(ValueError, match="running statistics"):
-        PFedHN(PFedHNHyper(), lambda variant=0: nn.Sequential(nn.Linear(2, 3), BatchNorm1d(3)), 1,
-               TASKS["classification"])
+        PFedHN(
+            PFedHNHyper(), lambda variant=0: nn.Sequential(nn.Linear(2, 3), BatchNorm1d(3)), 1, TASKS["classification"]
+        )
 
 
 # -- end to end --------------------------------------------------------------------------------
@@ -141,7 +163,7 @@ def test_pfedhn_learns_digits_and_beats_fedavg_on_a_pathological_split(tmp_path)
     hn = final(tmp_path, "pfedhn", ", server_lr: 0.1", ", unseen_fraction: 0.2")
     assert hn["accuracy"] > 0.8, hn["accuracy"]
     assert hn["accuracy"] > fedavg["accuracy"] + 0.05, (hn["accuracy"], fedavg["accuracy"])
-    assert hn["unseen_accuracy"] > 0.3, hn["unseen_accuracy"]          # chance: 0.1
+    assert hn["unseen_accuracy"] > 0.3, hn["unseen_accuracy"]  # chance: 0.1
     assert not any(k.startswith("global_") for k in hn)
 
 
@@ -159,7 +181,7 @@ def run_rounds(d, n):
 def test_server_state_survives_a_checkpoint(tmp_path):
     sc = config.load(write_scenario(tmp_path, TINY), ["algorithm.name=pfedhn", "rounds=4", "algorithm.lr=0.1"])
     full = run_rounds(serial_driver(sc, 2), 4)
-    assert full.server_state.embeddings.shape == (12, 4)          # d = 1 + 12/4
+    assert full.server_state.embeddings.shape == (12, 4)  # d = 1 + 12/4
     part = run_rounds(serial_driver(sc, 2), 2)
     path = tmp_path / "ck"
     part.save(str(path))
@@ -168,7 +190,8 @@ def test_server_state_survives_a_checkpoint(tmp_path):
     run_rounds(resumed, 2)
     assert strip(resumed.history) == strip(full.history)
     a, b = resumed.server_state, full.server_state
-    for x, y in zip(a.phi + a.phi_buf + [a.embeddings, a.embed_buf, a.ids],
-                    b.phi + b.phi_buf + [b.embeddings, b.embed_buf, b.ids]):
+    for x, y in zip(
+        a.phi + a.phi_buf + [a.embeddings, a.embed_buf, a.ids], b.phi + b.phi_buf + [b.embeddings, b.embed_buf, b.ids]
+    ):
         assert torch.equal(x, y)
     assert len(a.phi) == 2 * 4 + 2 * 2 and a.seed == b.seed

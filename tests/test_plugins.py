@@ -6,6 +6,7 @@ docs/how-to/plugins.md (a partitioner, a model, a dataset) and docs/how-to/own-m
 by ``module:Name``): the tests take them from the pages, install the first two with pip into a
 folder of their own and run them, so the guides cannot drift from what works.
 """
+
 import importlib.util
 import json
 import os
@@ -45,8 +46,9 @@ def write(files: dict[str, str], root: Path) -> None:
 def raysim(*args, path, cwd, check=True):
     """The `raysim` command in a fresh process with PYTHONPATH = ``path``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
-    proc = subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -60,8 +62,9 @@ def one_line_error(proc) -> str:
 
 def tracked(tmp: Path, text: str, name: str = "s.yaml") -> str:
     """A scenario whose MLflow store and checkpoints are inside ``tmp``."""
-    return write_scenario(tmp, text + f"tracking: {{uri: 'sqlite:///{tmp}/mlflow.db'}}\n"
-                          f"checkpoint: {{dir: '{tmp}/ck'}}\n", name)
+    return write_scenario(
+        tmp, text + f"tracking: {{uri: 'sqlite:///{tmp}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp}/ck'}}\n", name
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,23 +73,41 @@ def pkgs(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugins")
     write({**page_files("add-algorithm.md"), **page_files("plugins.md")}, root / "src")
     site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(root / "src" / "raysim-fedavgm"),
-                    str(root / "src" / "flkit")], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(root / "src" / "raysim-fedavgm"),
+            str(root / "src" / "flkit"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return SimpleNamespace(root=root, src=root / "src", site=site)
 
 
 @pytest.fixture
 def on_path(monkeypatch):
     """Put folders on this process's path as if installed there, with fresh plugin caches."""
+
     def add(*folders):
         monkeypatch.setattr(plugins, "_SCANS", {})
         monkeypatch.setattr(plugins, "_FOUND", {})
-        for name in ("fedavgm", "flkit", "mymodels"):       # a module imported from another folder
+        for name in ("fedavgm", "flkit", "mymodels"):  # a module imported from another folder
             monkeypatch.delitem(sys.modules, name, raising=False)
         for f in folders:
             monkeypatch.syspath_prepend(str(f))
         importlib.invalidate_caches()
+
     yield add
     for name in ("fedavgm", "flkit", "mymodels"):
         sys.modules.pop(name, None)
@@ -95,8 +116,11 @@ def on_path(monkeypatch):
 # ----------------------------------------------------------------------------- the packages
 def test_the_pages_packages_are_complete():
     assert set(page_files("add-algorithm.md")) == {
-        "raysim-fedavgm/pyproject.toml", "raysim-fedavgm/fedavgm.py", "raysim-fedavgm/test_fedavgm.py",
-        "raysim-fedavgm/digits_fedavgm.yaml"}
+        "raysim-fedavgm/pyproject.toml",
+        "raysim-fedavgm/fedavgm.py",
+        "raysim-fedavgm/test_fedavgm.py",
+        "raysim-fedavgm/digits_fedavgm.yaml",
+    }
     assert set(page_files("plugins.md")) == {"flkit/pyproject.toml", "flkit/flkit.py", "flkit/blobs.yaml"}
     assert set(page_files("own-model.md")) == {"mymodels.py", "digits_body_head.yaml"}
 
@@ -108,7 +132,7 @@ def test_the_guides_own_tests_pass_on_the_installed_fedavgm(pkgs, on_path):
     spec = importlib.util.spec_from_file_location("test_fedavgm", pkgs.src / "raysim-fedavgm" / "test_fedavgm.py")
     tests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tests)
-    assert Path(sys.modules["fedavgm"].__file__).parent == pkgs.site          # the installed copy
+    assert Path(sys.modules["fedavgm"].__file__).parent == pkgs.site  # the installed copy
     names = [n for n in dir(tests) if n.startswith("test_")]
     assert names == ["test_a_server_step_by_hand", "test_without_momentum_it_is_fedavg"]
     for n in names:
@@ -136,18 +160,19 @@ def test_the_plugin_partitioner_and_dataset_by_hand(pkgs, on_path):
     classes, k = 2): clients 0, 2, 4, 6 hold classes {0, 1}, the others {2, 3}, all 800 dealt."""
     on_path(pkgs.site)
     from raysim.data import partitioner
+
     spec = partitioner("classes")
     labels = np.array([0, 0, 1, 1, 2, 2, 3, 3])
     parts = spec.fn(labels, 4, spec.Params(k=2), np.random.default_rng(0))
     assert [sorted(labels[p].tolist()) for p in parts] == [[0, 1], [2, 3], [0, 1], [2, 3]]
     assert sorted(np.concatenate([parts[0], parts[2]]).tolist()) == [0, 1, 2, 3]
     assert sorted(np.concatenate([parts[1], parts[3]]).tolist()) == [4, 5, 6, 7]
-    with pytest.raises(ValueError, match="client 4 gets no sample"):      # it shares class 0's one sample
+    with pytest.raises(ValueError, match="client 4 gets no sample"):  # it shares class 0's one sample
         spec.fn(np.array([0, 1, 1, 2, 2, 3, 3]), 5, spec.Params(k=1), np.random.default_rng(0))
 
     path = pkgs.root / "blobs.yaml"
     path.write_text((pkgs.src / "flkit" / "blobs.yaml").read_text())
-    sc = config.load(path)                                # validates: builds the source and the model
+    sc = config.load(path)  # validates: builds the source and the model
     assert (sc.data.dataset.name, sc.model.name, sc.data.partition.name) == ("blobs", "resmlp", "classes")
     source = config.make_source(sc)
     held = []
@@ -217,52 +242,76 @@ def test_module_name_without_installing(tmp_path, on_path):
     write(page_files("own-model.md"), mods)
     (mods / "fedavgm.py").write_text(page_files("add-algorithm.md")["raysim-fedavgm/fedavgm.py"])
 
-    on_path(mods)                                             # in this process: groups by hand
+    on_path(mods)  # in this process: groups by hand
     from raysim.core.groups import groups_of
     from raysim.models import spec
+
     body_head = spec("mymodels:BODY_HEAD")
     model = body_head.build(body_head.Params(), (64,), 10)
     g = groups_of(model)
     assert [g.names[i] for i in g.head] == ["head.0.weight", "head.0.bias", "head.2.weight", "head.2.bias"]
     assert [g.names[i] for i in g.body] == ["body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias"]
-    assert groups_of(model, 1).head == (6, 7)                 # model.head: 1, the last layer
-    sc = config.load(write_scenario(tmp_path, TINY.replace("{name: linear}", '{name: "mymodels:BODY_HEAD", head: 1}')
-                                    .replace("{name: fedavg,", '{name: "fedavgm:FedAvgM", server_momentum: 0.3,')))
+    assert groups_of(model, 1).head == (6, 7)  # model.head: 1, the last layer
+    sc = config.load(
+        write_scenario(
+            tmp_path,
+            TINY.replace("{name: linear}", '{name: "mymodels:BODY_HEAD", head: 1}').replace(
+                "{name: fedavg,", '{name: "fedavgm:FedAvgM", server_momentum: 0.3,'
+            ),
+        )
+    )
     assert (sc.algorithm.params.server_momentum, sc.model.params.head) == (0.3, 1)
 
     scenario = tracked(mods, (mods / "digits_body_head.yaml").read_text(), "run.yaml")
     out = tmp_path / "s.json"
     raysim("run", scenario, "-q", "--engine", "serial", "--summary", str(out), path=[mods], cwd=tmp_path)
     final = json.loads(out.read_text())["final"]
-    assert final["accuracy"] > 0.9 and final["best_accuracy"] == final["accuracy"]        # the page says 94 %
+    assert final["accuracy"] > 0.9 and final["best_accuracy"] == final["accuracy"]  # the page says 94 %
 
 
 # ----------------------------------------------------------------------------- errors
 def test_a_module_that_does_not_import_is_one_line_exit_2(tmp_path):
     path = write_scenario(tmp_path, TINY.replace("{name: fedavg,", '{name: "nosuch_mod_xyz:FedX",'))
     line = one_line_error(raysim("validate", path, path=[], cwd=tmp_path, check=False))
-    assert line == (f"raysim: {path}: algorithm.name: 'nosuch_mod_xyz:FedX': module nosuch_mod_xyz does not "
-                    "import (ModuleNotFoundError: No module named 'nosuch_mod_xyz'); it must be importable by "
-                    "raysim and, on a cluster, on every node: installed, or on PYTHONPATH")
+    assert line == (
+        f"raysim: {path}: algorithm.name: 'nosuch_mod_xyz:FedX': module nosuch_mod_xyz does not "
+        "import (ModuleNotFoundError: No module named 'nosuch_mod_xyz'); it must be importable by "
+        "raysim and, on a cluster, on every node: installed, or on PYTHONPATH"
+    )
 
 
-@pytest.mark.parametrize("key, name, words", [
-    ("model.name", "mymodels:BODY", "module mymodels ({mods}/mymodels.py) has no attribute BODY; "
-                                    "models in it: BODY_HEAD"),
-    ("model.name", "fedavgm:FedAvgM", "'fedavgm:FedAvgM' is the class fedavgm.FedAvgM, not a ModelSpec "
-                                      "(raysim.models.ModelSpec)"),
-    ("algorithm.name", "mymodels:BODY_HEAD", "'mymodels:BODY_HEAD' is a ModelSpec, not an Algorithm subclass "
-                                             "(raysim.algorithms.base.Algorithm)"),
-    ("algorithm.name", "fedavgm:", "'fedavgm:' is not module:Name"),
-    ("algorithm.name", "fedavgm:Nothing", "has no attribute Nothing; algorithms in it: FedAvgM"),
-])
+@pytest.mark.parametrize(
+    "key, name, words",
+    [
+        (
+            "model.name",
+            "mymodels:BODY",
+            "module mymodels ({mods}/mymodels.py) has no attribute BODY; models in it: BODY_HEAD",
+        ),
+        (
+            "model.name",
+            "fedavgm:FedAvgM",
+            "'fedavgm:FedAvgM' is the class fedavgm.FedAvgM, not a ModelSpec (raysim.models.ModelSpec)",
+        ),
+        (
+            "algorithm.name",
+            "mymodels:BODY_HEAD",
+            "'mymodels:BODY_HEAD' is a ModelSpec, not an Algorithm subclass (raysim.algorithms.base.Algorithm)",
+        ),
+        ("algorithm.name", "fedavgm:", "'fedavgm:' is not module:Name"),
+        ("algorithm.name", "fedavgm:Nothing", "has no attribute Nothing; algorithms in it: FedAvgM"),
+    ],
+)
 def test_module_name_errors_name_the_key(tmp_path, on_path, key, name, words):
     mods = tmp_path / "mods"
     write(page_files("own-model.md"), mods)
     (mods / "fedavgm.py").write_text(page_files("add-algorithm.md")["raysim-fedavgm/fedavgm.py"])
     on_path(mods)
-    text = TINY.replace("{name: linear}", f'{{name: "{name}"}}') if key == "model.name" else \
-        TINY.replace("{name: fedavg,", f'{{name: "{name}",')
+    text = (
+        TINY.replace("{name: linear}", f'{{name: "{name}"}}')
+        if key == "model.name"
+        else TINY.replace("{name: fedavg,", f'{{name: "{name}",')
+    )
     with pytest.raises(ScenarioError) as e:
         config.load(write_scenario(tmp_path, text))
     msg = str(e.value)
@@ -280,17 +329,23 @@ def dist_info(folder: Path, name: str, version: str, entry_points: str) -> Path:
 
 
 def test_an_entry_point_that_fails_to_load_names_its_distribution(tmp_path, on_path, pkgs):
-    broken = dist_info(tmp_path / "site", "brokenplug", "0.0.1",
-                       "[raysim.algorithms]\nbroken = brokenplug_missing:Thing\n")
+    broken = dist_info(
+        tmp_path / "site", "brokenplug", "0.0.1", "[raysim.algorithms]\nbroken = brokenplug_missing:Thing\n"
+    )
     on_path(broken, pkgs.site)
     with pytest.raises(ScenarioError) as e:
         config.load(write_scenario(tmp_path, TINY.replace("{name: fedavg,", "{name: broken,")))
-    assert str(e.value) == (f"{tmp_path}/s.yaml: algorithm.name: 'broken': entry point broken = "
-                            "brokenplug_missing:Thing (group raysim.algorithms) of distribution brokenplug 0.0.1 "
-                            "fails to load: ModuleNotFoundError: No module named 'brokenplug_missing'")
+    assert str(e.value) == (
+        f"{tmp_path}/s.yaml: algorithm.name: 'broken': entry point broken = "
+        "brokenplug_missing:Thing (group raysim.algorithms) of distribution brokenplug 0.0.1 "
+        "fails to load: ModuleNotFoundError: No module named 'brokenplug_missing'"
+    )
     # a typo lists the entry points beside the built-ins
-    with pytest.raises(ScenarioError, match=r"model\.name: 'resmpl' is not one of the choices; choose one of "
-                                            r"linear, mlp, .*, lstm_classifier, resmlp$"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"model\.name: 'resmpl' is not one of the choices; choose one of "
+        r"linear, mlp, .*, lstm_classifier, resmlp$",
+    ):
         config.load(write_scenario(tmp_path, TINY.replace("{name: linear}", "{name: resmpl}")))
 
 
@@ -304,12 +359,16 @@ def test_a_plugin_that_calls_sys_exit_as_it_imports_is_its_failure_not_raysims_e
     path = tracked(tmp_path, TINY.replace("{name: fedavg,", f'{{name: "{name}",'))
     line = one_line_error(raysim("run", path, "-q", "--engine", "serial", path=[site], cwd=tmp_path, check=False))
     if name == "quitter":
-        assert line == (f"raysim: {path}: algorithm.name: 'quitter': entry point quitter = quitmod:Thing (group "
-                        "raysim.algorithms) of distribution quitplug 0.2 fails to load: SystemExit: it called "
-                        "sys.exit(0)")
+        assert line == (
+            f"raysim: {path}: algorithm.name: 'quitter': entry point quitter = quitmod:Thing (group "
+            "raysim.algorithms) of distribution quitplug 0.2 fails to load: SystemExit: it called "
+            "sys.exit(0)"
+        )
     else:
-        assert line.startswith(f"raysim: {path}: algorithm.name: 'quitmod:Thing': module quitmod does not import "
-                               "(SystemExit: it called sys.exit(0)); "), line
+        assert line.startswith(
+            f"raysim: {path}: algorithm.name: 'quitmod:Thing': module quitmod does not import "
+            "(SystemExit: it called sys.exit(0)); "
+        ), line
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -318,33 +377,42 @@ def test_a_plugin_that_calls_sys_exit_0_in_training_fails_the_run_and_its_mlflow
     called sys.exit(0): a run that did not finish, reported as a success. Now exit 1, one line
     saying so after the resume hint, and the MLflow run FAILED."""
     import mlflow
-    (tmp_path / "quitter.py").write_text("import sys\nfrom raysim.algorithms.fedavg import FedAvg\n\n\n"
-                                         "class Q(FedAvg):\n    def reply(self, params, received, n):\n"
-                                         "        sys.exit(0)\n")
+
+    (tmp_path / "quitter.py").write_text(
+        "import sys\nfrom raysim.algorithms.fedavg import FedAvg\n\n\n"
+        "class Q(FedAvg):\n    def reply(self, params, received, n):\n"
+        "        sys.exit(0)\n"
+    )
     path = tracked(tmp_path, TINY.replace("{name: fedavg,", '{name: "quitter:Q",'))
     proc = raysim("run", path, "-q", "--engine", "serial", path=[tmp_path], cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "raysim: run failed: SystemExit: sys.exit(0) was called while it ran (by a plugin, or a library one "
-        "calls); what it did is not finished")
+        "calls); what it did is not finished"
+    )
     assert "--resume" in proc.stderr
     runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_runs(
-        [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_experiments()])
+        [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_experiments()]
+    )
     assert [r.info.status for r in runs] == ["FAILED"]
 
 
 def test_a_plugin_with_a_built_in_name_is_refused_naming_both(tmp_path):
     shadow = dist_info(tmp_path / "site", "shadow", "1.0", "[raysim.models]\nmlp = shadow:MLP\n")
     line = one_line_error(raysim("list", path=[shadow], cwd=tmp_path, check=False))
-    assert line == ("raysim: plugin model 'mlp' (shadow:MLP, entry point of distribution shadow 1.0) collides "
-                    "with the built-in model 'mlp' (raysim.models.MODELS['mlp']); a built-in name always means "
-                    "the built-in: rename the entry point in shadow's [project.entry-points.\"raysim.models\"]")
+    assert line == (
+        "raysim: plugin model 'mlp' (shadow:MLP, entry point of distribution shadow 1.0) collides "
+        "with the built-in model 'mlp' (raysim.models.MODELS['mlp']); a built-in name always means "
+        'the built-in: rename the entry point in shadow\'s [project.entry-points."raysim.models"]'
+    )
 
 
 def test_built_in_names_never_read_the_entry_points(tmp_path, monkeypatch):
     """Start-up stays lean: a scenario of built-ins validates without scanning distributions."""
+
     def refuse(**kw):
         raise AssertionError(f"entry points read: {kw}")
+
     monkeypatch.setattr(plugins.metadata, "entry_points", refuse)
     monkeypatch.setattr(plugins, "_SCANS", {})
     sc = config.load(write_scenario(tmp_path, TINY))
@@ -383,19 +451,27 @@ class Failing(FedAvg):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("model, algorithm, raised", [
-    ("failing:MODEL", "fedavg", ("ValueError: no model here", "build")),             # at the host's start
-    ("linear", "failing:Failing", ("KeyError: 'no reply here'", "reply")),          # in training
-])
-def test_a_plugin_raising_on_a_ray_host_is_reported_as_its_error_where_it_was_raised(tmp_path, model, algorithm,
-                                                                                      raised):
+@pytest.mark.parametrize(
+    "model, algorithm, raised",
+    [
+        ("failing:MODEL", "fedavg", ("ValueError: no model here", "build")),  # at the host's start
+        ("linear", "failing:Failing", ("KeyError: 'no reply here'", "reply")),  # in training
+    ],
+)
+def test_a_plugin_raising_on_a_ray_host_is_reported_as_its_error_where_it_was_raised(
+    tmp_path, model, algorithm, raised
+):
     """A host's construction error was reported as its death ("killed (SIGKILL: the kernel's OOM
     killer ...)"), the host replaced: now, as in training, the plugin's exception, its message and
     the file and line that raised it; nothing is replaced."""
     (tmp_path / "failing.py").write_text(FAILING)
-    text = (TINY.replace("rounds: 3", "rounds: 2").replace("clients: 12", "clients: 4")
-            .replace("{name: linear}", f'{{name: "{model}"}}').replace("{name: fedavg,", f'{{name: "{algorithm}",')
-            .replace("cpus_per_host: 0.5}", "cpus_per_host: 0.5, driver_host: false}"))
+    text = (
+        TINY.replace("rounds: 3", "rounds: 2")
+        .replace("clients: 12", "clients: 4")
+        .replace("{name: linear}", f'{{name: "{model}"}}')
+        .replace("{name: fedavg,", f'{{name: "{algorithm}",')
+        .replace("cpus_per_host: 0.5}", "cpus_per_host: 0.5, driver_host: false}")
+    )
     proc = raysim("run", tracked(tmp_path, text), "-q", path=[tmp_path], cwd=tmp_path, check=False)
     error, function = raised
     kind = error.split(":")[0]
@@ -403,5 +479,6 @@ def test_a_plugin_raising_on_a_ray_host_is_reported_as_its_error_where_it_was_ra
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"raysim: run failed: {error} (raised on a Ray host at {tmp_path}/failing.py:{line}, in {function}) "
-        "(rerun with -v for the traceback)")
+        "(rerun with -v for the traceback)"
+    )
     assert "SIGKILL" not in proc.stderr and "new hosts started" not in proc.stderr

@@ -20,6 +20,7 @@ Sampling: ``accounting: poisson`` and level-sample DP-SGD are Poisson-subsampled
 add/remove neighbours; ``accounting: sampled`` with K = N is the plain Gaussian of sensitivity 2C,
 whose RDP is α·2/z² a round.
 """
+
 import math
 
 import numpy as np
@@ -35,9 +36,11 @@ GRID = [1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 51
 def rdp_int(alpha: int, q: float, sigma: float) -> float:
     """The Poisson-subsampled Gaussian's RDP at integer order ``alpha``: the closed form, in log space."""
     if q == 1.0:
-        return alpha / (2 * sigma ** 2)
-    logs = [math.log(math.comb(alpha, k)) + (alpha - k) * math.log1p(-q) + k * math.log(q)
-            + (k * k - k) / (2 * sigma ** 2) for k in range(alpha + 1)]
+        return alpha / (2 * sigma**2)
+    logs = [
+        math.log(math.comb(alpha, k)) + (alpha - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * sigma**2)
+        for k in range(alpha + 1)
+    ]
     top = max(logs)
     return (top + math.log(sum(math.exp(t - top) for t in logs))) / (alpha - 1)
 
@@ -45,11 +48,14 @@ def rdp_int(alpha: int, q: float, sigma: float) -> float:
 def rdp_integral(alpha: float, q: float, sigma: float) -> float:
     """The same RDP at any order > 1, from its definition, E over N(0, σ²) of the likelihood
     ratio to the power α, integrated numerically."""
+
     def integrand(z):
-        ratio = np.logaddexp(math.log1p(-q), math.log(q) + (2 * z - 1) / (2 * sigma ** 2))
+        ratio = np.logaddexp(math.log1p(-q), math.log(q) + (2 * z - 1) / (2 * sigma**2))
         return math.exp(stats.norm.logpdf(z, scale=sigma) + alpha * ratio)
-    value, _ = integrate.quad(integrand, -40 * sigma, alpha + 40 * sigma, points=[0.0, 0.5, alpha],
-                              limit=200, epsabs=0, epsrel=1e-12)
+
+    value, _ = integrate.quad(
+        integrand, -40 * sigma, alpha + 40 * sigma, points=[0.0, 0.5, alpha], limit=200, epsabs=0, epsrel=1e-12
+    )
     return math.log(value) / (alpha - 1)
 
 
@@ -84,12 +90,15 @@ def one_dp_sgd_client(n: int, batch: int, rounds: int, epochs: int, sigma: float
 def gaussian_exact_epsilon(mu: float) -> float:
     """The exact ε at DELTA of a Gaussian mechanism with sensitivity/σ = μ (Balle & Wang, ICML
     2018, Theorem 8): δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), solved for ε."""
+
     def excess(e):
         return stats.norm.cdf(mu / 2 - e / mu) - math.exp(e) * stats.norm.cdf(-mu / 2 - e / mu) - DELTA
+
     return optimize.brentq(excess, 0.0, 100.0)
 
 
 # --- the reference itself -------------------------------------------------------------------
+
 
 def test_the_closed_form_and_the_integral_agree_at_integer_orders():
     for alpha in (2, 3, 5, 10, 20):
@@ -101,6 +110,7 @@ def test_the_closed_form_and_the_integral_agree_at_integer_orders():
 
 # --- 1. published figures -------------------------------------------------------------------
 
+
 def test_abadi_et_al_s_moments_accountant_example():
     """Abadi et al., "Deep Learning with Differential Privacy" (CCS 2016), Section 3.1: "with
     L = 0.01N, σ = 4, δ = 10⁻⁵, and T = 10000, we have ε ≈ 1.26 using the moments accountant"
@@ -111,8 +121,8 @@ def test_abadi_et_al_s_moments_accountant_example():
     conversions differ at order α by log α/(α−1) + log(α/(α−1)), 0.21 to 0.24 at the orders 17 to
     20 where the minima fall, so raysim may be up to 0.25 lower (+0.005 for the paper's rounding)."""
     assert hand_epsilon(0.01, 4.0, 10000, classic_conversion, range(2, 34)) == pytest.approx(1.26, abs=0.005)
-    rounds = privacy.epsilon(10000, 100, 1, 4.0, DELTA, "poisson")         # q = K/N = 0.01, one step a round
-    steps = one_dp_sgd_client(10000, 100, 100, 1, 4.0)                      # q = 100/10000, 100 steps a round
+    rounds = privacy.epsilon(10000, 100, 1, 4.0, DELTA, "poisson")  # q = K/N = 0.01, one step a round
+    steps = one_dp_sgd_client(10000, 100, 100, 1, 4.0)  # q = 100/10000, 100 steps a round
     for eps in (rounds, steps):
         assert 1.26 - 0.25 <= eps <= 1.26 + 0.005
 
@@ -142,13 +152,15 @@ PLD_SLACK = 0.15
 def pld_epsilon(event) -> float:
     """dp_accounting's PLD accountant (pessimistic, discretization 1e-3) on ``event``."""
     from dp_accounting.pld import pld_privacy_accountant
+
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
     acc.compose(event)
     return acc.get_epsilon(DELTA)
 
 
-@pytest.mark.parametrize("rounds,clients,k,z", [(10000, 100, 1, 4.0), (14040, 60000, 256, 1.12)],
-                         ids=["abadi", "tf-tutorial"])
+@pytest.mark.parametrize(
+    "rounds,clients,k,z", [(10000, 100, 1, 4.0), (14040, 60000, 256, 1.12)], ids=["abadi", "tf-tutorial"]
+)
 def test_poisson_accounting_is_above_the_pld_accountant_and_within_its_slack(rounds, clients, k, z):
     """PLD accounting is tight up to its discretization; RDP is an upper bound. So
     pld ≤ raysim ≤ pld·(1 + 0.15). The slack: on the plain Gaussian, where the exact ε is known
@@ -156,6 +168,7 @@ def test_poisson_accounting_is_above_the_pld_accountant_and_within_its_slack(rou
     keeps it there (measured: 7.9 % and 8.6 %). 15 % leaves room for that and for the PLD's
     discretization."""
     import dp_accounting as dpa
+
     round_ = dpa.PoissonSampledDpEvent(k / clients, dpa.GaussianDpEvent(z))
     pld = pld_epsilon(dpa.SelfComposedDpEvent(round_, rounds))
     eps = privacy.epsilon(rounds, clients, k, z, DELTA, "poisson")
@@ -170,6 +183,7 @@ def test_sampled_with_every_client_is_the_gaussian_within_the_conversions_cost(r
     sampling without replacement) matches it; raysim's RDP ε is above it by the conversion's
     cost, 5 to 10 % here (8.7 % and 8.3 %)."""
     import dp_accounting as dpa
+
     exact = gaussian_exact_epsilon(2 * math.sqrt(rounds) / z)
     pld = pld_epsilon(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z / 2), rounds))
     eps = privacy.epsilon(rounds, 20, 20, z, DELTA, "sampled")
@@ -179,8 +193,10 @@ def test_sampled_with_every_client_is_the_gaussian_within_the_conversions_cost(r
 
 # --- 2b. Opacus's RDP analysis (a separate implementation of the same RDP) ------------------
 
+
 def opacus_epsilon(q: float, sigma: float, steps: int) -> float:
     from opacus.accountants.analysis import rdp as opacus_rdp
+
     rdp = opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=GRID)
     return float(opacus_rdp.get_privacy_spent(orders=GRID, rdp=rdp, delta=DELTA)[0])
 
@@ -191,12 +207,14 @@ def test_opacus_rdp_gives_raysims_epsilon():
     n = 100, B = 10, 10 steps, σ = 1.1: order 5.3) raysim is at most 1e-4 above, never below
     (see test_fractional_orders_...)."""
     assert privacy.epsilon(10000, 100, 1, 4.0, DELTA, "poisson") == pytest.approx(
-        opacus_epsilon(0.01, 4.0, 10000), rel=1e-9)
+        opacus_epsilon(0.01, 4.0, 10000), rel=1e-9
+    )
     reference = opacus_epsilon(0.1, 1.1, 10)
     assert reference <= one_dp_sgd_client(100, 10, 1, 1, 1.1) <= reference * (1 + 1e-4)
 
 
 # --- 3. by hand -----------------------------------------------------------------------------
+
 
 def test_poisson_client_accounting_matches_the_hand_rdp():
     """20 rounds, 5 of 100 clients (q = 0.05), z = 2: the optimum is the integer order 21, where
@@ -211,29 +229,33 @@ def test_adaptive_clipping_is_the_poisson_rdp_of_both_noisy_sums_together():
     Gaussian of RDP α/2 · (z_Δ⁻² + 1.2⁻²) = α/(2z²) before subsampling. So ε is the hand RDP of
     the subsampled Gaussian at σ = 1 — what raysim logs as dp_epsilon for this run's settings."""
     from raysim.scenario.sections import PrivacyCfg
+
     z, sigma_b = 1.0, 0.6
-    z_delta = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
-    together = (z_delta ** -2 + (sigma_b / 0.5) ** -2) ** -0.5
+    z_delta = (z**-2 - (2 * sigma_b) ** -2) ** -0.5
+    together = (z_delta**-2 + (sigma_b / 0.5) ** -2) ** -0.5
     assert together == pytest.approx(1.0, rel=1e-12)
     cfg = PrivacyCfg(noise_multiplier=z, target_quantile=0.5, count_noise=sigma_b)
     assert privacy.update_multiplier(cfg, 10) == pytest.approx(z_delta, rel=1e-12)
     eps = privacy.epsilon(100, 100, 10, privacy.accountant_multiplier(cfg, 10), DELTA, "poisson")
-    hand = hand_epsilon(0.1, together, 100)         # 7.8993; the optimum is a fractional order,
-    assert hand <= eps <= hand * (1 + 1e-3)          # where dp_accounting is 6e-4 above (see below)
+    hand = hand_epsilon(0.1, together, 100)  # 7.8993; the optimum is a fractional order,
+    assert hand <= eps <= hand * (1 + 1e-3)  # where dp_accounting is 6e-4 above (see below)
 
 
 @pytest.mark.parametrize("rounds,z", [(10, 1.0), (100, 5.0), (1, 0.8)])
 def test_sampled_with_every_client_is_alpha_two_over_z_squared_a_round(rounds, z):
     """K = N: each round is the Gaussian of sensitivity 2C and noise zC, RDP α·2/z² at every
     order, T·α·2/z² after T rounds, converted over the same orders."""
-    hand = min(tight_conversion(rounds * 2 * a / z ** 2, a) for a in GRID)
+    hand = min(tight_conversion(rounds * 2 * a / z**2, a) for a in GRID)
     assert privacy.epsilon(rounds, 20, 20, z, DELTA, "sampled") == pytest.approx(hand, rel=1e-12)
 
 
-@pytest.mark.parametrize("n,batch,rounds,sigma,tolerance", [
-    (100, 10, 1, 1.1, 1e-4),               # q = 0.1, 10 steps; optimum at order 5.3
-    (100, 10, 5, 1.0, 1e-3),               # 50 steps; optimum at order 3.7
-])
+@pytest.mark.parametrize(
+    "n,batch,rounds,sigma,tolerance",
+    [
+        (100, 10, 1, 1.1, 1e-4),  # q = 0.1, 10 steps; optimum at order 5.3
+        (100, 10, 5, 1.0, 1e-3),  # 50 steps; optimum at order 3.7
+    ],
+)
 def test_fractional_orders_dp_sgd_matches_the_hand_rdp_from_just_above(n, batch, rounds, sigma, tolerance):
     """One DP-SGD client, n samples at batch B for ``rounds`` rounds of one epoch:
     rounds·⌈n/B⌉ Poisson-subsampled Gaussian steps at q = B/n. The optimum falls at a

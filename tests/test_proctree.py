@@ -1,6 +1,7 @@
 """The benchmarks' measure of a command (bench/proctree.py): the peaks of its tree's USS and PSS,
 a page two processes share counted in neither's USS and once in their PSS, and the time taken
 from a run that does not sample."""
+
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def test_shared_pages_count_in_no_uss_and_once_in_the_pss():
 def test_time_comes_from_an_unsampled_run_and_memory_from_a_second():
     cmd = [sys.executable, "-c", "import time; b = bytearray(b'x') * (40 << 20); time.sleep(0.6)"]
     timed = proctree.measure(cmd, memory=False)
-    assert timed["uss_peak_mb"] is None and timed["cpu_tree"] is None         # nothing sampled
+    assert timed["uss_peak_mb"] is None and timed["cpu_tree"] is None  # nothing sampled
     both = proctree.measure_both(cmd)
     assert both["rc"] == 0 and both["wall"] >= 0.6 and both["sampled_wall"] >= 0.6
     assert 40 <= both["uss_peak_mb"] < 80

@@ -24,6 +24,7 @@ each also scoring its clients' validation split (``val_*``, the summary's ``val_
 serving the next run asking the same hosts (``ray_engine.reuse_hosts``); FedBN asks other CPUs,
 so it and the run after it start hosts of their own.
 """
+
 import json
 
 import pytest
@@ -49,36 +50,48 @@ sweep:
 
 @pytest.mark.ray
 def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
-    text = TINY.replace("rounds: 3", "rounds: 4").replace(
-        "max_samples: 80", "max_samples: 80\n  splits: {train: 0.6, val: 0.2, test: 0.2}") + SWEEP + (
-        f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n")
+    text = (
+        TINY.replace("rounds: 3", "rounds: 4").replace(
+            "max_samples: 80", "max_samples: 80\n  splits: {train: 0.6, val: 0.2, test: 0.2}"
+        )
+        + SWEEP
+        + (f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n")
+    )
     path = write_scenario(tmp_path, text)
     out = {}
     said = {}
     for name, extra in (("ray", ("--set", "resources.hosts=3")), ("serial", ("--engine", "serial"))):
-        said[name] = raysim("run", path, "-q", "--concurrent", "1", "--summary", str(tmp_path / f"{name}.json"),
-                            *extra).stderr
+        said[name] = raysim(
+            "run", path, "-q", "--concurrent", "1", "--summary", str(tmp_path / f"{name}.json"), *extra
+        ).stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
     # hosts started (Ray itself by the sweep, before its runs): the first run's, FedBN's (other
     # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other eight took the last run's.
     # Host 0 runs in the driver's process, so each run has two actors
     boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actor" in ln]
     three = "2 host actors (host 0 in this process) ..."
-    assert boots == ([f"starting {three}"] + [f"reusing the previous run's {three}"] * 5
-                     + [f"starting {three}"] * 2 + [f"reusing the previous run's {three}"] * 3)
+    assert boots == (
+        [f"starting {three}"]
+        + [f"reusing the previous run's {three}"] * 5
+        + [f"starting {three}"] * 2
+        + [f"reusing the previous run's {three}"] * 3
+    )
     assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 11
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]
         assert on_ray["final"] == serial["final"], variant
         # (a private variant logs no train_loss)
-        assert [h.get("train_loss") for h in on_ray["history"]] == [h.get("train_loss") for h in serial["history"]], variant
-        assert serial["final"]["accuracy"] > 0.5, variant       # binary labels: they learned something
+        assert [h.get("train_loss") for h in on_ray["history"]] == [h.get("train_loss") for h in serial["history"]], (
+            variant
+        )
+        assert serial["final"]["accuracy"] > 0.5, variant  # binary labels: they learned something
         assert serial["final"]["val_accuracy"] != serial["final"]["accuracy"], variant
         assert serial["final"]["val_best_round"] in (1, 2, 3, 4), variant
     # the adaptive bound, moved by the server's noisy count, reached the Ray hosts round by round
     bounds = [h["dp_clip"] for h in out["ray"]["dp-adaptive"]["history"]]
     assert bounds == [h["dp_clip"] for h in out["serial"]["dp-adaptive"]["history"]] and len(set(bounds)) == 4
-    assert [h["upload_bytes"] for h in out["ray"]["topk-ef"]["history"]] == \
-        [h["upload_bytes"] for h in out["serial"]["topk-ef"]["history"]]
+    assert [h["upload_bytes"] for h in out["ray"]["topk-ef"]["history"]] == [
+        h["upload_bytes"] for h in out["serial"]["topk-ef"]["history"]
+    ]
     eps = [h["dp_epsilon"] for h in out["ray"]["dp-sgd"]["history"]]
     assert eps == [h["dp_epsilon"] for h in out["serial"]["dp-sgd"]["history"]] and 0 < eps[0] < eps[-1]

@@ -1,4 +1,5 @@
 """Derived generators: every draw from (seed, purpose, round, client)."""
+
 import numpy as np
 
 from raysim import rng

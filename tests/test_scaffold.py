@@ -1,5 +1,6 @@
 """SCAFFOLD (option II): one round checked against plain tensor math, the control variates as
 persistent client state (through a checkpoint), and end to end on a pathological digits split."""
+
 import pytest
 import torch
 
@@ -43,8 +44,10 @@ def one_round(algo, server, states, datas):
 
 X0 = [torch.tensor([[0.3], [-0.2]]), torch.tensor([0.1, 0.0])]
 C = [torch.tensor([[0.5], [-0.5]]), torch.tensor([0.2, -0.2])]
-CI = {0: [torch.tensor([[-0.4], [0.4]]), torch.tensor([0.1, 0.3])],
-      1: [torch.tensor([[0.2], [0.1]]), torch.tensor([-0.3, 0.05])]}
+CI = {
+    0: [torch.tensor([[-0.4], [0.4]]), torch.tensor([0.1, 0.3])],
+    1: [torch.tensor([[0.2], [0.1]]), torch.tensor([-0.3, 0.05])],
+}
 
 
 def test_one_round_matches_tensor_math_uniform_weighting():
@@ -54,8 +57,9 @@ def test_one_round_matches_tensor_math_uniform_weighting():
     server = ScaffoldServer(X0, C, clients=3.0, samples=7.0)
     data = [client(0, [2.0, -1.0], [0, 1]), client(1, [1.0, 0.5], [1, 1])]
     states, new = one_round(algo, server, [ScaffoldState(CI[0]), ScaffoldState(CI[1])], data)
-    ys, cis = zip(*[client_by_hand(X0, C, CI[d.cid], d.train_x.flatten().tolist(), d.train_y.tolist(), lr, 2, 2)
-                    for d in data])
+    ys, cis = zip(
+        *[client_by_hand(X0, C, CI[d.cid], d.train_x.flatten().tolist(), d.train_y.tolist(), lr, 2, 2) for d in data]
+    )
     for k in range(2):
         for got, want in zip(states[k].c, cis[k]):
             assert torch.allclose(got, want, atol=1e-6)
@@ -66,8 +70,9 @@ def test_one_round_matches_tensor_math_uniform_weighting():
         assert torch.allclose(new.c[j], c_want, atol=1e-6)
     assert (new.clients, new.samples) == (3.0, 7.0)
     # the correction acted: the same round without control variates (FedAvg's steps) differs
-    plain_y, _ = client_by_hand(X0, [torch.zeros_like(t) for t in C], [torch.zeros_like(t) for t in C],
-                                [2.0, -1.0], [0, 1], lr, 2, 2)
+    plain_y, _ = client_by_hand(
+        X0, [torch.zeros_like(t) for t in C], [torch.zeros_like(t) for t in C], [2.0, -1.0], [0, 1], lr, 2, 2
+    )
     assert not torch.allclose(plain_y[0], ys[0][0], atol=1e-3)
 
 
@@ -81,7 +86,7 @@ def test_one_round_samples_weighting_and_per_client_step_count():
     states, new = one_round(algo, server, [ScaffoldState(CI[0]), None], data)
     zero = [torch.zeros_like(t) for t in C]
     y0, c0 = client_by_hand(X0, C, CI[0], [2.0, -1.0], [0, 1], lr, 2, 2)
-    y1, c1 = client_by_hand(X0, C, zero, [1.0] * 4, [1] * 4, lr, 4, 2)    # a new client: c_i = 0
+    y1, c1 = client_by_hand(X0, C, zero, [1.0] * 4, [1] * 4, lr, 4, 2)  # a new client: c_i = 0
     assert algo.steps(2) == 2 and algo.steps(4) == 4
     for j in range(2):
         assert torch.allclose(states[1].c[j], c1[j], atol=1e-6)
@@ -96,8 +101,9 @@ def test_zero_control_variates_take_fedavg_steps():
     algo, fedavg = make("scaffold", batch_size=2), make("fedavg", batch_size=2)
     data = client(0, [2.0, -1.0], [0, 1])
     x = [t.clone() for t in X0]
-    ((_, r, _),) = run(algo, algo.train(None, Received(algo.message(ScaffoldServer(x, [t * 0 for t in x]), 0).shared),
-                                        data, ctx()))
+    ((_, r, _),) = run(
+        algo, algo.train(None, Received(algo.message(ScaffoldServer(x, [t * 0 for t in x]), 0).shared), data, ctx())
+    )
     ((_, f, _),) = run(fedavg, fedavg.train(None, Received(x), data, ctx()))
     assert all(torch.equal(a + b, c) for a, b, c in zip(r.dy.values, x, f.values))
 
@@ -182,18 +188,22 @@ def test_scaffold_learns_a_pathological_digits_split_above_fedavg(tmp_path):
     # two classes per client; 15 rounds of half the clients. Measured: SCAFFOLD 0.875 vs FedAvg
     # 0.839 (seeds 0-4: +1.9 to +15.8 points, the drift correction the paper's Fig. 2 shows)
     acc, fedavg = final_accuracy(tmp_path, "scaffold"), final_accuracy(tmp_path, "fedavg")
-    assert acc > 0.6, acc            # 10 classes: chance is 0.1
+    assert acc > 0.6, acc  # 10 classes: chance is 0.1
     assert acc > fedavg + 0.01, (acc, fedavg)
 
 
 def test_scenario_validation_accepts_scaffold_and_refuses_bad_settings(tmp_path):
     from raysim.scenario.config import ScenarioError
+
     sc = scenario(tmp_path, "algorithm.server_lr=0.5", "algorithm.weighting=samples")
     assert sc.algorithm.name == "scaffold"
     assert (sc.algorithm.params.server_lr, sc.algorithm.params.weighting) == (0.5, "samples")
-    assert scenario(tmp_path).algorithm.params.server_lr == 1.0            # the paper's η_g
-    assert scenario(tmp_path).algorithm.params.weighting == "uniform"      # the paper's 1/|S|
-    for bad, words in (("algorithm.server_lr=0", "must be > 0"), ("algorithm.weighting=mean", "choose one of"),
-                       ("topology.kind=ring", "has no decentralized form")):
+    assert scenario(tmp_path).algorithm.params.server_lr == 1.0  # the paper's η_g
+    assert scenario(tmp_path).algorithm.params.weighting == "uniform"  # the paper's 1/|S|
+    for bad, words in (
+        ("algorithm.server_lr=0", "must be > 0"),
+        ("algorithm.weighting=mean", "choose one of"),
+        ("topology.kind=ring", "has no decentralized form"),
+    ):
         with pytest.raises(ScenarioError, match=words):
             scenario(tmp_path, bad)

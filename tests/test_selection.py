@@ -1,5 +1,6 @@
 """Server-driven selection and per-group messages through the engine: an algorithm picks who
 trains in which group; each host receives the shared part and only its clients' groups' parts."""
+
 from dataclasses import dataclass
 
 import pytest
@@ -57,11 +58,11 @@ def test_selection_decides_who_trains_and_in_which_group(tmp_path, echo):
     sc = config.load(write_scenario(tmp_path, TINY), ["algorithm={name: group-echo}", "rounds=2"])
     d = serial_driver(sc, 2)
     d.step()
-    assert all(v == (0, 0.0, 100.0) for v in d.server_state.values())   # default: group 0
-    assert len(d.server_state) == 6                                        # the scenario's 50 %
+    assert all(v == (0, 0.0, 100.0) for v in d.server_state.values())  # default: group 0
+    assert len(d.server_state) == 6  # the scenario's 50 %
     d.step()
     seen = d.server_state
-    g = rng.generator(sc.seed, "select", 1)            # the engine's derived draw for round 1
+    g = rng.generator(sc.seed, "select", 1)  # the engine's derived draw for round 1
     expect = [c for c in range(12) if g.random() < 0.5]
     assert sorted(seen) == expect
     for c, (group, part, shared) in seen.items():

@@ -1,6 +1,7 @@
 """Server optimizers (Reddi et al., ICLR 2021, Algorithm 2): one FedAdam and one FedYogi step
 against the formulas by hand, FedAvgM with momentum 0 and lr 1 equal to FedAvg bit for bit, the
 optimizer state through a checkpoint, validation, and FedAdam/FedYogi on a Dirichlet digits split."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -19,13 +20,13 @@ def cfg(name, **kw):
 
 
 OLD = [torch.tensor([1.0, -2.0])]
-NEW = [torch.tensor([1.5, -2.25])]           # Δ = (0.5, -0.25)
+NEW = [torch.tensor([1.5, -2.25])]  # Δ = (0.5, -0.25)
 
 
 def test_one_fedadam_step_by_hand():
     c = cfg("adam")
     state = server_opt.init_state(c, OLD)
-    assert torch.equal(state["v"][0], torch.full((2,), 1e-6))            # v₋₁ = τ²
+    assert torch.equal(state["v"][0], torch.full((2,), 1e-6))  # v₋₁ = τ²
     # m = 0.1·Δ = (0.05, -0.025); v = 0.99·1e-6 + 0.01·Δ² = (0.00250099, 0.00062599)
     got, st = server_opt.step(c, state, OLD, NEW)
     m = [0.05, -0.025]
@@ -42,8 +43,8 @@ def test_one_fedyogi_step_by_hand_from_a_given_state():
     # v = (0.9, 1e-6): coordinate 0 has v > Δ² = 0.25 (v shrinks), coordinate 1 v < Δ² (v grows)
     state = {"m": [torch.tensor([0.2, 0.0])], "v": [torch.tensor([0.9, 1e-6])]}
     got, st = server_opt.step(c, state, OLD, NEW)
-    m = [0.9 * 0.2 + 0.1 * 0.5, 0.1 * -0.25]                       # (0.23, -0.025)
-    v = [0.9 - 0.01 * 0.25 * 1.0, 1e-6 - 0.01 * 0.0625 * -1.0]     # (0.8975, 0.000626)
+    m = [0.9 * 0.2 + 0.1 * 0.5, 0.1 * -0.25]  # (0.23, -0.025)
+    v = [0.9 - 0.01 * 0.25 * 1.0, 1e-6 - 0.01 * 0.0625 * -1.0]  # (0.8975, 0.000626)
     want = [1.0 + 0.01 * m[0] / (v[0] ** 0.5 + 1e-3), -2.0 + 0.01 * m[1] / (v[1] ** 0.5 + 1e-3)]
     assert torch.allclose(st["v"][0], torch.tensor(v), atol=1e-9)
     assert torch.allclose(st["m"][0], torch.tensor(m))
@@ -57,8 +58,8 @@ def test_fedavgm_step_by_hand():
     c = cfg("sgd", lr=0.5, momentum=0.9)
     state = {"m": [torch.tensor([0.1, 0.1])], "v": []}
     got, st = server_opt.step(c, state, OLD, NEW)
-    assert torch.allclose(st["m"][0], torch.tensor([0.59, -0.16]))        # v ← βv + Δ
-    assert torch.allclose(got[0], torch.tensor([1.295, -2.08]))          # x ← x + η v
+    assert torch.allclose(st["m"][0], torch.tensor([0.59, -0.16]))  # v ← βv + Δ
+    assert torch.allclose(got[0], torch.tensor([1.295, -2.08]))  # x ← x + η v
 
 
 # -- through the engine ------------------------------------------------------------------------
@@ -79,8 +80,12 @@ def strip(history):
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
 def test_fedavgm_with_momentum_0_and_lr_1_is_the_method_bit_for_bit(tmp_path, name):
     plain = rounds(serial_driver(scenario(tmp_path, f"algorithm.name={name}"), 2), 3)
-    m0 = rounds(serial_driver(scenario(tmp_path, f"algorithm.name={name}", "server.optimizer=sgd",
-                                       "server.momentum=0", "server.lr=1"), 2), 3)
+    m0 = rounds(
+        serial_driver(
+            scenario(tmp_path, f"algorithm.name={name}", "server.optimizer=sgd", "server.momentum=0", "server.lr=1"), 2
+        ),
+        3,
+    )
     assert strip(m0.history) == strip(plain.history)
     a, b = (plain.algo.server_params(plain.server_state), m0.algo.server_params(m0.server_state))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
@@ -109,19 +114,31 @@ def test_the_optimizer_state_survives_a_checkpoint(tmp_path, name, opt):
 
 def test_validation(tmp_path):
     from raysim.scenario.config import ScenarioError
+
     sc = scenario(tmp_path, "server.optimizer=adam")
-    assert (sc.server.optimizer, sc.server.lr, sc.server.beta1, sc.server.beta2, sc.server.tau) == \
-        ("adam", None, 0.9, 0.99, 1e-3)
+    assert (sc.server.optimizer, sc.server.lr, sc.server.beta1, sc.server.beta2, sc.server.tau) == (
+        "adam",
+        None,
+        0.9,
+        0.99,
+        1e-3,
+    )
     assert server_opt.server_lr(sc.server) == 0.01
     assert scenario(tmp_path).server.optimizer == "none"
-    for bad, words in (("server.optimizer=rmsprop", "choose one of"), ("server.lr=0", "server.lr"),
-                       ("server.beta2=1", "server.beta2: 1.0 is out of range"), ("server.momentum=-1", "server.momentum"),
-                       ("server.tau=0", "server.tau")):
+    for bad, words in (
+        ("server.optimizer=rmsprop", "choose one of"),
+        ("server.lr=0", "server.lr"),
+        ("server.beta2=1", "server.beta2: 1.0 is out of range"),
+        ("server.momentum=-1", "server.momentum"),
+        ("server.tau=0", "server.tau"),
+    ):
         with pytest.raises(ScenarioError, match=words):
             scenario(tmp_path, "server.optimizer=yogi", bad)
-    for words, over in (("no global model", ["algorithm.name=local"]),
-                        ("no global model", ["algorithm.name=ifca"]),
-                        ("needs a server", ["topology.kind=ring", "sampling.fraction=1"])):
+    for words, over in (
+        ("no global model", ["algorithm.name=local"]),
+        ("no global model", ["algorithm.name=ifca"]),
+        ("needs a server", ["topology.kind=ring", "sampling.fraction=1"]),
+    ):
         with pytest.raises(ScenarioError, match=words):
             scenario(tmp_path, "server.optimizer=adam", *over)
 

@@ -1,5 +1,6 @@
 """A pooled dataset is partitioned once, in the driver: the serial engine's hosts share that
 source, and Ray's host actors receive it (its index arrays) from the object store."""
+
 import dataclasses
 
 import pytest
@@ -20,8 +21,9 @@ def test_serial_engine_partitions_once_for_the_driver_and_every_host(tmp_path, m
     sc = digits(tmp_path)
     calls = []
     spec = PARTITIONERS["dirichlet"]
-    monkeypatch.setitem(PARTITIONERS, "dirichlet",
-                        dataclasses.replace(spec, fn=lambda *a: (calls.append(1), spec.fn(*a))[1]))
+    monkeypatch.setitem(
+        PARTITIONERS, "dirichlet", dataclasses.replace(spec, fn=lambda *a: (calls.append(1), spec.fn(*a))[1])
+    )
     d = serial_driver(sc, 3)
     d.step()
     assert len(calls) == 1
@@ -35,6 +37,7 @@ def test_ray_hosts_use_the_drivers_partition(tmp_path):
     import ray
 
     from raysim.engine import ray_engine, ray_start
+
     sc = digits(tmp_path)
     # every host an actor: what is tested is what crosses to their processes
     sc = dataclasses.replace(sc, resources=dataclasses.replace(sc.resources, driver_host=False))
@@ -70,8 +73,11 @@ def test_parked_hosts_are_reset_for_the_next_run_and_a_dead_one_gives_new_hosts(
 
     from raysim.engine import ray_engine, ray_start
     from raysim.experiment.runner import run
-    sc = config.load(write_scenario(tmp_path, DIGITS), ["rounds=1", f"tracking.uri=sqlite:///{tmp_path}/m.db",
-                                                        f"checkpoint.dir={tmp_path}/ck"])
+
+    sc = config.load(
+        write_scenario(tmp_path, DIGITS),
+        ["rounds=1", f"tracking.uri=sqlite:///{tmp_path}/m.db", f"checkpoint.dir={tmp_path}/ck"],
+    )
     ray_start.init(None)
     try:
         with ray_engine.reuse_hosts():

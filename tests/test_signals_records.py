@@ -1,5 +1,6 @@
 """SIGTERM, records that never lose or repeat a round, resume rules, and the checks made before
 Ray or training starts (tracking store reachable, output paths writable)."""
+
 import json
 import os
 import signal
@@ -20,8 +21,14 @@ LONG = DIGITS.replace("rounds: 20", "rounds: 400").replace("eval: {every: 10}", 
 def _start(path, *extra, group=False):
     """``raysim run path``; ``group``: in a process group of its own (as ``timeout`` or a job
     runner starts it), which ``_terminate`` then signals whole."""
-    return subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", path, "-q", *extra], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
+    return subprocess.Popen(
+        [sys.executable, "-m", "raysim.cli", "run", path, "-q", *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=group,
+    )
 
 
 def _wait_for_checkpoint(ck_root, timeout=180):
@@ -66,6 +73,7 @@ def test_sigterm_finishes_the_round_checkpoints_marks_killed_and_exits_143(tmp_p
     assert f"continue it with: raysim run {path} --resume {run_id}" in err
     assert err.strip().splitlines()[-1] == "raysim: terminated (SIGTERM)"
     from raysim.engine import checkpoint
+
     saved = checkpoint.manifest(tmp_path / "ck" / run_id)["round"]
     assert 0 < saved < 300 and _steps(tmp_path, run_id) == list(range(1, saved + 1))
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", run_id, name="r.json")
@@ -98,8 +106,13 @@ def test_a_driver_killed_right_after_a_checkpoint_loses_no_round_and_repeats_non
     """Killed the moment round 3's checkpoint is committed: round 3's metrics are already in
     the store; the resumed run adds rounds 4..6, each exactly once."""
     path = tracked(tmp_path, TINY.replace("rounds: 3", "rounds: 6"), every=3)
-    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_COMMIT, "3", "run", path, "-q", "--engine", "serial"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_COMMIT, "3", "run", path, "-q", "--engine", "serial"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     run_id = next((tmp_path / "ck").iterdir()).name
     assert _steps(tmp_path, run_id) == [1, 2, 3]
@@ -119,7 +132,8 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"raysim: --resume {run_id}: the run is FINISHED, nothing to continue (its record is left as it is); "
-        "start a new run without --resume"]
+        "start a new run without --resume"
+    ]
     run = mlflow_run(tmp_path, run_id)
     assert run.info.status == "FINISHED"
     after = client.download_artifacts(run_id, "summary.json", str(tmp_path / "after"))
@@ -153,7 +167,7 @@ def test_an_unreachable_tracking_server_fails_in_seconds_before_ray_starts(tmp_p
     else:
         silent = socket.socket()
         silent.bind(("127.0.0.1", 0))
-        silent.listen(1)            # never accepted, never answered
+        silent.listen(1)  # never accepted, never answered
         port = silent.getsockname()[1]
     path = tracked(tmp_path, TINY)
     t0 = time.time()
@@ -175,10 +189,12 @@ def test_unwritable_summary_and_checkpoint_paths_are_refused_before_the_run(tmp_
     blocker.write_text("not a folder")
     proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(blocker / "s.json"), check=False, here=True)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
-        f"raysim: --summary: cannot write to {blocker}")
-    proc = raysim("run", path, "-q", "--engine", "serial", "--set", f"checkpoint.dir={blocker}/ck",
-                  check=False, here=True)
+        f"raysim: --summary: cannot write to {blocker}"
+    )
+    proc = raysim(
+        "run", path, "-q", "--engine", "serial", "--set", f"checkpoint.dir={blocker}/ck", check=False, here=True
+    )
     assert proc.returncode == 2 and f"checkpoint.dir: cannot write to {blocker}/ck" in proc.stderr
     proc = raysim("run", path, "-q", "--engine", "serial", "--summary", str(tmp_path), check=False, here=True)
     assert proc.returncode == 2 and "--summary: " in proc.stderr and "is a folder" in proc.stderr
-    assert not (tmp_path / "mlflow.db").exists()         # no run was created
+    assert not (tmp_path / "mlflow.db").exists()  # no run was created

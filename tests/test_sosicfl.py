@@ -1,6 +1,7 @@
 """SosicFL: the preparation (LDA, clustering, subregions), the subregion sampler, the simplex
 step (eq. 8), the n-fold and per-client Dirichlet splits, the total variance, and end to end on
 real digits."""
+
 import math
 
 import numpy as np
@@ -34,9 +35,9 @@ def fold_counts(folds: int, seed: int, clients: int = 100, per_class: int = 7000
 @pytest.mark.parametrize("seed", range(10))
 def test_preparation_recovers_the_five_fold_groups_exactly(seed):
     counts, groups = fold_counts(5, seed)
-    alpha = simplex.lda_alphas(counts, 5, restarts=5, seed=seed)          # M = 4
+    alpha = simplex.lda_alphas(counts, 5, restarts=5, seed=seed)  # M = 4
     assert alpha.shape == (100, 5)
-    assert (alpha >= 0).all() and np.allclose(alpha.sum(1), 1.0)         # rows on the simplex
+    assert (alpha >= 0).all() and np.allclose(alpha.sum(1), 1.0)  # rows on the simplex
     for distance in ("l1", "hilbert"):
         z, centres = simplex.cluster(alpha, 5, distance, rng=np.random.default_rng(seed))
         assert adjusted_rand_score(groups, z) == 1.0
@@ -45,7 +46,7 @@ def test_preparation_recovers_the_five_fold_groups_exactly(seed):
 
 def test_preparation_recovers_a_two_fold_split_on_a_segment():
     counts, groups = fold_counts(2, 3)
-    alpha = simplex.lda_alphas(counts, 2, restarts=5, seed=3)             # M = 1
+    alpha = simplex.lda_alphas(counts, 2, restarts=5, seed=3)  # M = 1
     z, _ = simplex.cluster(alpha, 2, rng=np.random.default_rng(3))
     assert adjusted_rand_score(groups, z) == 1.0
 
@@ -75,8 +76,9 @@ def _grid_mean_l1(mu: np.ndarray, n: int) -> float:
     return float(np.abs(pts - mu).sum(1).mean())
 
 
-@pytest.mark.parametrize("mu", [[0.5, 0.5], [1.0, 0.0], [0.3, 0.7], [1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0],
-                                [0.6, 0.3, 0.1]])
+@pytest.mark.parametrize(
+    "mu", [[0.5, 0.5], [1.0, 0.0], [0.3, 0.7], [1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0], [0.6, 0.3, 0.1]]
+)
 def test_mean_l1_distance_closed_form_equals_grid_integration(mu):
     mu = np.array(mu)
     closed = float(simplex.mean_l1_to_uniform(mu))
@@ -90,8 +92,16 @@ def test_mean_l1_distance_closed_form_equals_grid_integration(mu):
 
 
 # -- the subregion sampler ------------------------------------------------------------------------
-@pytest.mark.parametrize("mu,rho", [([0.6, 0.2, 0.1, 0.1], 0.4), ([0.96, 0.01, 0.01, 0.01, 0.01], 0.4),
-                                    ([0.2] * 5, 0.6), ([0.05, 0.05, 0.9], 0.1), ([0.7, 0.3], 0.6)])
+@pytest.mark.parametrize(
+    "mu,rho",
+    [
+        ([0.6, 0.2, 0.1, 0.1], 0.4),
+        ([0.96, 0.01, 0.01, 0.01, 0.01], 0.4),
+        ([0.2] * 5, 0.6),
+        ([0.05, 0.05, 0.9], 0.1),
+        ([0.7, 0.3], 0.6),
+    ],
+)
 def test_subregion_samples_are_uniform_on_the_ball_within_the_simplex(mu, rho):
     mu = torch.tensor(mu, dtype=torch.float64)
     dim = len(mu)
@@ -131,6 +141,7 @@ def _tiny_sosicfl(dim=2, **kw):
     def model_fn(variant=0):
         torch.manual_seed(100 + variant)
         return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+
     hp = SosicFLHyper(lr=0.1, local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0, dim=dim, **kw)
     return SosicFL(hp, model_fn, 10, TASKS["classification"]), model_fn
 
@@ -141,7 +152,7 @@ def test_one_sgd_step_through_w_alpha_moves_each_endpoint_by_alpha_m_times_the_g
     flat = server.params
     # shared: layer 0 weight and bias, layer 2 bias; then 3 endpoints of layer 2's weight
     assert [tuple(p.shape) for p in flat] == [(3, 4), (3,), (2,), (2, 3), (2, 3), (2, 3)]
-    assert not torch.equal(flat[3], flat[4])                   # independent initializations
+    assert not torch.equal(flat[3], flat[4])  # independent initializations
     x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
     data = ClientData(0, x, y, x[:0], y[:0], x[:0], y[:0])
     alpha = torch.tensor([0.5, 0.3, 0.2])
@@ -161,28 +172,44 @@ def test_one_sgd_step_through_w_alpha_moves_each_endpoint_by_alpha_m_times_the_g
 
 def test_endpoints_only_personal_step_keeps_the_feature_extractor_and_pulls_each_endpoint_to_the_global_one():
     from raysim.algorithms.sosicfl import SosicFLPlus, SosicFLPlusHyper
+
     _, model_fn = _tiny_sosicfl(dim=2)
-    hp = SosicFLPlusHyper(lr=0.1, local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0, dim=2, lam=0.5,
-                          personal_pool=0, personal="endpoints")
+    hp = SosicFLPlusHyper(
+        lr=0.1,
+        local_epochs=1,
+        batch_size=8,
+        momentum=0.0,
+        weight_decay=0.0,
+        dim=2,
+        lam=0.5,
+        personal_pool=0,
+        personal="endpoints",
+    )
     algo = SosicFLPlus(hp, model_fn, 10, TASKS["classification"])
     glob = algo.init_server(np.random.default_rng(0)).params
-    mine = list(glob[:3]) + [t + 0.1 for t in glob[3:]]        # a personal copy: endpoints off by 0.1
+    mine = list(glob[:3]) + [t + 0.1 for t in glob[3:]]  # a personal copy: endpoints off by 0.1
     x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
     data = ClientData(0, x, y, x[:0], y[:0], x[:0], y[:0])
     alpha = torch.tensor([0.5, 0.3, 0.2])
     ctx = Context(0, 10, 0, torch.Generator().manual_seed(0))
-    job = algo.job(mine, data, ctx, objective=algo.personal_objective(), consts={"anchor": glob, "mu": 0.5},
-                   draws=lambda g, steps: alpha.expand(steps, 3).clone())
+    job = algo.job(
+        mine,
+        data,
+        ctx,
+        objective=algo.personal_objective(),
+        consts={"anchor": glob, "mu": 0.5},
+        draws=lambda g, steps: alpha.expand(steps, 3).clone(),
+    )
     (fit,) = algo.trainer(torch.device("cpu")).fit([job])
-    for i in range(3):                                          # the feature extractor and bias: untouched
+    for i in range(3):  # the feature extractor and bias: untouched
         assert torch.equal(fit.params[i], glob[i])
     w = [t.clone().requires_grad_(True) for t in algo.compose(mine, alpha.double())]
     model = model_fn()
     out = torch.func.functional_call(model, {n: t for (n, _), t in zip(model.named_parameters(), w)}, (x,))
     grads = torch.autograd.grad(nn.functional.cross_entropy(out, y), w)
-    for m in range(3):          # θ_m − γ (α_m ∇_w F + λ (θ_m − θ̂_m)), with θ_m − θ̂_m = 0.1
+    for m in range(3):  # θ_m − γ (α_m ∇_w F + λ (θ_m − θ̂_m)), with θ_m − θ̂_m = 0.1
         assert torch.allclose(fit.params[3 + m], mine[3 + m] - 0.1 * (alpha[m] * grads[2] + 0.5 * 0.1), atol=1e-6)
-    assert len(algo.kept(fit.params).params) == 3               # the state holds the endpoints only
+    assert len(algo.kept(fit.params).params) == 3  # the state holds the endpoints only
     assert algo.personal_params(algo.kept(fit.params), glob)[:3] == list(glob[:3])
 
 
@@ -197,15 +224,16 @@ def test_sosicfl_all_mixes_every_parameter_with_one_alpha():
 
 def test_draws_come_from_the_clients_subregion_fresh_per_batch_or_from_a_pool():
     algo, _ = _tiny_sosicfl(dim=2)
-    part = torch.tensor([0.8, 0.1, 0.1, 0.3, 0.8, 0.1, 0.1], dtype=torch.float64)     # μ, η, local point
+    part = torch.tensor([0.8, 0.1, 0.1, 0.3, 0.8, 0.1, 0.1], dtype=torch.float64)  # μ, η, local point
     a = algo._draws(part, 0)(torch.Generator().manual_seed(0), 50)
     assert a.shape == (50, 3) and len(torch.unique(a, dim=0)) == 50
     assert ((a.double() - part[:3]).abs().sum(1) <= 0.3 + 1e-6).all()
     pooled = SosicFL(SosicFLHyper(dim=2, alpha_pool=4), algo.model_fn, 10, algo.task)._draws(part, 4)(
-        torch.Generator().manual_seed(0), 10)
+        torch.Generator().manual_seed(0), 10
+    )
     assert torch.equal(pooled[:4], pooled[4:8]) and torch.equal(pooled[:2], pooled[8:])
     assert len(torch.unique(pooled[:4], dim=0)) == 4
-    before = algo._draws(None, 0)(torch.Generator().manual_seed(0), 2000)       # before t̃: all of Δ
+    before = algo._draws(None, 0)(torch.Generator().manual_seed(0), 2000)  # before t̃: all of Δ
     assert torch.allclose(before.sum(1), torch.ones(2000)) and before.min() >= 0
     assert before.double().mean(0).sub(1 / 3).abs().max() < 0.02
 
@@ -233,6 +261,7 @@ def test_total_variance_is_the_same_for_any_grouping_of_the_clients_over_hosts()
                 host.add(stats[k])
             server.merge(host)
         return server.result().variance()
+
     # with ‖Δ_k‖² kept as float64 numbers, their sums differed in the last bit for seed 4
     for seed in range(10):
         g = torch.Generator().manual_seed(seed)
@@ -245,9 +274,10 @@ def test_total_variance_is_the_same_for_any_grouping_of_the_clients_over_hosts()
 def test_literal_server_weights_scale_the_step_by_the_participants_share():
     algo, _ = _tiny_sosicfl(dim=1, server_weights="all")
     server = algo.init_server(np.random.default_rng(0))
-    server.counts = torch.tensor([[30, 10], [40, 20]])           # N = 100
+    server.counts = torch.tensor([[30, 10], [40, 20]])  # N = 100
     from raysim.algorithms.base import Weighted
     from raysim.algorithms.sosicfl import SimplexReply
+
     target = [p + 1.0 for p in server.params]
     reply = SimplexReply(Weighted([t.double() * 40 for t in target], 40.0), [], UpdateStats.of(torch.zeros(1)))
     new = algo.aggregate(server, reply, 0)
@@ -265,12 +295,12 @@ def test_nfold_split_by_hand():
     # 80 % of 50 = 40 over the 2 primary classes, 10 over the 8 others (2 get 2, 6 get 1)
     assert (counts[0, :2] == 20).all() and counts[0, 2:].sum() == 10 and counts[0, 2:].max() == 2
     assert (counts[9, 8:] == 20).all()
-    assert len(np.unique(np.concatenate(parts))) == 500                 # disjoint
+    assert len(np.unique(np.concatenate(parts))) == 500  # disjoint
     every = P.nfold(y, 10, P.NFoldParams(folds=5, primary=0.7, spread="all", size=50), np.random.default_rng(0))
     c = np.bincount(y[every[0]], minlength=10)
-    assert c[:2].tolist() == [19, 19] and c.sum() == 50                  # 35/2 + 15/10 (authors' code)
+    assert c[:2].tolist() == [19, 19] and c.sum() == 50  # 35/2 + 15/10 (authors' code)
     whole = P.nfold(y, 10, P.NFoldParams(folds=5), np.random.default_rng(0))
-    assert sum(len(p) for p in whole) == 1000                            # the largest size uses every sample
+    assert sum(len(p) for p in whole) == 1000  # the largest size uses every sample
 
 
 def test_client_dirichlet_gives_equal_sizes_and_skew_that_follows_beta():
@@ -328,35 +358,40 @@ def test_sosicfl_end_to_end_on_digits_clusters_the_folds_and_learns(tmp_path):
     d = run_serial(write(tmp_path, f"{{name: sosicfl, {SGD}, dim: 4, clusters: 5}}"))
     last = d.history[-1]
     assert last["cluster_ari"] == 1.0
-    assert last["accuracy"] > 0.6 and last["global_accuracy"] > 0.6          # chance: 0.1
+    assert last["accuracy"] > 0.6 and last["global_accuracy"] > 0.6  # chance: 0.1
     assert all(h["total_variance"] > 0 for h in d.history)
     rep = d.report()["simplex"]
     assert len(rep["alpha"]) == 20 and len(rep["centres"]) == 5 and rep["eta"] > 0
     # late start at round 11: no clusters before, the same preparation after
-    late = run_serial(write(tmp_path, f"{{name: sosicfl, {SGD}, dim: 4, clusters: 5, start_round: 11}}",
-                            rounds=20, name="late.yaml"))
+    late = run_serial(
+        write(tmp_path, f"{{name: sosicfl, {SGD}, dim: 4, clusters: 5, start_round: 11}}", rounds=20, name="late.yaml")
+    )
     assert "cluster_ari" not in late.history[9] and late.history[19]["cluster_ari"] == 1.0
-    assert late.history[9]["accuracy"] == late.history[9]["global_accuracy"]   # at the centroid before t̃
+    assert late.history[9]["accuracy"] == late.history[9]["global_accuracy"]  # at the centroid before t̃
 
 
 def test_sosicfl_plus_personal_copies_and_subregion_mean(tmp_path):
-    d = run_serial(write(tmp_path, f"{{name: sosicfl+, {SGD}, dim: 4, clusters: 5, local_at: subregion_mean}}",
-                         rounds=20))
+    d = run_serial(
+        write(tmp_path, f"{{name: sosicfl+, {SGD}, dim: 4, clusters: 5, local_at: subregion_mean}}", rounds=20)
+    )
     states = d.transport.get_states()
-    assert len(states) == 20 and all(s is not None for s in states.values())       # all sampled by round 20
-    assert all(len(s["state"]["params"]) == 5 for s in states.values())            # personal: endpoints (M + 1)
+    assert len(states) == 20 and all(s is not None for s in states.values())  # all sampled by round 20
+    assert all(len(s["state"]["params"]) == 5 for s in states.values())  # personal: endpoints (M + 1)
     assert d.history[-1]["accuracy"] > 0.6
     means = d.server_state.means
     assert torch.allclose(means.sum(1), torch.ones(5, dtype=torch.float64))
-    assert ((means - d.server_state.centres).abs().sum(1) > 0.05).all()          # corner centres: the mean is inside
+    assert ((means - d.server_state.centres).abs().sum(1) > 0.05).all()  # corner centres: the mean is inside
 
 
 @pytest.mark.ray
 def test_sosicfl_plus_on_three_ray_hosts_equals_the_serial_run(tmp_path):
     from tests.test_runs import summary_of
+
     path = write(tmp_path, f"{{name: sosicfl+, {SGD}, dim: 2, clusters: 5, rho: 0.6}}", rounds=6, every=3)
-    path.write_text(path.read_text().replace("hosts: 2,", "hosts: 3,") + f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\n"
-                    f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
+    path.write_text(
+        path.read_text().replace("hosts: 2,", "hosts: 3,") + f"tracking: {{uri: 'sqlite:///{tmp_path}/m.db'}}\n"
+        f"checkpoint: {{dir: '{tmp_path}/ck'}}\n"
+    )
     ray_run = summary_of(tmp_path, str(path), name="ray.json")
     serial = summary_of(tmp_path, str(path), "--engine", "serial", name="serial.json")
     assert ray_run["final"] == serial["final"] and "simplex" in serial["final"]
@@ -375,6 +410,7 @@ def test_simplex_projection_and_riesz_energy_by_hand():
 
 def test_floco_places_clients_with_alike_classifiers_together():
     from raysim.algorithms.floco import place_on_simplex
+
     rng = np.random.default_rng(0)
     # 4 groups of 10 clients; weights of a classifier's scale (the z scan, as the official
     # code's, spreads PCA coordinates of magnitude up to about 1)
@@ -396,7 +432,7 @@ def test_floco_end_to_end_switches_at_tau_to_each_clients_own_point(tmp_path):
     # before τ every client is scored at the centroid; after it at its own β
     assert d.history[4]["accuracy"] == d.history[4]["global_accuracy"]
     assert d.history[9]["accuracy"] != d.history[9]["global_accuracy"]
-    assert d.history[9]["accuracy"] > 0.3                                         # chance: 0.1
+    assert d.history[9]["accuracy"] > 0.3  # chance: 0.1
     draws = d.algo._draws(d.algo.message(srv, 10).groups[3], 0)(torch.Generator().manual_seed(0), 500)
     assert ((draws.double() - srv.alpha[3]).abs().sum(1) <= 0.2 + 1e-6).all()
 
@@ -409,7 +445,7 @@ def test_unseen_clients_are_scored_at_the_centroid_and_left_out_of_the_clusters(
     assert len(unseen) == 5 and all(c not in d.server_state.ids.tolist() for c in unseen)
     assert d.algo.eval_groups(d.server_state, np.array(unseen)) == {c: -1 for c in unseen}
     last = d.history[-1]
-    assert last["unseen_accuracy"] == last["unseen_global_accuracy"]        # the centroid
+    assert last["unseen_accuracy"] == last["unseen_global_accuracy"]  # the centroid
     assert set(d.report()["importance"]) == set(int(c) for c in d.train_ids)
 
 

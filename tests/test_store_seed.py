@@ -1,4 +1,5 @@
 """A new SQLite tracking store seeded from the user's cached empty store (tracking.seed_store)."""
+
 import sqlite3
 
 from mlflow.tracking import MlflowClient
@@ -10,11 +11,17 @@ def _schema(db) -> dict:
     """The database's tables and indexes as SQLite keeps their definitions (a table's clauses
     sorted: MLflow's migrations write a table's constraints in an order that differs from one
     process to the next), and its rows of the tables MLflow fills on creation."""
+
     def clauses(sql):
         return sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
+
     with sqlite3.connect(db) as con:
-        sql = sorted((kind, name, clauses(text)) for kind, name, text in
-                     con.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+        sql = sorted(
+            (kind, name, clauses(text))
+            for kind, name, text in con.execute(
+                "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            )
+        )
         rows = {t: sorted(con.execute(f"SELECT * FROM {t}")) for t in ("alembic_version", "workspaces")}
         exps = sorted(con.execute("SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments"))
     return {"sql": sql, "rows": rows, "experiments": exps}
@@ -26,13 +33,13 @@ def test_a_seeded_store_is_the_store_mlflow_makes(tmp_path, monkeypatch):
         (tmp_path / d).mkdir()
     monkeypatch.chdir(tmp_path / "made")
     made = tmp_path / "made" / "mlflow.db"
-    MlflowClient(f"sqlite:///{made}").search_experiments()           # MLflow's own new store
+    MlflowClient(f"sqlite:///{made}").search_experiments()  # MLflow's own new store
     monkeypatch.chdir(tmp_path / "seeded")
     seeded = tmp_path / "seeded" / "mlflow.db"
     assert tracking.seed_store(f"sqlite:///{seeded}")
     template = tracking._template()
     assert template.parent == tmp_path / "cache" / "raysim"
-    assert _schema(template)["experiments"] == []                     # MLflow adds Default on opening
+    assert _schema(template)["experiments"] == []  # MLflow adds Default on opening
     MlflowClient(f"sqlite:///{seeded}").search_experiments()
     want, got = _schema(made), _schema(seeded)
     assert got["sql"] == want["sql"] and got["rows"] == want["rows"]
@@ -51,7 +58,7 @@ def test_a_seeded_store_is_the_store_mlflow_makes(tmp_path, monkeypatch):
     run = client.create_run(eid)
     client.log_metric(run.info.run_id, "accuracy", 0.5, step=1)
     assert eid == "1" and client.get_metric_history(run.info.run_id, "accuracy")[0].value == 0.5
-    assert list((tmp_path / "again").iterdir()) == [again]             # no part file left
+    assert list((tmp_path / "again").iterdir()) == [again]  # no part file left
 
 
 def test_a_store_that_exists_or_is_not_sqlite_is_left_alone(tmp_path, monkeypatch):
@@ -62,7 +69,7 @@ def test_a_store_that_exists_or_is_not_sqlite_is_left_alone(tmp_path, monkeypatc
     assert not tracking.seed_store(uri)
     assert MlflowClient(uri).get_run(run.info.run_id).info.run_id == run.info.run_id
     assert not tracking.seed_store("sqlite:///:memory:")
-    assert not tracking.seed_store(f"sqlite:///{tmp_path}/other.db?timeout=30")     # options: MLflow's own way
+    assert not tracking.seed_store(f"sqlite:///{tmp_path}/other.db?timeout=30")  # options: MLflow's own way
     assert not tracking.seed_store(f"file://{tmp_path}/mlruns")
     assert not (tmp_path / "cache").exists()
 
@@ -81,6 +88,7 @@ def test_a_template_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     def broken(uri):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(tracking, "MlflowClient", broken)
     assert not tracking.seed_store(f"sqlite:///{tmp_path}/mlflow.db")
     assert list((tmp_path / "cache" / "raysim").iterdir()) == []

@@ -75,8 +75,9 @@ def same(a, b, gradients):
 @pytest.mark.parametrize("gradients", ["autograd", "auto"])
 def test_superfed_without_nu_mu_and_mixing_gives_exactly_the_fedavg_weights(tmp_path, gradients):
     fedavg = final_global(tmp_path, "{name: fedavg, gradients: " + gradients + ", " + SGD + "}").server_state
-    superfed = final_global(tmp_path, "{name: superfed-mm, nu: 0, mu: 0, start: 1.0, gradients: " + gradients + ", "
-                            + SGD + "}").server_state
+    superfed = final_global(
+        tmp_path, "{name: superfed-mm, nu: 0, mu: 0, start: 1.0, gradients: " + gradients + ", " + SGD + "}"
+    ).server_state
     assert len(fedavg) == len(superfed) == 2
     assert same(fedavg, superfed, gradients)
     # and mixing does change them (the test can fail)
@@ -88,12 +89,15 @@ def test_superfed_without_nu_mu_and_mixing_gives_exactly_the_fedavg_weights(tmp_
 def test_superfed_phase_one_is_exactly_fedprox_at_twice_mu(tmp_path, gradients):
     # the paper's prox μ‖w − w^g‖² is FedProx's (μ'/2)‖w − w^g‖² at μ' = 2μ: the same objective
     fedprox = final_global(tmp_path, "{name: fedprox, mu: 0.2, gradients: " + gradients + ", " + SGD + "}").server_state
-    superfed = final_global(tmp_path, "{name: superfed-mm, mu: 0.1, start: 1.0, gradients: " + gradients + ", "
-                            + SGD + "}").server_state
+    superfed = final_global(
+        tmp_path, "{name: superfed-mm, mu: 0.1, start: 1.0, gradients: " + gradients + ", " + SGD + "}"
+    ).server_state
     assert all(torch.equal(a, b) for a, b in zip(fedprox, superfed))
     # the official code's unsquared prox is another objective
-    other = final_global(tmp_path, "{name: superfed-mm, mu: 0.1, start: 1.0, prox_form: unsquared_sum, gradients: "
-                         + gradients + ", " + SGD + "}").server_state
+    other = final_global(
+        tmp_path,
+        "{name: superfed-mm, mu: 0.1, start: 1.0, prox_form: unsquared_sum, gradients: " + gradients + ", " + SGD + "}",
+    ).server_state
     assert not torch.equal(fedprox[0], other[0])
 
 
@@ -135,13 +139,13 @@ def test_lambda_zero_evaluates_the_global_model_and_one_the_local_model():
 def test_lambda_is_chosen_on_the_validation_split():
     # global model right on validation, local model wrong there; on test the reverse
     algo = make("superfed-mm", model_fn=lambda v=0: nn.Linear(1, 2, bias=False))
-    glob = [torch.tensor([[-1.0], [1.0]])]          # x > 0 -> class 1
-    local = [torch.tensor([[1.0], [-1.0]])]         # x > 0 -> class 0
+    glob = [torch.tensor([[-1.0], [1.0]])]  # x > 0 -> class 1
+    local = [torch.tensor([[1.0], [-1.0]])]  # x > 0 -> class 0
     x = torch.tensor([[1.0], [2.0]])
     d = ClientData(0, x, torch.tensor([1, 1]), x, torch.tensor([1, 1]), x, torch.tensor([0, 0]))
     (out,) = run(algo, algo.evaluate(SuPerFedState(local), Received(glob), d, ctx(0)))
-    assert out["lambda_chosen"] == 0.0 and out["accuracy"] == 0.0       # honest: validation picks λ = 0
-    assert out["accuracy_test_chosen"] == 1.0                            # the oracle picks λ = 1
+    assert out["lambda_chosen"] == 0.0 and out["accuracy"] == 0.0  # honest: validation picks λ = 0
+    assert out["accuracy_test_chosen"] == 1.0  # the oracle picks λ = 1
 
 
 def test_cos2_is_zero_for_orthogonal_and_one_for_parallel_weights_and_its_gradient_is_exact():
@@ -152,20 +156,26 @@ def test_cos2_is_zero_for_orthogonal_and_one_for_parallel_weights_and_its_gradie
     assert cos2(a, c).tolist() == [1.0]
     assert cos2(a, [-t for t in c]).tolist() == [1.0]
     # over the whole concatenated model, not per tensor: (1·1 + 1·0)² / (2 · 1) = 1/2
-    assert cos2([torch.tensor([[1.0]]), torch.tensor([[1.0]])], [torch.tensor([[1.0]]), torch.tensor([[0.0]])]).tolist() == [0.5]
+    assert cos2(
+        [torch.tensor([[1.0]]), torch.tensor([[1.0]])], [torch.tensor([[1.0]]), torch.tensor([[0.0]])]
+    ).tolist() == [0.5]
     g = torch.Generator().manual_seed(0)
-    x = [torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True),
-         torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True)]
-    y = [torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True),
-         torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True)]
+    x = [
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True),
+    ]
+    y = [
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True),
+    ]
     assert torch.autograd.gradcheck(lambda *t: cos2(list(t[:2]), list(t[2:])), (*x, *y))
 
 
 def test_prox_forms_by_hand():
     w = [torch.tensor([[3.0]]), torch.tensor([[4.0]])]
     zero = [torch.zeros(1, 1), torch.zeros(1, 1)]
-    assert prox(w, zero, "squared").tolist() == [25.0]          # ‖(3, 4)‖²
-    assert prox(w, zero, "unsquared_sum").tolist() == [7.0]     # |3| + |4|, one norm per tensor
+    assert prox(w, zero, "squared").tolist() == [25.0]  # ‖(3, 4)‖²
+    assert prox(w, zero, "unsquared_sum").tolist() == [7.0]  # |3| + |4|, one norm per tensor
     assert prox([torch.tensor([[3.0, 4.0]])], [torch.zeros(1, 2)], "unsquared_sum").tolist() == [5.0]
 
 
@@ -182,12 +192,13 @@ def test_layer_mixing_with_equal_lambdas_is_model_mixing():
     model, f, l, batch, consts = superfed_batch()
     n = 4
     mm = SuPerFedObjective(CE, 0.01, 1.0, "squared", [0] * n)
-    lm = SuPerFedObjective(CE, 0.01, 1.0, "squared", [0, 0, 1, 1])     # a module's weight and bias share λ
+    lm = SuPerFedObjective(CE, 0.01, 1.0, "squared", [0, 0, 1, 1])  # a module's weight and bias share λ
     assert lm.draws(torch.Generator().manual_seed(0), 5).shape == (5, 2)
     grad = Trainer(model).point_grad(CE, batch)
 
     def grads(obj, lam):
         return obj.gradients(grad, f + l, batch, consts, lam)[1]
+
     g_mm = grads(mm, torch.tensor([[0.3]]))
     g_lm = grads(lm, torch.tensor([[0.3, 0.3]]))
     assert all(torch.equal(a, b) for a, b in zip(g_mm, g_lm))
@@ -204,8 +215,9 @@ def test_superfed_gradients_are_autograds_of_the_papers_loss(form, gradients):
     model, f, l, batch, consts = superfed_batch(3)
     obj = SuPerFedObjective(CE, 0.3, 2.0, form, [0, 0, 1, 1])
     lam = torch.tensor([[0.25, 0.6]])
-    seen, got, assign = obj.gradients(Trainer(model, gradients=gradients).point_grad(CE, batch), f + l, batch,
-                                      consts, lam)
+    seen, got, assign = obj.gradients(
+        Trainer(model, gradients=gradients).point_grad(CE, batch), f + l, batch, consts, lam
+    )
     ps = [t.clone().requires_grad_() for t in f + l]
     w = interpolate(ps[:4], ps[4:], [lam[:, m] for m in (0, 0, 1, 1)])
     per = CE.per_sample(fwd.make_forward(model)(w, batch.x), batch.y)
@@ -257,7 +269,7 @@ def test_no_local_tensor_reaches_the_server_and_unsampled_clients_keep_theirs():
     for sent, local, start in zip(reply.values, state.local, initial_local):
         assert sent.shape == local.shape
         assert not torch.equal(sent, local) and sent.data_ptr() != local.data_ptr()
-        assert not torch.equal(local, start)           # the local model trained
+        assert not torch.equal(local, start)  # the local model trained
     # the local init is the client's own, deterministic, and not the global model
     again = algo._local(None, 5, glob)
     assert all(torch.equal(a, b) for a, b in zip(initial_local, again))
@@ -277,7 +289,7 @@ def test_copy_global_takes_the_global_model_at_the_first_update():
 
 
 def test_mixing_starts_after_round_floor_L_times_R():
-    algo = make("superfed-mm", model_fn=lambda v=0: mlp(v), start=0.4)        # R = 10
+    algo = make("superfed-mm", model_fn=lambda v=0: mlp(v), start=0.4)  # R = 10
     assert [algo.mixing(r) for r in range(10)] == [False] * 4 + [True] * 6
     assert not any(make("superfed-mm", model_fn=lambda v=0: mlp(v), start=1.0).mixing(r) for r in range(10))
 
@@ -295,8 +307,11 @@ def _apfl_by_hand(w, v, alpha, x, y, lr):
     # the paper's α step: ⟨v − w, ∇f(v̄)⟩
     gbar = torch.autograd.grad(fv, vbar)
     ga = sum(((tv - tw) * g).sum() for tv, tw, g in zip(v, w, gbar))
-    return ([t - lr * g for t, g in zip(w, gw)], [t - lr * g for t, g in zip(v, gv)],
-            float(min(max(alpha - lr * float(ga.detach()), 0.0), 1.0)))
+    return (
+        [t - lr * g for t, g in zip(w, gw)],
+        [t - lr * g for t, g in zip(v, gv)],
+        float(min(max(alpha - lr * float(ga.detach()), 0.0), 1.0)),
+    )
 
 
 def test_apfl_one_step_by_hand():
@@ -305,6 +320,7 @@ def test_apfl_one_step_by_hand():
     v = [torch.randn(2, 4, generator=torch.Generator().manual_seed(2))]
     d = client(0, n=12)
     from raysim.algorithms.apfl import APFLState
+
     state = APFLState(v, torch.tensor([0.5]))
     ((new, reply, _),) = run(algo, algo.train(state, Received(glob), d, ctx(0)))
     w1, v1, a1 = _apfl_by_hand(glob, v, 0.5, d.train_x, d.train_y, 0.5)
@@ -321,19 +337,29 @@ def test_apfl_alpha_is_clipped_to_the_unit_interval():
     algo = make("apfl", model_fn=lambda v=0: nn.Linear(4, 2, bias=False), lr=1000.0, batch_size=12)
     glob = [torch.zeros(2, 4)]
     from raysim.algorithms.apfl import APFLState
+
     v = [torch.randn(2, 4, generator=torch.Generator().manual_seed(3))]
     alphas = set()
     for seed in range(6):
-        ((st, _, _),) = run(algo, algo.train(APFLState(v, torch.tensor([0.5])), Received(glob), client(0, 12, seed), ctx(0)))
+        ((st, _, _),) = run(
+            algo, algo.train(APFLState(v, torch.tensor([0.5])), Received(glob), client(0, 12, seed), ctx(0))
+        )
         alphas.add(float(st.alpha))
-    assert alphas <= {0.0, 1.0} and alphas            # a huge step lands on a bound, never beyond
+    assert alphas <= {0.0, 1.0} and alphas  # a huge step lands on a bound, never beyond
 
 
 # -- pFedMe -----------------------------------------------------------------------------------------
 def test_pfedme_one_batch_by_hand():
     lam, k, plr, lr = 15.0, 3, 0.02, 0.1
-    algo = make("pfedme", model_fn=lambda v=0: nn.Linear(4, 2, bias=False), lr=lr, batch_size=12, lam=lam,
-                inner_steps=k, personal_lr=plr)
+    algo = make(
+        "pfedme",
+        model_fn=lambda v=0: nn.Linear(4, 2, bias=False),
+        lr=lr,
+        batch_size=12,
+        lam=lam,
+        inner_steps=k,
+        personal_lr=plr,
+    )
     glob = [torch.randn(2, 4, generator=torch.Generator().manual_seed(4))]
     d = client(0, n=12)
     ((state, reply, _),) = run(algo, algo.train(None, Received(glob), d, ctx(0)))
@@ -350,13 +376,14 @@ def test_pfedme_one_batch_by_hand():
 def test_pfedme_server_moves_by_beta():
     algo = make("pfedme", model_fn=lambda v=0: nn.Linear(1, 1, bias=False), beta=0.5)
     from raysim.core.replies import Weighted
+
     new = algo.aggregate([torch.tensor([[2.0]])], Weighted([torch.tensor([[6.0]])], 1.0), 0)
-    assert new[0].item() == 4.0                          # (1 − β)·2 + β·6
+    assert new[0].item() == 4.0  # (1 − β)·2 + β·6
 
 
 # -- data and models --------------------------------------------------------------------------------
 def test_strided_shards_give_client_i_shards_i_and_i_plus_k():
-    labels = np.repeat(np.arange(4), 10)                  # 4 classes of 10, 4 clients, 8 shards of 5
+    labels = np.repeat(np.arange(4), 10)  # 4 classes of 10, 4 clients, 8 shards of 5
     parts = shards(labels, 4, ShardsParams(2, "strided"), np.random.default_rng(0))
     assert [sorted(set(labels[p])) for p in parts] == [[0, 2], [0, 2], [1, 3], [1, 3]]
     assert parts[0].tolist() == [0, 1, 2, 3, 4, 20, 21, 22, 23, 24]
@@ -371,32 +398,42 @@ def test_twocnn_is_the_papers_bias_free_net_for_28x28():
 
 
 # -- end to end -------------------------------------------------------------------------------------
-SWEEP = DIGITS.format(rounds=24, algorithm="{name: superfed-mm, " + SGD + "}") + """
+SWEEP = (
+    DIGITS.format(rounds=24, algorithm="{name: superfed-mm, " + SGD + "}")
+    + """
 sweep:
   superfed-mm: {}
-  superfed-lm: {algorithm: {name: superfed-lm, """ + SGD + """}}
-  fedavg: {algorithm: {name: fedavg, """ + SGD + """}}
-  apfl: {algorithm: {name: apfl, """ + SGD + """}}
+  superfed-lm: {algorithm: {name: superfed-lm, """
+    + SGD
+    + """}}
+  fedavg: {algorithm: {name: fedavg, """
+    + SGD
+    + """}}
+  apfl: {algorithm: {name: apfl, """
+    + SGD
+    + """}}
   pfedme: {algorithm: {name: pfedme, lr: 0.05, batch_size: 10, local_epochs: 2, personal_lr: 0.05}}
 """
+)
 
 
 def test_superfed_apfl_pfedme_personalize_on_a_pathological_split(tmp_path):
-    path = write_scenario(tmp_path, SWEEP + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
-                          f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
+    path = write_scenario(
+        tmp_path, SWEEP + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n"
+    )
     s = summary_of(tmp_path, path, "--engine", "serial")["variants"]
     fedavg = s["fedavg"]["final"]["accuracy"]
     # measured: FedAvg .86; SuPerFed-MM .95, -LM .94, APFL .99, pFedMe .97
-    assert 0.5 < fedavg < 0.9                                  # one global model for 2-class clients
+    assert 0.5 < fedavg < 0.9  # one global model for 2-class clients
     for name in ("superfed-mm", "superfed-lm", "apfl", "pfedme"):
         f = s[name]["final"]
-        assert f["accuracy"] > fedavg + 0.05, name             # personalized beats global
+        assert f["accuracy"] > fedavg + 0.05, name  # personalized beats global
         assert f["accuracy"] > f["global_accuracy"], name
     mm = s["superfed-mm"]["final"]
     curve = mm["lambda_curve"]
     assert list(curve) == [f"{t:g}" for t in np.linspace(0, 1, 11)]
     assert curve["0"] == mm["global_accuracy"] and curve["1"] == mm["local_accuracy"]
-    assert max(curve.values()) > curve["0"] + 0.1                # mixing helps
+    assert max(curve.values()) > curve["0"] + 0.1  # mixing helps
     assert mm["accuracy_test_chosen"] >= mm["accuracy"]
     # the plot and its table are MLflow artifacts
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -407,6 +444,7 @@ def test_superfed_apfl_pfedme_personalize_on_a_pathological_split(tmp_path):
     data = open(png, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     import matplotlib.image
+
     h, w = matplotlib.image.imread(png).shape[:2]
     assert (w, h) == (600, 420)
 
@@ -414,9 +452,11 @@ def test_superfed_apfl_pfedme_personalize_on_a_pathological_split(tmp_path):
 @pytest.mark.ray
 def test_superfed_lm_on_ray_hosts_equals_the_serial_run(tmp_path):
     text = DIGITS.format(rounds=6, algorithm="{name: superfed-lm, start: 0.5, " + SGD + "}").replace(
-        "hosts: 2, cpus_per_host: 0.5", "hosts: 3, cpus_per_host: 0.5")
-    path = write_scenario(tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
-                          f"checkpoint: {{dir: '{tmp_path}/ck'}}\n")
+        "hosts: 2, cpus_per_host: 0.5", "hosts: 3, cpus_per_host: 0.5"
+    )
+    path = write_scenario(
+        tmp_path, text + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{dir: '{tmp_path}/ck'}}\n"
+    )
     ray_run = summary_of(tmp_path, path, name="ray.json")
     serial = summary_of(tmp_path, path, "--engine", "serial", name="serial.json")
     assert ray_run["final"] == serial["final"]

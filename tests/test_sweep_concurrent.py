@@ -1,6 +1,7 @@
 """A sweep's runs side by side on Ray Tune: each the run it would be alone (the serial
 engine's metrics), started together when the Ray holds them, a failed one reported with its
 resume command while the others finish."""
+
 import re
 import subprocess
 import sys
@@ -40,15 +41,23 @@ sweep:
 @pytest.mark.slow
 def test_sweep_runs_side_by_side_with_the_metrics_of_runs_alone_and_reports_a_failed_one(tmp_path):
     path = write_scenario(tmp_path, SWEEP.format(tmp=tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", path, "-q"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "run", path, "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     err = proc.stderr
     assert proc.returncode == 1, err
     assert "4 runs, up to 4 at a time on Ray Tune" in err and "Traceback" not in err
     assert "raysim: 2 of 4 runs failed: diverge seed 0, diverge seed 1" in err
     client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
-    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
-                 if r.data.tags.get("raysim.parent") == "1"]
+    (parent,) = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+        if r.data.tags.get("raysim.parent") == "1"
+    ]
     assert parent.info.status == "FAILED"
     kids = {(k.data.tags["variant"], k.data.tags["seed"]): k for k in report.expand(client, [parent.info.run_id])}
     assert sorted(kids) == [("diverge", "0"), ("diverge", "1"), ("ok", "0"), ("ok", "1")]
@@ -57,16 +66,36 @@ def test_sweep_runs_side_by_side_with_the_metrics_of_runs_alone_and_reports_a_fa
         bad = kids["diverge", seed]
         assert bad.info.status == "FAILED"
         assert re.search(rf"raysim: diverge seed {seed}: run failed: Diverged: training diverged in round \d+", err)
-        assert (f"continue it with: raysim run {path} --variant diverge --seeds {seed} --resume "
-                f"{bad.info.run_id}") in err
+        assert (
+            f"continue it with: raysim run {path} --variant diverge --seeds {seed} --resume {bad.info.run_id}"
+        ) in err
     # the finished runs are the runs alone: the serial engine, one run, in this process
     for seed in ("0", "1"):
         good = kids["ok", seed]
         assert good.info.status == "FINISHED"
         alone = tmp_path / f"alone{seed}.json"
-        assert cli.main(["run", path, "--variant", "ok", "--seeds", seed, "--engine", "serial", "-q",
-                         "--summary", str(alone), "--set", f"tracking.uri=sqlite:///{tmp_path}/alone.db"]) == 0
+        assert (
+            cli.main(
+                [
+                    "run",
+                    path,
+                    "--variant",
+                    "ok",
+                    "--seeds",
+                    seed,
+                    "--engine",
+                    "serial",
+                    "-q",
+                    "--summary",
+                    str(alone),
+                    "--set",
+                    f"tracking.uri=sqlite:///{tmp_path}/alone.db",
+                ]
+            )
+            == 0
+        )
         import json
+
         want = json.loads(alone.read_text())["final"]
         assert good.data.metrics["mse"] == want["mse"]
         assert good.data.metrics["bottom_decile_mse"] == want["bottom_decile_mse"]
@@ -80,8 +109,11 @@ def test_sweep_runs_side_by_side_with_the_metrics_of_runs_alone_and_reports_a_fa
 def test_runs_one_after_another_go_on_past_a_failed_one_and_fail_at_the_end(tmp_path, capsys):
     # the serial engine runs a sweep in turn: the diverging variant (listed first) fails with its
     # FAILED record and resume command, the others still run, and the sweep exits 1 at the end
-    text = SWEEP.format(tmp=tmp_path).replace("seeds: [0, 1]\n", "").replace(
-        "  ok: {}\n  diverge: {algorithm.lr: 5.0}\n", "  diverge: {algorithm.lr: 5.0}\n  ok: {}\n")
+    text = (
+        SWEEP.format(tmp=tmp_path)
+        .replace("seeds: [0, 1]\n", "")
+        .replace("  ok: {}\n  diverge: {algorithm.lr: 5.0}\n", "  diverge: {algorithm.lr: 5.0}\n  ok: {}\n")
+    )
     path = write_scenario(tmp_path, text)
     assert cli.main(["run", path, "-q", "--engine", "serial"]) == 1
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Graphs and mixing matrices: stochasticity, sparsity, self-weights, known spectral gaps."""
+
 import math
 
 import networkx as nx
@@ -9,7 +10,7 @@ from raysim.federation import topology as T
 
 
 def test_metropolis_on_a_path_by_hand():
-    g = nx.path_graph(3)            # degrees 1, 2, 1 -> every edge weight 1/3
+    g = nx.path_graph(3)  # degrees 1, 2, 1 -> every edge weight 1/3
     w = T.metropolis(g)
     expected = np.array([[2 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 3], [0, 1 / 3, 2 / 3]])
     assert np.allclose(w.toarray(), expected)
@@ -46,7 +47,7 @@ def test_fmmc_mixes_at_least_as_fast_and_keeps_self_weights():
     c = 1 - math.cos(2 * math.pi / 10)
     w_opt = 2 / (4 + 2 * c)
     ring = T.mixing_matrix(nx.cycle_graph(10), "fmmc")
-    assert (ring.diagonal() > 0.05).all()           # the optimum keeps self-weights
+    assert (ring.diagonal() > 0.05).all()  # the optimum keeps self-weights
     assert T.spectral_gap(ring) == pytest.approx(1 - (1 - 2 * w_opt * c), abs=2e-3)
     # star K_1,4: the optimum is w = 1/4 on each edge (SLEM 3/4), centre self-weight 0
     star = T.mixing_matrix(nx.star_graph(4), "fmmc")
@@ -86,7 +87,8 @@ def test_erdos_renyi_bridge_chains_one_draws_components_by_their_smallest_ids():
     g = T.build("erdos_renyi", 30, np.random.default_rng(7), p=0.02, connect="bridge")
     assert nx.is_connected(g)
     assert set(map(frozenset, g.edges())) == set(map(frozenset, raw.edges())) | {
-        frozenset(e) for e in zip(heads[:-1], heads[1:])}
+        frozenset(e) for e in zip(heads[:-1], heads[1:])
+    }
     with pytest.raises(T.TopologyError, match="topology.connect: bridge"):
         T.build("erdos_renyi", 30, np.random.default_rng(7), p=0.02)
     # 100 000 clients at average degree 8: one draw, connected, in seconds
@@ -104,7 +106,7 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     assert np.allclose(w, expect)
     T.check_mixing(w, g, counts=counts)
     pi = counts / counts.sum()
-    assert np.allclose(pi @ w, pi)                       # keeps the sample-weighted average
+    assert np.allclose(pi @ w, pi)  # keeps the sample-weighted average
     x = np.array([1.0, 2.0, 4.0])
     for _ in range(300):
         x = w @ x
@@ -112,7 +114,7 @@ def test_sample_weighted_mixing_on_a_path_by_hand():
     gap = T.spectral_gap(w, counts)
     assert gap == pytest.approx(1 - sorted(abs(np.linalg.eigvals(w)))[-2])
     with pytest.raises(T.TopologyError, match="detailed balance"):
-        T.check_mixing(T.metropolis(g), g, counts=counts)   # symmetric W, unequal counts
+        T.check_mixing(T.metropolis(g), g, counts=counts)  # symmetric W, unequal counts
     assert np.allclose(T.sample_weighted(T.metropolis(g), np.ones(3)).toarray(), T.metropolis(g).toarray())
 
 
@@ -125,16 +127,18 @@ def test_fmmc_iterations_are_a_budget_and_never_worse_than_metropolis():
 
 def test_large_ring_mixing_is_sparse_and_each_row_is_its_two_neighbours():
     from raysim.engine.gossip import GossipDriver
-    n = 49_998                      # a multiple of the 3 hosts: client c on host c % 3
+
+    n = 49_998  # a multiple of the 3 hosts: client c on host c % 3
     g = T.build("ring", n, np.random.default_rng(0))
     w = T.mixing_matrix(g, "metropolis")
-    assert w.format == "csr" and w.nnz == 3 * n                 # a dense W would be 20 GB
+    assert w.format == "csr" and w.nnz == 3 * n  # a dense W would be 20 GB
     groups = [list(range(h, n, 3)) for h in range(3)]
     rows, outboxes = GossipDriver._plan(w, groups, np.arange(n) % 3)
 
-    def row(h, k):                   # host h's k-th client's (neighbours ascending, weights)
+    def row(h, k):  # host h's k-th client's (neighbours ascending, weights)
         ids, ptr, idx, val = rows[h]
-        return idx[ptr[k]:ptr[k + 1]].tolist(), val[ptr[k]:ptr[k + 1]].tolist()
+        return idx[ptr[k] : ptr[k + 1]].tolist(), val[ptr[k] : ptr[k + 1]].tolist()
+
     assert rows[0][0][:2].tolist() == [0, 3] and rows[1][0][:2].tolist() == [1, 4]
     assert row(0, 0)[0] == [0, 1, n - 1] and row(1, 0)[0] == [0, 1, 2]
     assert row(0, 0)[1] + row(1, 0)[1] == pytest.approx([1 / 3] * 6)

@@ -1,5 +1,6 @@
 """CIFAR-10/100 (binary versions) and EMNIST (IDX) from files written here, Pachinko allocation,
 and torchvision's MobileNetV2 / ResNet-18 with weights from a local file."""
+
 import gzip
 import struct
 
@@ -42,11 +43,11 @@ def test_cifar10_binary_records_become_normalized_images(tmp_path):
     x, y, parts = src.pool()
     assert x.shape == (24, 3, 32, 32) and x.dtype == np.uint8 and y.tolist()[:5] == [0, 1, 2, 3, 1]
     c = src.client(0)
-    assert c.train_x.shape[1:] == (3, 32, 32) and c.train_x.dtype == torch.uint8   # the pixels, held
-    i = int(parts[0][0])                                    # the client's first sample, by hand
+    assert c.train_x.shape[1:] == (3, 32, 32) and c.train_x.dtype == torch.uint8  # the pixels, held
+    i = int(parts[0][0])  # the client's first sample, by hand
     spec = CIFAR["cifar10"]
     want = [((y[i] + 10 * ch) / 255 - spec["mean"][ch]) / spec["std"][ch] for ch in range(3)]
-    got = src.pixels(torch.cat([c.train_x, c.test_x]))[:, :, 0, 0]        # decoded per channel
+    got = src.pixels(torch.cat([c.train_x, c.test_x]))[:, :, 0, 0]  # decoded per channel
     assert any(np.allclose(row.numpy(), want, atol=1e-5) for row in got)
 
 
@@ -66,18 +67,19 @@ def write_cifar100(root, n_train=300, n_test=100):
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name, n in (("train.bin", n_train), ("test.bin", n_test)):
-        fine = rng.integers(0, 20, n)                        # 20 fine labels: coarse = fine // 5
+        fine = rng.integers(0, 20, n)  # 20 fine labels: coarse = fine // 5
         (d / name).write_bytes(cifar_records(fine.tolist(), (fine // 5).tolist()))
     return root
 
 
 def test_cifar100_keeps_coarse_labels_and_pachinko_splits_by_them(tmp_path):
-    src = source("cifar100", write_cifar100(tmp_path), clients=8, kind="pachinko",
-                 params=PachinkoParams(alpha=0.05, beta=10.0))
+    src = source(
+        "cifar100", write_cifar100(tmp_path), clients=8, kind="pachinko", params=PachinkoParams(alpha=0.05, beta=10.0)
+    )
     assert src.coarse_labels[:20].tolist() == [f // 5 for f in range(20)]
     x, y, parts = src.pool()
     idx = np.concatenate(parts)
-    assert all(len(p) == 400 // 8 for p in parts) and len(np.unique(idx)) == len(idx)   # disjoint, equal
+    assert all(len(p) == 400 // 8 for p in parts) and len(np.unique(idx)) == len(idx)  # disjoint, equal
     # alpha 0.05: a client's samples come mostly from one coarse label (until it runs out)
     shares = [np.bincount(y[p] // 5, minlength=4).max() / len(p) for p in parts]
     assert np.mean(shares) > 0.6
@@ -104,7 +106,7 @@ def test_emnist_images_are_turned_upright_and_letters_start_at_zero(tmp_path):
     raw = tmp_path / "EMNIST" / "raw"
     raw.mkdir(parents=True)
     img = np.zeros((28, 28), dtype=np.uint8)
-    img[0, 5] = 255                                          # stored column-major: upright it is at (5, 0)
+    img[0, 5] = 255  # stored column-major: upright it is at (5, 0)
     for s, n in (("train", 6), ("test", 2)):
         idx(raw / f"emnist-letters-{s}-images-idx3-ubyte.gz", np.stack([img] * n), 3)
         idx(raw / f"emnist-letters-{s}-labels-idx1-ubyte.gz", np.arange(1, n + 1), 1)
@@ -120,12 +122,13 @@ def test_emnist_images_are_turned_upright_and_letters_start_at_zero(tmp_path):
 
 def test_torchvision_models_take_weights_from_a_local_file_only_where_they_fit(tmp_path):
     import torchvision
-    imagenet = torchvision.models.resnet18(weights=None)     # the layout of torchvision's ImageNet file
+
+    imagenet = torchvision.models.resnet18(weights=None)  # the layout of torchvision's ImageNet file
     torch.save(imagenet.state_dict(), tmp_path / "r18.pth")
     m = resnet18(TorchvisionParams(weights=str(tmp_path / "r18.pth")), (3, 32, 32), 10)
     assert torch.equal(m.conv1.weight, imagenet.conv1.weight)
-    assert torch.equal(m.bn1.weight, imagenet.bn1.weight)    # the affine part goes to GroupNorm
-    assert m.fc.weight.shape == (10, 512) and not list(m.buffers())   # 10 classes: fc left out; no stats
+    assert torch.equal(m.bn1.weight, imagenet.bn1.weight)  # the affine part goes to GroupNorm
+    assert m.fc.weight.shape == (10, 512) and not list(m.buffers())  # 10 classes: fc left out; no stats
     assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     (tmp_path / "junk.pth").write_bytes(b"not a tensor file")
     with pytest.raises(ValueError, match="cannot load weights from .*junk.pth"):

@@ -1,6 +1,7 @@
 """Host actors of raysim's local Ray forked from the zygote (raysim/engine/ray_zygote.py): they
 share PyTorch's pages with it, run as Ray workers, and die with their launcher, their zygote
 and the driver; they serve their own user only and leave no file behind."""
+
 import contextlib
 import json
 import os
@@ -66,8 +67,14 @@ def reply(proc):
 def driver(env_extra=None):
     """The driver above, running: (its process, its first answer); ended on leaving."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         yield proc, reply(proc)
     finally:
@@ -81,8 +88,11 @@ def zygote_of(pid):
 
 
 def launchers(driver_pid):
-    return [p for p in psutil.Process(driver_pid).children(recursive=True)
-            if any(a.endswith("zygote.py") for a in p.cmdline()[:2]) and "--raysim-zygote" not in p.cmdline()]
+    return [
+        p
+        for p in psutil.Process(driver_pid).children(recursive=True)
+        if any(a.endswith("zygote.py") for a in p.cmdline()[:2]) and "--raysim-zygote" not in p.cmdline()
+    ]
 
 
 def gone(pid, within=15.0):
@@ -98,13 +108,16 @@ def test_a_host_actor_is_forked_from_the_zygote_and_shares_pytorch_with_it():
     with driver() as (proc, first):
         zygote = zygote_of(first["pid"])
         assert zygote is not None, psutil.Process(first["pid"]).parent().cmdline()
-        assert first["sum"] == 1.0                                 # it computes
+        assert first["sum"] == 1.0  # it computes
         # PyTorch's import alone is about 280 MB of private memory in a fresh interpreter (CUDA
         # build); forked, the actor holds only what it has written since
         assert psutil.Process(first["pid"]).memory_full_info().uss < 150 * 2**20
-        fresh = subprocess.run([sys.executable, "-c", "import torch, psutil; "
-                                "print(psutil.Process().memory_full_info().uss)"],
-                               capture_output=True, text=True, check=True)
+        fresh = subprocess.run(
+            [sys.executable, "-c", "import torch, psutil; print(psutil.Process().memory_full_info().uss)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert int(fresh.stdout) > 200 * 2**20
 
 
@@ -133,8 +146,9 @@ def test_without_the_zygote_a_host_actor_is_a_fresh_interpreter():
     with driver({"RAYSIM_ZYGOTE": "off"}) as (proc, first):
         assert zygote_of(first["pid"]) is None and first["launcher"] == 0
         assert first["sum"] == 1.0
-        assert not [p for p in psutil.Process(first["driver"]).children(recursive=True)
-                    if "--raysim-zygote" in p.cmdline()]
+        assert not [
+            p for p in psutil.Process(first["driver"]).children(recursive=True) if "--raysim-zygote" in p.cmdline()
+        ]
 
 
 def test_a_launcher_killed_takes_its_worker_with_it_and_ray_sees_the_actor_die():
@@ -175,7 +189,7 @@ def as_other_user(name):
     is sent or after), "forked" where it answers with a worker's pid."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:                                           # the child: only sockets, then leave
+    if pid == 0:  # the child: only sockets, then leave
         try:
             os.setgroups([])
             os.setgid(65534)
@@ -187,10 +201,10 @@ def as_other_user(name):
             try:
                 socket.send_fds(c, [json.dumps(request).encode()], [0, 1, 2])
                 answer = c.recv(4)
-            except (BrokenPipeError, ConnectionResetError):   # hung up before or after the request came
+            except (BrokenPipeError, ConnectionResetError):  # hung up before or after the request came
                 answer = b""
             os.write(write, b"closed" if answer == b"" else b"forked")
-        except BaseException as e:                     # noqa: BLE001 - reported to the parent
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
             os.write(write, repr(e).encode()[:200])
         finally:
             os._exit(0)
@@ -207,6 +221,6 @@ def test_the_zygote_forks_nothing_for_another_user():
         before = {p.pid for p in zygote.children()}
         assert as_other_user(first["zygote"]) == "closed"
         assert {p.pid for p in zygote.children()} == before
-        proc.stdin.write("again\n")                   # and it still serves its own user's
+        proc.stdin.write("again\n")  # and it still serves its own user's
         proc.stdin.flush()
         assert reply(proc)["pid"] == first["pid"]

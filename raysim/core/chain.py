@@ -22,6 +22,7 @@ which path another run took; stacked and one-job passes of this path agree bit f
 the autograd path's do (each set's products are computed on their own). The two paths agree
 to float32 rounding, not bitwise: tests hold them within 1e-6.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ def plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     an optional leading Flatten(1, -1), then Linear layers with element-wise activations
     between or after them, no buffers."""
     from .forward import layers
+
     if any(True for _ in model.buffers()):
         return None
     out: list[tuple[str, nn.Module]] = []
@@ -46,7 +48,7 @@ def plan(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
         if isinstance(layer, nn.Linear):
             out.append(("linear", layer))
         elif isinstance(layer, ACTIVATIONS):
-            if not out:            # an activation on the raw inputs: leave it to autograd
+            if not out:  # an activation on the raw inputs: leave it to autograd
                 return None
             out.append(("act", layer))
         elif isinstance(layer, nn.Flatten) and i == 0 and layer.start_dim == 1 and layer.end_dim == -1:
@@ -77,8 +79,10 @@ class Terms:
 
     def head(self, n: int) -> Terms:
         """The terms of the first n sets (a pass's last steps, where its shorter jobs are done)."""
+
         def cut(v):
             return None if v is None else v[:n] if isinstance(v, torch.Tensor) else [u[:n] for u in v]
+
         return Terms(cut(self.c), cut(self.d), cut(self.scale), cut(self.shift))
 
 
@@ -86,24 +90,27 @@ class Chain:
     """Loss and gradients of ``Supervised``'s objective for a chain model (``plan``)."""
 
     def __init__(self, model: nn.Module, steps: list[tuple[str, nn.Module]]):
-        self.layers: list[tuple[bool, list]] = []     # per Linear: (has bias, following activations)
+        self.layers: list[tuple[bool, list]] = []  # per Linear: (has bias, following activations)
         for kind, layer in steps:
             if kind == "linear":
                 self.layers.append((layer.bias is not None, []))
             else:
                 self.layers[-1][1].append(layer)
-        self.first: list[int] = []                     # each layer's first parameter index
+        self.first: list[int] = []  # each layer's first parameter index
         pos = 0
         for has_bias, _ in self.layers:
             self.first.append(pos)
             pos += 1 + has_bias
-        self.count = pos                               # parameters, in model order
+        self.count = pos  # parameters, in model order
 
     def supports(self, task, params: int, consts) -> bool:
         """For ``Supervised``'s loss (the loop checks the objective) on this task, with
         ``params`` parameters a job and these constants."""
-        return (isinstance(task, (Classification, Regression)) and params == self.count
-                and set(consts) <= {"mu", "anchor", "linear"})
+        return (
+            isinstance(task, (Classification, Regression))
+            and params == self.count
+            and set(consts) <= {"mu", "anchor", "linear"}
+        )
 
     def terms(self, consts: dict, train_mask: tuple[bool, ...]) -> Terms:
         """The objective's gradient terms beside the data's, as c·w + d per trained parameter:
@@ -115,16 +122,34 @@ class Chain:
             anchors = [a for a, t in zip(consts["anchor"], train_mask) if t]
             uniform = bool((c == c[0]).all())
             # one anchor for every set (stride 0) and one μ: d is one row too, seen K times
-            d = [shared_row(a, lambda r: r * -c[:1].view(-1, *([1] * (a.dim() - 1))))  # noqa: B023 - called at once
-                 if uniform and a.stride(0) == 0 else a * -c.view(-1, *([1] * (a.dim() - 1))) for a in anchors]
+            d = [
+                shared_row(a, lambda r: r * -c[:1].view(-1, *([1] * (a.dim() - 1))))  # noqa: B023 - called at once
+                if uniform and a.stride(0) == 0
+                else a * -c.view(-1, *([1] * (a.dim() - 1)))
+                for a in anchors
+            ]
         if "linear" in consts:
             lins = [l for l, t in zip(consts["linear"], train_mask) if t]
             d = lins if d is None else [u + v for u, v in zip(d, lins)]
         return Terms(c, d)
 
-    def step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-             valid: torch.Tensor, terms: tuple, train_mask: tuple[bool, ...], opt=None, lo: int = 0, hi: int = 0,
-             offset: torch.Tensor | None = None, outputs: bool = False, hidden=None):
+    def step(
+        self,
+        task,
+        params: list[torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        valid: torch.Tensor,
+        terms: tuple,
+        train_mask: tuple[bool, ...],
+        opt=None,
+        lo: int = 0,
+        hi: int = 0,
+        offset: torch.Tensor | None = None,
+        outputs: bool = False,
+        hidden=None,
+    ):
         """One step's data loss summed over each set's valid rows (K,) and the gradients of the
         trained parameters in model order (``terms`` included: ``terms(...)`` of these sets);
         or, given an ``opt`` (optim.Stacked, sets lo..hi-1 of it: ``params`` are their slices)
@@ -149,16 +174,26 @@ class Chain:
         for li in range(len(self.layers) - 1, -1, -1):
             has_bias, acts = self.layers[li]
             seq = seqs[li]
-            for j in range(len(acts) - 1, -1, -1):          # through this layer's activations
+            for j in range(len(acts) - 1, -1, -1):  # through this layer's activations
                 delta = _act_back(acts[j], seq[j], seq[j + 1], delta)
             p = self.first[li]
             below = li > 0 and p > lowest
-            prev = torch.bmm(delta, weights[li]) if below else None     # with the weights before the step
+            prev = torch.bmm(delta, weights[li]) if below else None  # with the weights before the step
             if below and hidden is not None and hidden[0] == p:
                 prev = prev + hidden[1](inputs[li])
             if train_mask[p]:
-                self._apply(p, slot, params, terms, grads, opt if fuse else None, lo, hi,
-                            ga=delta.transpose(1, 2), gb=inputs[li])
+                self._apply(
+                    p,
+                    slot,
+                    params,
+                    terms,
+                    grads,
+                    opt if fuse else None,
+                    lo,
+                    hi,
+                    ga=delta.transpose(1, 2),
+                    gb=inputs[li],
+                )
             if has_bias and train_mask[p + 1]:
                 self._apply(p + 1, slot, params, terms, grads, opt if fuse else None, lo, hi, g=delta.sum(1))
             if not below:
@@ -174,9 +209,16 @@ class Chain:
             torch._foreach_add_(got, d)
         return (data_sum, got, out) if outputs else (data_sum, got)
 
-
-    def private_step(self, task, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                     valid: torch.Tensor, clip: float, train_mask: tuple[bool, ...]):
+    def private_step(
+        self,
+        task,
+        params: list[torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        valid: torch.Tensor,
+        clip: float,
+        train_mask: tuple[bool, ...],
+    ):
         """DP-SGD's data gradient for K sets (Abadi et al., CCS 2016): each sample's gradient of
         its own loss (over every trained parameter) clipped to L2 norm ``clip``, then summed over
         the batch's valid rows. A sample's squared norm is taken without forming its gradient:
@@ -187,9 +229,9 @@ class Chain:
         clipped rows' count (K,))."""
         k, b = x.shape[0], x.shape[1]
         inputs, seqs, weights = self._forward_pass(params, x.reshape(k, b, -1))
-        data_sum, delta = _output_error(task, seqs[-1][-1], y, valid, valid)     # each sample's own loss
+        data_sum, delta = _output_error(task, seqs[-1][-1], y, valid, valid)  # each sample's own loss
         lowest = next((i for i, t in enumerate(train_mask) if t), len(train_mask))
-        errors: dict[int, torch.Tensor] = {}             # layer -> its δ (K, B, out), unscaled
+        errors: dict[int, torch.Tensor] = {}  # layer -> its δ (K, B, out), unscaled
         norm2 = torch.zeros(k, b, dtype=delta.dtype, device=delta.device)
         for li in range(len(self.layers) - 1, -1, -1):
             has_bias, acts = self.layers[li]
@@ -230,7 +272,11 @@ class Chain:
             bias = next(it) if has_bias else None
             weights.append(w)
             inputs.append(a)
-            z = torch.bmm(a, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
+            z = (
+                torch.bmm(a, w.transpose(1, 2))
+                if bias is None
+                else torch.baddbmm(bias.unsqueeze(1), a, w.transpose(1, 2))
+            )
             seq = [z]
             for act in acts:
                 seq.append(_forward(act, seq[-1]))
@@ -247,8 +293,9 @@ class Chain:
             grads[i] = torch.bmm(ga, gb) if g is None else g
 
 
-def _output_error(task, a: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-                  valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _output_error(
+    task, a: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the data loss summed over valid rows (K,), the loss's error at the outputs ``a``, each
     row's weighted by ``weight``): cross-entropy or squared error (mean over outputs)."""
     if isinstance(task, Classification):
@@ -285,7 +332,7 @@ def _act_back(act: nn.Module, z: torch.Tensor, a: torch.Tensor, delta: torch.Ten
         return delta * (1 - a * a)
     if isinstance(act, nn.Sigmoid):
         return delta * (a * (1 - a))
-    return delta                                          # Identity
+    return delta  # Identity
 
 
 def make(model: nn.Module) -> Chain | None:

@@ -1,4 +1,5 @@
 """A client's data shard and the context of a client step."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,13 +13,13 @@ import torch
 class Context:
     """What a client step may know besides its state, the message and its data."""
 
-    round: int            # 0-based round index
-    rounds: int           # total rounds of the run
-    cid: int              # client id
-    generator: torch.Generator   # derived from (seed, purpose, round, cid)
+    round: int  # 0-based round index
+    rounds: int  # total rounds of the run
+    cid: int  # client id
+    generator: torch.Generator  # derived from (seed, purpose, round, cid)
     device: torch.device = torch.device("cpu")
-    group: int = 0        # the group the server chose for this client this round (cluster, ...)
-    work: float = 1.0     # the share of its local steps the client has time for (a straggler's partial work)
+    group: int = 0  # the group the server chose for this client this round (cluster, ...)
+    work: float = 1.0  # the share of its local steps the client has time for (a straggler's partial work)
 
     def fork(self) -> Context:
         """This context with a generator of its own that starts where this one stands: a second
@@ -82,8 +83,10 @@ class ClientData:
     def to(self, device: torch.device) -> ClientData:
         if device.type == "cpu":
             return self
-        return ClientData(self.cid, *(t.to(device) for t in (
-            self.train_x, self.train_y, self.val_x, self.val_y, self.test_x, self.test_y)))
+        return ClientData(
+            self.cid,
+            *(t.to(device) for t in (self.train_x, self.train_y, self.val_x, self.val_y, self.test_x, self.test_y)),
+        )
 
 
 class Pixels:
@@ -100,8 +103,10 @@ class Pixels:
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]):
         if len(mean) != len(std):
             raise ValueError(f"{len(mean)} channel means but {len(std)} standard deviations")
-        self.mean, self.std = tuple(float(torch.tensor(m, dtype=torch.float32)) for m in mean), tuple(
-            float(torch.tensor(s, dtype=torch.float32)) for s in std)
+        self.mean, self.std = (
+            tuple(float(torch.tensor(m, dtype=torch.float32)) for m in mean),
+            tuple(float(torch.tensor(s, dtype=torch.float32)) for s in std),
+        )
         self._on: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,9 +115,11 @@ class Pixels:
         got = self._on.get(device)
         if got is None:
             shape = () if len(self.mean) == 1 else (len(self.mean), 1, 1)
-            got = self._on[device] = (torch.tensor(255.0, device=device),
-                                      torch.tensor(self.mean, device=device).reshape(shape),
-                                      torch.tensor(self.std, device=device).reshape(shape))
+            got = self._on[device] = (
+                torch.tensor(255.0, device=device),
+                torch.tensor(self.mean, device=device).reshape(shape),
+                torch.tensor(self.std, device=device).reshape(shape),
+            )
         return got
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +138,7 @@ class Pixels:
         return {"mean": self.mean, "std": self.std, "_on": {}}
 
 
-ALIGN = 64     # bytes: where each client's rows start in a packed tensor (a cache line)
+ALIGN = 64  # bytes: where each client's rows start in a packed tensor (a cache line)
 
 
 def pack(shards: list[ClientData]) -> list[ClientData]:
@@ -147,8 +154,8 @@ def pack(shards: list[ClientData]) -> list[ClientData]:
     if len(shards) < 2:
         return shards
     x0, y0 = shards[0].train_x, shards[0].train_y
-    row = math.prod(x0.shape[1:]) * x0.element_size()          # bytes a row (a client may hold none)
-    step = ALIGN // math.gcd(max(row, 1), ALIGN)          # rows per aligned stretch
+    row = math.prod(x0.shape[1:]) * x0.element_size()  # bytes a row (a client may hold none)
+    step = ALIGN // math.gcd(max(row, 1), ALIGN)  # rows per aligned stretch
     at, starts = 0, []
     for d in shards:
         starts.append(at)
@@ -158,7 +165,7 @@ def pack(shards: list[ClientData]) -> list[ClientData]:
     out = []
     for d, a in zip(shards, starts):
         n = d.num_train
-        xs[a:a + n] = d.train_x
-        ys[a:a + n] = d.train_y
-        out.append(dataclasses.replace(d, train_x=xs[a:a + n], train_y=ys[a:a + n]))
+        xs[a : a + n] = d.train_x
+        ys[a : a + n] = d.train_y
+        out.append(dataclasses.replace(d, train_x=xs[a : a + n], train_y=ys[a : a + n]))
     return out

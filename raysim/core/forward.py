@@ -12,6 +12,7 @@ numbers do not depend on which other sets share the pass (tests check this bitwi
 convolutions do not have that property (the kernel depends on the group count), so models with
 convolutions are stacked only within one client (``Trainer``, loop.py), never across clients.
 """
+
 from __future__ import annotations
 
 from dataclasses import field
@@ -21,10 +22,28 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid,
-               nn.Softplus, nn.Identity, nn.Dropout)
-POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
-         nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
+ELEMENTWISE = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Softplus,
+    nn.Identity,
+    nn.Dropout,
+)
+POOLS = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d,
+)
 
 
 def layers(model: nn.Module) -> list[nn.Module]:
@@ -62,18 +81,22 @@ GPU_PASS = 32
 
 def stacking_field():
     """The hyperparameter every algorithm has for the batched path."""
-    return field(default="auto", metadata={
-        "choices": STACK_MODES,
-        "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
-                "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
-                "without convolutions, as many sets a pass as measured fastest on this machine (widths.Widths; "
-                "the numbers do not depend on it); on a GPU, each client's own sets only (across clients, "
-                "the stack's width picks the GPU's kernels, and with them the last bits); padded: clients "
-                "stacked in passes of exactly 32 sets, the last padded, so the shapes, hence a GPU's kernels, "
-                "do not depend on the hosts (on a GPU much faster than auto for MLPs; see the GPU guide for "
-                "what was checked); always: every set in one pass wherever the architecture allows "
-                "(convolutions within a client only; on a GPU the numbers then depend on how clients are "
-                "spread over hosts); never: one set after another"})
+    return field(
+        default="auto",
+        metadata={
+            "choices": STACK_MODES,
+            "help": "train a host's clients (and each client's parameter sets, e.g. FedEM's components) as "
+            "stacked models: one pass per batch for many, the same batches and arithmetic. auto: models "
+            "without convolutions, as many sets a pass as measured fastest on this machine (widths.Widths; "
+            "the numbers do not depend on it); on a GPU, each client's own sets only (across clients, "
+            "the stack's width picks the GPU's kernels, and with them the last bits); padded: clients "
+            "stacked in passes of exactly 32 sets, the last padded, so the shapes, hence a GPU's kernels, "
+            "do not depend on the hosts (on a GPU much faster than auto for MLPs; see the GPU guide for "
+            "what was checked); always: every set in one pass wherever the architecture allows "
+            "(convolutions within a client only; on a GPU the numbers then depend on how clients are "
+            "spread over hosts); never: one set after another",
+        },
+    )
 
 
 def stack_within(mode: str, model: nn.Module) -> bool:
@@ -113,9 +136,17 @@ def _plan(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if plan is None:
         plan = []
         for layer in layers(model):
-            kind = ("conv" if isinstance(layer, nn.Conv2d) else "pool" if isinstance(layer, POOLS)
-                    else "flatten" if isinstance(layer, nn.Flatten) else "linear" if isinstance(layer, nn.Linear)
-                    else "elementwise")
+            kind = (
+                "conv"
+                if isinstance(layer, nn.Conv2d)
+                else "pool"
+                if isinstance(layer, POOLS)
+                else "flatten"
+                if isinstance(layer, nn.Flatten)
+                else "linear"
+                if isinstance(layer, nn.Linear)
+                else "elementwise"
+            )
             plan.append((kind, layer))
         object.__setattr__(model, "_raysim_plan", plan)
     return plan
@@ -129,7 +160,7 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
     (K, B, ...) at a flatten or linear layer."""
     m, b = x.shape[0], x.shape[1]
     it = iter(params)
-    grouped = False                      # True: x is (B, K*C, ...)
+    grouped = False  # True: x is (B, K*C, ...)
     for kind, layer in _plan(model):
         if kind == "conv":
             if not grouped:
@@ -137,8 +168,15 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
                 grouped = True
             w = next(it)
             bias = next(it) if layer.bias is not None else None
-            x = F.conv2d(x, w.reshape(-1, *w.shape[2:]), None if bias is None else bias.reshape(-1),
-                         layer.stride, layer.padding, layer.dilation, groups=m)
+            x = F.conv2d(
+                x,
+                w.reshape(-1, *w.shape[2:]),
+                None if bias is None else bias.reshape(-1),
+                layer.stride,
+                layer.padding,
+                layer.dilation,
+                groups=m,
+            )
         elif kind == "pool":
             if grouped:
                 x = layer(x)
@@ -159,13 +197,19 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
             if torch.is_grad_enabled():
                 # (W x^T)^T rather than x W^T: the weight's gradient (grad · x) then comes out
                 # contiguous, which the optimizer's foreach step needs to be fast
-                out = (torch.bmm(w, flat.transpose(1, 2)) if bias is None else
-                       torch.baddbmm(bias.unsqueeze(2), w, flat.transpose(1, 2))).transpose(1, 2)
-            else:                        # no gradient: the faster layout for many rows
-                out = torch.bmm(flat, w.transpose(1, 2)) if bias is None else torch.baddbmm(
-                    bias.unsqueeze(1), flat, w.transpose(1, 2))
+                out = (
+                    torch.bmm(w, flat.transpose(1, 2))
+                    if bias is None
+                    else torch.baddbmm(bias.unsqueeze(2), w, flat.transpose(1, 2))
+                ).transpose(1, 2)
+            else:  # no gradient: the faster layout for many rows
+                out = (
+                    torch.bmm(flat, w.transpose(1, 2))
+                    if bias is None
+                    else torch.baddbmm(bias.unsqueeze(1), flat, w.transpose(1, 2))
+                )
             x = out.reshape(*shape[:-1], w.shape[1])
-        else:                            # element-wise: any layout
+        else:  # element-wise: any layout
             x = layer(x)
     if grouped:
         x = x.reshape(b, m, -1, *x.shape[2:]).transpose(0, 1)
@@ -179,8 +223,10 @@ def make_forward(model: nn.Module):
     names = [n for n, _ in model.named_parameters()]
 
     def one_by_one(params, x):
-        return torch.stack([functional_call(model, {n: p[k] for n, p in zip(names, params)}, (x[k],))
-                            for k in range(x.shape[0])])
+        return torch.stack(
+            [functional_call(model, {n: p[k] for n, p in zip(names, params)}, (x[k],)) for k in range(x.shape[0])]
+        )
+
     return one_by_one
 
 

@@ -22,6 +22,7 @@ Groups every model has:
   by its full name (``"0.weight"``).
 - ``~group``: the complement of any of these (``~norm``: everything but the normalization layers).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -33,8 +34,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Groups:
-    names: tuple[str, ...]                   # parameter names, in parameters() order
-    layers: dict[str, tuple[int, ...]]       # layer (module name) -> its parameters, in order
+    names: tuple[str, ...]  # parameter names, in parameters() order
+    layers: dict[str, tuple[int, ...]]  # layer (module name) -> its parameters, in order
     head: tuple[int, ...]
     body: tuple[int, ...]
     stats: tuple[int, ...]
@@ -62,8 +63,9 @@ class Groups:
             return self.layers[group]
         if group in self.names:
             return (self.names.index(group),)
-        raise KeyError(f"no parameter group {group!r}; groups: head, body, stats, norm, all, or a layer: "
-                       f"{', '.join(self.layers)}")
+        raise KeyError(
+            f"no parameter group {group!r}; groups: head, body, stats, norm, all, or a layer: {', '.join(self.layers)}"
+        )
 
     def mask(self, group) -> tuple[bool, ...]:
         """True at the group's parameters (an ``Objective.trainable``)."""
@@ -112,8 +114,9 @@ def groups_of(model: nn.Module, head: int | Sequence[str] | None = None) -> Grou
         spec = 1
     if isinstance(spec, int):
         if not 1 <= spec <= len(order):
-            raise ValueError(f"model.head: {spec} layers; the model has {len(order)} layers with parameters "
-                             f"({', '.join(order)})")
+            raise ValueError(
+                f"model.head: {spec} layers; the model has {len(order)} layers with parameters ({', '.join(order)})"
+            )
         chosen = [i for layer in order[-spec:] for i in layers[layer]]
     else:
         chosen = []
@@ -125,8 +128,9 @@ def groups_of(model: nn.Module, head: int | Sequence[str] | None = None) -> Grou
                 if not hit:
                     hit = [i for lay, idx in layers.items() if lay.startswith(want + ".") for i in idx]
             if not hit:
-                raise ValueError(f"model.head: {want!r} is not a layer or parameter of the model; layers: "
-                                 f"{', '.join(order)}")
+                raise ValueError(
+                    f"model.head: {want!r} is not a layer or parameter of the model; layers: {', '.join(order)}"
+                )
             chosen += [i for i in hit if i not in chosen]
     head_idx = tuple(sorted(set(chosen)))
     body = tuple(i for i in range(len(names)) if i not in head_idx)

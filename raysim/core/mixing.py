@@ -5,6 +5,7 @@ component). The core flattens a client's groups into one float32 vector, mixes
 θ_i ← Σ_j W_ij θ_j over its neighbourhood and measures the consensus distance
 mean_k ‖θ_k − θ̄‖² per group.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,13 +45,16 @@ class Rows:
             self.cids, self.sources, self.matrix = [], [], None
             return
         import scipy.sparse as sp
+
         if isinstance(rows, (tuple, list)):
             ids, ptr, idx, val = (np.asarray(a) for a in rows)
             self.cids = [int(c) for c in ids.tolist()]
             sources = np.unique(idx)
             self.sources = sources.tolist()
-            self.matrix = sp.csr_matrix((val.astype(np.float64), np.searchsorted(sources, idx).astype(np.int64),
-                                         ptr.astype(np.int64)), shape=(len(self.cids), len(self.sources)))
+            self.matrix = sp.csr_matrix(
+                (val.astype(np.float64), np.searchsorted(sources, idx).astype(np.int64), ptr.astype(np.int64)),
+                shape=(len(self.cids), len(self.sources)),
+            )
             self.matrix.has_sorted_indices = True
             return
         self.cids = sorted(rows)
@@ -62,8 +66,10 @@ class Rows:
                 idx.append(col[j])
                 val.append(float(w))
             ptr.append(len(idx))
-        self.matrix = sp.csr_matrix((np.asarray(val, dtype=np.float64), np.asarray(idx, dtype=np.int64),
-                                     np.asarray(ptr, dtype=np.int64)), shape=(len(self.cids), len(self.sources)))
+        self.matrix = sp.csr_matrix(
+            (np.asarray(val, dtype=np.float64), np.asarray(idx, dtype=np.int64), np.asarray(ptr, dtype=np.int64)),
+            shape=(len(self.cids), len(self.sources)),
+        )
         self.matrix.has_sorted_indices = True
 
     def mix(self, sources: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -75,7 +81,6 @@ class Rows:
         first = sources[self.sources[0]]
         flat = torch.stack([sources[j] for j in self.sources]).cpu().to(torch.float64).numpy()
         return torch.from_numpy(self.matrix @ flat).to(first.dtype).to(first.device)
-
 
     def mix_arrays(self, ids: np.ndarray, matrix: torch.Tensor) -> torch.Tensor:
         """``mix`` with the sources as rows of one matrix, row k being client ``ids[k]``'s

@@ -11,6 +11,7 @@ gradient), and the forward pass in training mode updates the job's own copy in p
 state, as most FL code averages ``state_dict``) or keeps them local (group ``stats``, FedBN's
 rule) like any other group.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ class _StatsAsParameters:
         del self.running_mean, self.running_var, self.num_batches_tracked
         self.running_mean = nn.Parameter(mean, requires_grad=False)
         self.running_var = nn.Parameter(var, requires_grad=False)
-        self.num_batches_tracked = None      # momentum is a number: the count is never needed
+        self.num_batches_tracked = None  # momentum is a number: the count is never needed
 
 
 class BatchNorm2d(_StatsAsParameters, nn.BatchNorm2d):
@@ -48,8 +49,9 @@ class BatchNorm1d(_StatsAsParameters, nn.BatchNorm1d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and x.dim() == 2 and x.shape[0] == 1:
-            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                            False, 0.0, self.eps)
+            return nn.functional.batch_norm(
+                x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+            )
         return super().forward(x)
 
 

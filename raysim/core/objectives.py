@@ -5,6 +5,7 @@ step's gradients from the task loss's gradients at points of parameter space (``
 ``Supervised`` is the task's loss with the proximal and linear terms most methods need; a
 method's own objective lives in its file (``algorithms/``). ``loop`` re-exports all three.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -71,12 +72,14 @@ class Objective:
     def draws(self, generator: torch.Generator, steps: int) -> torch.Tensor | None:
         return None
 
-    def loss(self, forward: Callable, params: list[torch.Tensor], batch: Batch, consts: dict,
-             draws: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(
+        self, forward: Callable, params: list[torch.Tensor], batch: Batch, consts: dict, draws: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def gradients(self, grad: Callable, params: list[torch.Tensor], batch: Batch, consts: dict,
-                  draws: torch.Tensor | None) -> tuple[torch.Tensor, list[torch.Tensor | None], dict]:
+    def gradients(
+        self, grad: Callable, params: list[torch.Tensor], batch: Batch, consts: dict, draws: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None], dict]:
         raise NotImplementedError
 
     @classmethod
@@ -136,8 +139,12 @@ class Supervised(Objective):
             seen, g = grad([q.detach() for q in point])
             pairs = [(q, gi) for q, gi in zip(point, g) if gi is not None and q.requires_grad]
             wanted = [i for i, p in enumerate(leaves) if p.requires_grad]
-            got = torch.autograd.grad([q for q, _ in pairs], [leaves[i] for i in wanted],
-                                      grad_outputs=[gi for _, gi in pairs], allow_unused=True)
+            got = torch.autograd.grad(
+                [q for q, _ in pairs],
+                [leaves[i] for i in wanted],
+                grad_outputs=[gi for _, gi in pairs],
+                allow_unused=True,
+            )
         grads: list = [None] * len(params)
         for i, gi in zip(wanted, got):
             grads[i] = None if gi is None else gi.clone() if 0 in gi.stride() else gi
@@ -152,7 +159,7 @@ class Supervised(Objective):
         if "mu" in consts and keep:
             mu = torch.as_tensor(consts["mu"]).reshape(-1)
             diffs = torch._foreach_sub([params[i] for i in keep], [consts["anchor"][i] for i in keep])
-            if bool((mu == mu[0]).all()):              # one μ for every set: one foreach call
+            if bool((mu == mu[0]).all()):  # one μ for every set: one foreach call
                 torch._foreach_add_([grads[i] for i in keep], diffs, alpha=float(mu[0]))
             else:
                 for i, d in zip(keep, diffs):

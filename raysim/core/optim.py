@@ -9,6 +9,7 @@ State per set is a dict of tensors, so a client can keep it across rounds (in it
 a checkpoint can hold it: SGD {"momentum": [...]} and Adam {"exp_avg": [...], "exp_avg_sq":
 [...], "step": scalar}. A fresh state is zeros: for SGD μ·0 + g = g is torch's first step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,18 +35,32 @@ def fresh(name: str, momentum: float, params: list[torch.Tensor]) -> dict:
 class Stacked:
     """The state of K sets stacked, and the step. ``params``: the trainable stacked tensors."""
 
-    def __init__(self, name: str, lr: float, momentum: float, weight_decay: float, betas, eps: float,
-                 params: list[torch.Tensor], states: list[dict | None]):
+    def __init__(
+        self,
+        name: str,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+        betas,
+        eps: float,
+        params: list[torch.Tensor],
+        states: list[dict | None],
+    ):
         self.name, self.lr, self.momentum, self.wd = name, lr, momentum, weight_decay
         self.b1, self.b2 = betas
         self.eps = eps
         self.buffers = {}
         for key in state_keys(name, momentum):
-            self.buffers[key] = [torch.stack([p[k].new_zeros(p.shape[1:]) if s is None else s[key][i].to(p.device)
-                                              for k, s in enumerate(states)]) for i, p in enumerate(params)]
+            self.buffers[key] = [
+                torch.stack(
+                    [p[k].new_zeros(p.shape[1:]) if s is None else s[key][i].to(p.device) for k, s in enumerate(states)]
+                )
+                for i, p in enumerate(params)
+            ]
         if name == "adam":
-            self.steps = torch.tensor([0.0 if s is None else float(s["step"]) for s in states],
-                                      dtype=torch.float64, device=params[0].device)
+            self.steps = torch.tensor(
+                [0.0 if s is None else float(s["step"]) for s in states], dtype=torch.float64, device=params[0].device
+            )
 
     @torch.no_grad()
     def step(self, params: list[torch.Tensor], grads: list[torch.Tensor], lo: int, hi: int) -> None:
@@ -72,8 +87,8 @@ class Stacked:
         torch._foreach_lerp_(m, grads, 1 - self.b1)
         torch._foreach_mul_(v, self.b2)
         torch._foreach_addcmul_(v, grads, grads, 1 - self.b2)
-        bc1 = 1 - self.b1 ** steps                       # per set: steps may differ (kept states)
-        bc2_sqrt = (1 - self.b2 ** steps).sqrt()
+        bc1 = 1 - self.b1**steps  # per set: steps may differ (kept states)
+        bc2_sqrt = (1 - self.b2**steps).sqrt()
         for p, mi, vi in zip(params, m, v):
             shape = (-1,) + (1,) * (p.dim() - 1)
             denom = (vi.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(self.eps)
@@ -89,14 +104,23 @@ class Stacked:
         uses: without momentum, w ← scale·w + shift − lr·G with scale = 1 − lr·(c + λ) (K,)
         and shift = −lr·d, so the terms cost one pass over w (``addcmul``) instead of three."""
         if self.name == "sgd" and not self.momentum:
-            if terms.c is not None:           # (weight decay alone: one scalar factor in ``fused``)
+            if terms.c is not None:  # (weight decay alone: one scalar factor in ``fused``)
                 terms.scale = 1 - self.lr * (terms.c + self.wd)
             if terms.d is not None:
                 terms.shift = [shared_row(d, lambda r: r * -self.lr) for d in terms.d]
         return terms
 
-    def fused(self, j: int, lo: int, hi: int, p: torch.Tensor, terms,
-              a: torch.Tensor | None = None, b: torch.Tensor | None = None, g: torch.Tensor | None = None) -> None:
+    def fused(
+        self,
+        j: int,
+        lo: int,
+        hi: int,
+        p: torch.Tensor,
+        terms,
+        a: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        g: torch.Tensor | None = None,
+    ) -> None:
         """One SGD step of sets lo..hi-1 of trained parameter j (``p``: that slice) whose
         gradient is G = bmm(a, b) (or ``g``) plus the objective's terms c·p + d (``terms``,
         ``prepare``d; c (K,) per set), and weight decay λ:

@@ -9,6 +9,7 @@ casting the final mean back to float32 gives the same numbers for 1 host or 8 an
 order (the server merges host sums in host order and hosts add their clients in client-id
 order).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,9 @@ def tree_map(fn: Callable[[Any], Any], obj: Any, leaf_types=(torch.Tensor,)) -> 
     if isinstance(obj, dict):
         return type(obj)({k: tree_map(fn, v, leaf_types) for k, v in obj.items()})
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: tree_map(fn, getattr(obj, f.name), leaf_types)
-                                           for f in dataclasses.fields(obj) if f.init})
+        return dataclasses.replace(
+            obj, **{f.name: tree_map(fn, getattr(obj, f.name), leaf_types) for f in dataclasses.fields(obj) if f.init}
+        )
     return obj
 
 
@@ -108,8 +110,11 @@ def _flatten(obj: Any, leaves: list) -> Any:
         leaves.append((torch.tensor(float(obj), dtype=torch.float64), None))
         return ("number",)
     if dataclasses.is_dataclass(obj):
-        return ("dataclass", type(obj), [(f.name, _flatten(getattr(obj, f.name), leaves))
-                                         for f in dataclasses.fields(obj)])
+        return (
+            "dataclass",
+            type(obj),
+            [(f.name, _flatten(getattr(obj, f.name), leaves)) for f in dataclasses.fields(obj)],
+        )
     if isinstance(obj, (list, tuple)):
         return ("seq", type(obj), [_flatten(o, leaves) for o in obj])
     raise TypeError(f"cannot sum a reply leaf of type {type(obj).__name__}")
@@ -167,8 +172,9 @@ class Accumulator:
     def merge(self, other: Accumulator) -> None:
         if other.leaves is None:
             return
-        self._add_leaves(other.spec, [v if isinstance(v, (PerClient, _Keyed)) else (v.cpu(), None)
-                                      for v in other.leaves])
+        self._add_leaves(
+            other.spec, [v if isinstance(v, (PerClient, _Keyed)) else (v.cpu(), None) for v in other.leaves]
+        )
         self.count += other.count
 
     def _add_leaves(self, spec, leaves) -> None:
@@ -217,19 +223,24 @@ class Accumulator:
         """The summed reply (float64 tensors on the CPU), or None if nothing was added."""
         if self.leaves is None:
             return None
-        return _unflatten(self.spec, iter([v if isinstance(v, (PerClient, _Keyed)) else v.cpu()
-                                           for v in self.leaves]))
+        return _unflatten(self.spec, iter([v if isinstance(v, (PerClient, _Keyed)) else v.cpu() for v in self.leaves]))
 
     # Ray moves numpy arrays out of band; torch tensors would be pickled byte by byte (~10x slower)
     def __getstate__(self) -> dict:
-        leaves = None if self.leaves is None else [
-            v if isinstance(v, (PerClient, _Keyed)) else v.cpu().numpy() for v in self.leaves]
+        leaves = (
+            None
+            if self.leaves is None
+            else [v if isinstance(v, (PerClient, _Keyed)) else v.cpu().numpy() for v in self.leaves]
+        )
         return {"spec": self.spec, "leaves": leaves, "count": self.count}
 
     def __setstate__(self, st: dict) -> None:
         self.spec, self.count, self._scratch = st["spec"], st["count"], None
-        self.leaves = None if st["leaves"] is None else [
-            v if isinstance(v, (PerClient, _Keyed)) else _tensor(v) for v in st["leaves"]]
+        self.leaves = (
+            None
+            if st["leaves"] is None
+            else [v if isinstance(v, (PerClient, _Keyed)) else _tensor(v) for v in st["leaves"]]
+        )
 
     def nbytes(self) -> int:
         total = 0

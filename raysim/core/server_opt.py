@@ -17,6 +17,7 @@ Not checked against the authors' code (not public as far as we know; FedML's and
 FedAdam/FedYogi are re-implementations, and some start v at 0): raysim follows the paper's
 pseudo-code.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,7 +36,7 @@ def init_state(cfg, params: list[torch.Tensor]) -> dict:
     m = [torch.zeros_like(p) for p in params]
     if cfg.optimizer == "sgd":
         return {"m": m, "v": []}
-    return {"m": m, "v": [torch.full_like(p, cfg.tau ** 2) for p in params]}
+    return {"m": m, "v": [torch.full_like(p, cfg.tau**2) for p in params]}
 
 
 def step(cfg, state: dict, old: list[torch.Tensor], new: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
@@ -58,7 +59,7 @@ def step(cfg, state: dict, old: list[torch.Tensor], new: list[torch.Tensor]) -> 
                 v = v + d2
             elif cfg.optimizer == "adam":
                 v = b2 * v + (1 - b2) * d2
-            else:                                    # yogi
+            else:  # yogi
                 v = v - (1 - b2) * d2 * torch.sign(v - d2)
             vs.append(v.to(x.dtype))
             upd = lr * m / (v.sqrt() + tau)

@@ -11,19 +11,20 @@ keeps them: (K, B).
   the ECE of the union of the clients' test splits, ``ece_union``.
 - ``regression``: squared error averaged over output dimensions (MSE); scores ``mse``.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-ECE_BINS = 15          # SuPerFed's (and Guo et al. 2017's) equal-width confidence bins
-TOP_K = 5              # top-5 accuracy, scored where there are more than 5 classes
+ECE_BINS = 15  # SuPerFed's (and Guo et al. 2017's) equal-width confidence bins
+TOP_K = 5  # top-5 accuracy, scored where there are more than 5 classes
 
 
 class Task:
     name = ""
-    metric = ""          # the primary score (a key of ``scores``)
+    metric = ""  # the primary score (a key of ``scores``)
 
     def per_sample(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -54,13 +55,22 @@ class Classification(Task):
         # one tensor, read back at once (one device sync); sums in float64
         f64 = torch.float64
         gaps = _ece_gaps(top - lse, correct)
-        sums = torch.cat([torch.stack([
-            correct.sum(dtype=f64),
-            # the label is among the top 5: fewer than 5 classes score higher
-            ((out > target[:, None]).sum(-1) < TOP_K).sum(dtype=f64) if many else lse.new_zeros((), dtype=f64),
-            gaps.abs().sum(),
-            (lse - target).sum(dtype=f64),          # cross-entropy
-        ]), gaps]).tolist()
+        sums = torch.cat(
+            [
+                torch.stack(
+                    [
+                        correct.sum(dtype=f64),
+                        # the label is among the top 5: fewer than 5 classes score higher
+                        ((out > target[:, None]).sum(-1) < TOP_K).sum(dtype=f64)
+                        if many
+                        else lse.new_zeros((), dtype=f64),
+                        gaps.abs().sum(),
+                        (lse - target).sum(dtype=f64),  # cross-entropy
+                    ]
+                ),
+                gaps,
+            ]
+        ).tolist()
         scores = {f"{prefix}accuracy": sums[0] / n}
         if many:
             scores[f"{prefix}top{TOP_K}_accuracy"] = sums[1] / n
@@ -117,7 +127,7 @@ class Regression(Task):
     metric = "mse"
 
     def per_sample(self, out, y):
-        if y.dim() == out.dim() - 1:        # scalar targets, one output
+        if y.dim() == out.dim() - 1:  # scalar targets, one output
             out = out.squeeze(-1)
             return (out - y) ** 2
         return ((out - y) ** 2).mean(-1)
@@ -134,14 +144,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (Classification(), Regression())}
 # metrics where lower is better: their "bottom decile" is the worst 10 % of clients, the 90th
 # percentile (the one place this rule lives). A metric is one where an underscore-separated word
 # of its name is one of these (test_loss, bottom_decile_mse, mse_test_chosen, ...).
-LOWER_IS_BETTER = ("loss", "mse", "ece", "hours", "seconds")   # times: time-to-accuracy
+LOWER_IS_BETTER = ("loss", "mse", "ece", "hours", "seconds")  # times: time-to-accuracy
 
 
 def lower_is_better(metric: str) -> bool:
     return any(word in LOWER_IS_BETTER for word in metric.split("_"))
 
 
-VAL = "val_"     # the validation metrics' prefix
+VAL = "val_"  # the validation metrics' prefix
 
 
 def val_name(metric: str) -> str:

@@ -1,6 +1,7 @@
 """How many jobs a stacked pass of the training loop holds (``loop.Trainer``), chosen by timing
 passes as the loop trains: ``Widths`` and its rule for the choice, ``split_best``. The width
 changes the speed only, never the numbers."""
+
 from __future__ import annotations
 
 import math
@@ -25,13 +26,13 @@ class Widths:
     against 0.72 s in passes of 13 and 12 (16), and one timing a width had kept 8 in 3 fresh
     processes of 10."""
 
-    TIMINGS = 2                       # timings of each width the choice rests on
+    TIMINGS = 2  # timings of each width the choice rests on
 
     def __init__(self, mode: str):
         self.mode = mode
-        self.best: dict = {}          # kind -> the chosen width
-        self.seen: dict = {}          # kind -> {width: [seconds per job-step, ...]}
-        self.plan: dict = {}          # kind -> the width the next timed pass is to have
+        self.best: dict = {}  # kind -> the chosen width
+        self.seen: dict = {}  # kind -> {width: [seconds per job-step, ...]}
+        self.plan: dict = {}  # kind -> the width the next timed pass is to have
 
     def pick(self, kind, left: int) -> int:
         """The width of the next pass, ``left`` jobs remaining. Once a kind's best width w is
@@ -86,7 +87,8 @@ def split_best(cost: dict[int, float], jobs: int) -> int:
                 return cost[lo] + f * (cost[hi] - cost[lo])
         return cost[ws[-1]]
 
-    def used(w: int) -> int:              # the widest pass pick makes of the jobs at best width w
+    def used(w: int) -> int:  # the widest pass pick makes of the jobs at best width w
         passes = -(-jobs // w)
         return -(-jobs // passes)
+
     return min(ws, key=lambda w: (at(used(w)), -w))

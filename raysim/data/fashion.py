@@ -15,6 +15,7 @@ The files are read and decompressed once, into ``<root>/.raysim-cache/fashion_mn
 70 000 x 28 x 28, train then test) and ``y.npy`` (int64). Every process memory-maps them, so a
 host reads only its own clients' rows; any change of an IDX file rebuilds the cache.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -29,17 +30,23 @@ from raysim.core.data import Pixels
 from . import cache
 from .base import DataError, GroupParams, PooledSource, Splits
 
-IMAGES, LABELS = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"), ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")
+IMAGES, LABELS = (
+    ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"),
+    ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"),
+)
 FILES = (IMAGES[0], LABELS[0], IMAGES[1], LABELS[1])
 MEAN, STD = 0.2860, 0.3530
-INSTALL = ("install them with `sudo apt-get install dataset-fashion-mnist` or set data.root to a "
-           "folder holding the four IDX files")
+INSTALL = (
+    "install them with `sudo apt-get install dataset-fashion-mnist` or set data.root to a "
+    "folder holding the four IDX files"
+)
 
 
 @dataclass(frozen=True)
 class FashionParams(GroupParams):
-    root: str = field(default="/usr/share/datasets/fashion-mnist",
-                      metadata={"help": "folder of the four IDX files (plain or .gz)"})
+    root: str = field(
+        default="/usr/share/datasets/fashion-mnist", metadata={"help": "folder of the four IDX files (plain or .gz)"}
+    )
 
 
 def find_files(root: Path) -> list[Path]:
@@ -51,12 +58,15 @@ def find_files(root: Path) -> list[Path]:
                 found[name] = cand
                 break
     if not found:
-        raise DataError(f"fashion_mnist: no IDX files under {root} (looked for "
-                        f"{'[.gz], '.join(FILES)}[.gz]); {INSTALL}")
+        raise DataError(
+            f"fashion_mnist: no IDX files under {root} (looked for {'[.gz], '.join(FILES)}[.gz]); {INSTALL}"
+        )
     missing = [n for n in FILES if n not in found]
     if missing:
-        raise DataError(f"fashion_mnist: {root} lacks {'[.gz], '.join(missing)}[.gz] "
-                        f"(found {', '.join(p.name for p in found.values())}); {INSTALL}")
+        raise DataError(
+            f"fashion_mnist: {root} lacks {'[.gz], '.join(missing)}[.gz] "
+            f"(found {', '.join(p.name for p in found.values())}); {INSTALL}"
+        )
     return [found[n] for n in FILES]
 
 
@@ -64,20 +74,24 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     """Parse an IDX file of unsigned bytes with ``ndim`` dimensions (magic 0x000008NN)."""
     try:
         raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":          # gzip, whatever the name says
+        if raw[:2] == b"\x1f\x8b":  # gzip, whatever the name says
             raw = gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"fashion_mnist: cannot read {path}: {e}; {INSTALL}") from None
     magic = 0x800 | ndim
     if len(raw) < 4 + 4 * ndim or int.from_bytes(raw[:4], "big") != magic:
         got = f"0x{int.from_bytes(raw[:4], 'big'):08x}" if len(raw) >= 4 else "a short header"
-        raise DataError(f"fashion_mnist: {path} is not an IDX file of {ndim}-d unsigned bytes "
-                        f"(bad magic number: expected 0x{magic:08x}, got {got}); {INSTALL}")
+        raise DataError(
+            f"fashion_mnist: {path} is not an IDX file of {ndim}-d unsigned bytes "
+            f"(bad magic number: expected 0x{magic:08x}, got {got}); {INSTALL}"
+        )
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
-        raise DataError(f"fashion_mnist: {path} holds {data.size} data bytes but its header says "
-                        f"{'x'.join(map(str, dims))}; the file is truncated or corrupt; {INSTALL}")
+        raise DataError(
+            f"fashion_mnist: {path} holds {data.size} data bytes but its header says "
+            f"{'x'.join(map(str, dims))}; the file is truncated or corrupt; {INSTALL}"
+        )
     return data.reshape(dims)
 
 
@@ -97,8 +111,9 @@ def _plan(paths: list[Path]) -> cache.Plan:
     def fill(key: str, out: np.ndarray) -> None:
         np.concatenate(parts[key], out=out, casting="unsafe")
 
-    return cache.Plan({"train": len(tr_y), "test": len(te_y)},
-                      {"x": ((n, 28, 28), np.uint8), "y": ((n,), np.int64)}, fill)
+    return cache.Plan(
+        {"train": len(tr_y), "test": len(te_y)}, {"x": ((n, 28, 28), np.uint8), "y": ((n,), np.int64)}, fill
+    )
 
 
 class FashionMNIST(PooledSource):
@@ -114,4 +129,3 @@ class FashionMNIST(PooledSource):
         paths = find_files(self.root)
         arrays = cache.load(self.name, self.root, cache.file_rows(paths), lambda: _plan(paths)).arrays()
         return arrays["x"], arrays["y"]
-

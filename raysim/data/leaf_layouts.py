@@ -3,6 +3,7 @@ TensorFlow Federated's HDF5 pairs, Flower Datasets' parquet exports. Each layout
 a cache depends on and, per split, chunks ``(where, [(user, raw x, raw y)])`` read one at a
 time (a JSON file, a user), which ``_decode`` turns into arrays with the dataset's format.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,13 @@ class SampleFormat(Protocol):
 def _load_json(f: Path, what: str) -> dict:
     try:
         doc = json.loads(f.read_text())
-        doc["users"], doc["user_data"]      # noqa: B018 (the keys must be there)
+        doc["users"], doc["user_data"]  # noqa: B018 (the keys must be there)
         return doc
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise DataError(f"leaf_{what}: {f} is not a LEAF JSON file (needs users, num_samples, "
-                        f"user_data with x and y): {type(e).__name__}") from None
+        raise DataError(
+            f"leaf_{what}: {f} is not a LEAF JSON file (needs users, num_samples, "
+            f"user_data with x and y): {type(e).__name__}"
+        ) from None
 
 
 class JsonLayout:
@@ -46,8 +49,10 @@ class JsonLayout:
         self.root, self.fmt = root, fmt
         for sub in _SUBS:
             if not (root / sub).is_dir():
-                raise DataError(f"leaf_{fmt.name}: no {sub}/ folder under {root} (nor TensorFlow Federated "
-                                f"HDF5 or Flower Datasets parquet files); {fmt.how}")
+                raise DataError(
+                    f"leaf_{fmt.name}: no {sub}/ folder under {root} (nor TensorFlow Federated "
+                    f"HDF5 or Flower Datasets parquet files); {fmt.how}"
+                )
 
     def files(self) -> dict[str, list]:
         return {sub: cache.file_rows(sorted((self.root / sub).glob("*.json"))) for sub in _SUBS}
@@ -61,8 +66,10 @@ class JsonLayout:
             try:
                 users = [(u, doc["user_data"][u]["x"], doc["user_data"][u]["y"]) for u in doc["users"]]
             except (KeyError, TypeError) as e:
-                raise DataError(f"leaf_{self.fmt.name}: {f} is not a LEAF JSON file (needs users, num_samples, "
-                                f"user_data with x and y): {type(e).__name__}") from None
+                raise DataError(
+                    f"leaf_{self.fmt.name}: {f} is not a LEAF JSON file (needs users, num_samples, "
+                    f"user_data with x and y): {type(e).__name__}"
+                ) from None
             del doc
             yield f, users
 
@@ -79,8 +86,10 @@ class TffLayout:
     def __init__(self, root: Path, fmt: SampleFormat):
         self.root, self.fmt = root, fmt
         if fmt.name not in ("femnist", "shakespeare"):
-            raise DataError(f"leaf_{fmt.name}: {root} holds HDF5 files; raysim reads TensorFlow Federated's "
-                            "FEMNIST and Shakespeare files only (datasets leaf_femnist, leaf_shakespeare)")
+            raise DataError(
+                f"leaf_{fmt.name}: {root} holds HDF5 files; raysim reads TensorFlow Federated's "
+                "FEMNIST and Shakespeare files only (datasets leaf_femnist, leaf_shakespeare)"
+            )
         self.paths = {sub: _one(root, f"*{sub}*.h5", f"leaf_{fmt.name}") for sub in _SUBS}
 
     def files(self) -> dict[str, list]:
@@ -88,6 +97,7 @@ class TffLayout:
 
     def chunks(self, sub: str):
         import h5py
+
         path = self.paths[sub]
         try:
             with h5py.File(path, "r") as h5:
@@ -100,8 +110,10 @@ class TffLayout:
                         yield f"{path}:examples/{u}", [(u, *_windows(g["snippets"][()]))]
         except (OSError, KeyError) as e:
             needs = "pixels and label" if self.fmt.name == "femnist" else "snippets"
-            raise DataError(f"leaf_{self.fmt.name}: {path} is not TensorFlow Federated's {self.fmt.name} file "
-                            f"(needs examples/<client>/{needs}): {e}") from None
+            raise DataError(
+                f"leaf_{self.fmt.name}: {path} is not TensorFlow Federated's {self.fmt.name} file "
+                f"(needs examples/<client>/{needs}): {e}"
+            ) from None
 
 
 def _windows(snippets) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +121,7 @@ def _windows(snippets) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
     from .shakespeare import role_text, windows
+
     lines = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(snippets).reshape(-1)]
     x, y = windows(torch.from_numpy(to_ids(role_text(lines))))
     return x.contiguous().numpy(), y.numpy()
@@ -125,8 +138,10 @@ class ParquetLayout:
     def __init__(self, root: Path, fmt: SampleFormat):
         self.root, self.fmt = root, fmt
         if fmt.name not in self.COLUMNS:
-            raise DataError(f"leaf_{fmt.name}: {root} holds parquet files; raysim reads Flower Datasets' "
-                            "FEMNIST and Shakespeare exports only (datasets leaf_femnist, leaf_shakespeare)")
+            raise DataError(
+                f"leaf_{fmt.name}: {root} holds parquet files; raysim reads Flower Datasets' "
+                "FEMNIST and Shakespeare exports only (datasets leaf_femnist, leaf_shakespeare)"
+            )
         self.paths = sorted(p for p in root.rglob("*.parquet") if ".raysim-cache" not in p.parts)
 
     def files(self) -> dict[str, list]:
@@ -137,6 +152,7 @@ class ParquetLayout:
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
+
         user_col, x_col, y_col = self.COLUMNS[self.fmt.name]
         rows: dict[str, tuple[list, list]] = {}
         for path in self.paths:
@@ -147,8 +163,10 @@ class ParquetLayout:
                     found = f" (it has {', '.join(pq.read_schema(path).names)})"
                 except (OSError, pa.ArrowException):
                     found = " (it is not a parquet file)"
-                raise DataError(f"leaf_{self.fmt.name}: {path} is not Flower Datasets' {self.fmt.name} export: "
-                                f"needs columns {', '.join(self.COLUMNS[self.fmt.name])}{found}") from None
+                raise DataError(
+                    f"leaf_{self.fmt.name}: {path} is not Flower Datasets' {self.fmt.name} export: "
+                    f"needs columns {', '.join(self.COLUMNS[self.fmt.name])}{found}"
+                ) from None
             us, xs, ys = (table.column(c).to_pylist() for c in (user_col, x_col, y_col))
             if self.fmt.name == "femnist":
                 xs = [_png(v, path) for v in xs]
@@ -165,6 +183,7 @@ def _png(value, where) -> np.ndarray:
     import io
 
     from PIL import Image
+
     try:
         data = value["bytes"] if isinstance(value, dict) else value
         return np.asarray(Image.open(io.BytesIO(data)).convert("L"), dtype=np.float32) / np.float32(255.0)
@@ -175,8 +194,9 @@ def _png(value, where) -> np.ndarray:
 def _one(root: Path, pattern: str, what: str) -> Path:
     found = sorted(root.glob(pattern))
     if len(found) != 1:
-        raise DataError(f"{what}: expected one file {pattern} in {root}, found "
-                        f"{', '.join(p.name for p in found) or 'none'}")
+        raise DataError(
+            f"{what}: expected one file {pattern} in {root}, found {', '.join(p.name for p in found) or 'none'}"
+        )
     return found[0]
 
 
@@ -189,7 +209,7 @@ def layout(root: Path, fmt: SampleFormat):
         return TffLayout(root, fmt)
     if root.is_dir() and any(".raysim-cache" not in p.parts for p in root.rglob("*.parquet")):
         return ParquetLayout(root, fmt)
-    return JsonLayout(root, fmt)        # says which folder is missing and how to make it
+    return JsonLayout(root, fmt)  # says which folder is missing and how to make it
 
 
 def _decode(chunks, fmt: SampleFormat, meta: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -201,8 +221,7 @@ def _decode(chunks, fmt: SampleFormat, meta: dict) -> dict[str, tuple[np.ndarray
             try:
                 xa, ya = fmt.x(x, meta), fmt.y(y)
             except (ValueError, TypeError, IndexError) as e:
-                raise DataError(f"{what}: {where}: user {u}'s x or y does not hold {fmt.name} samples "
-                                f"({e})") from None
+                raise DataError(f"{what}: {where}: user {u}'s x or y does not hold {fmt.name} samples ({e})") from None
             if len(xa) != len(ya):
                 raise DataError(f"{what}: {where}: user {u} has {len(xa)} inputs but {len(ya)} labels")
             users[str(u)] = (xa, ya)

@@ -17,6 +17,7 @@ Sources are either generated (``RegressionMixture``: FedSoft's synthetic linear 
 views of one labelled pool (``PooledSource`` with ``partition: {kind: mixture}``: source s is
 the pool rotated by s·90° or with its labels permuted, IFCA's and FedSoft's image setups).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,20 +35,34 @@ SCHEMES = ("10:90", "30:70", "linear", "random")
 
 @dataclass(frozen=True)
 class MixtureParams:
-    scheme: str = field(default="10:90", metadata={"choices": SCHEMES,
-                        "help": "10:90 / 30:70: two client halves; linear: share (k+0.5)/N; random: Dir(1)"})
+    scheme: str = field(
+        default="10:90",
+        metadata={
+            "choices": SCHEMES,
+            "help": "10:90 / 30:70: two client halves; linear: share (k+0.5)/N; random: Dir(1)",
+        },
+    )
     sources: int = field(default=2, metadata={"min": 1, "help": "source distributions S (10:90, 30:70, linear: 2)"})
     min_size: int = field(default=100, metadata={"min": 1, "help": "n_k ~ U{min_size..max_size}"})
-    max_size: int = field(default=200, metadata={"min": 1, "help": (
-        "largest n_k: a client's samples drawn uniformly from min_size to max_size (inclusive; ≥ min_size)")})
+    max_size: int = field(
+        default=200,
+        metadata={
+            "min": 1,
+            "help": (
+                "largest n_k: a client's samples drawn uniformly from min_size to max_size (inclusive; ≥ min_size)"
+            ),
+        },
+    )
     holdout: int = field(default=5000, metadata={"min": 1, "help": "held-out test samples per source"})
 
 
 def problem(params: MixtureParams) -> tuple[str, str] | None:
     """(partition key, what is wrong) for settings no scheme can honour, or None."""
     if params.scheme != "random" and params.sources != 2:
-        return ("sources", f"{params.sources}: scheme {params.scheme} mixes 2 sources; use scheme random "
-                           f"for {params.sources}")
+        return (
+            "sources",
+            f"{params.sources}: scheme {params.scheme} mixes 2 sources; use scheme random for {params.sources}",
+        )
     if params.max_size < params.min_size:
         return ("max_size", f"{params.max_size} is below partition.min_size ({params.min_size})")
     return None
@@ -104,13 +119,15 @@ def mixture(labels: np.ndarray, num_clients: int, params: MixtureParams, rng: np
     counts = plan(params, num_clients, rng)
     need = params.holdout + int(counts.sum())
     if need > len(labels):
-        raise ValueError(f"needs {need} samples ({params.holdout} held out + {int(counts.sum())} for the clients) "
-                         f"but the pool holds {len(labels)}; lower data.clients, partition.max_size or "
-                         f"partition.holdout")
+        raise ValueError(
+            f"needs {need} samples ({params.holdout} held out + {int(counts.sum())} for the clients) "
+            f"but the pool holds {len(labels)}; lower data.clients, partition.max_size or "
+            f"partition.holdout"
+        )
     perm = rng.permutation(len(labels))
-    holdout, rest = np.sort(perm[:params.holdout]), perm[params.holdout:]
+    holdout, rest = np.sort(perm[: params.holdout]), perm[params.holdout :]
     ends = np.cumsum(counts.sum(axis=1))
-    parts = [rest[e - int(c.sum()):e].astype(np.int64) for e, c in zip(ends, counts)]
+    parts = [rest[e - int(c.sum()) : e].astype(np.int64) for e, c in zip(ends, counts)]
     return MixtureParts(parts, [source_labels(c) for c in counts], holdout.astype(np.int64))
 
 
@@ -140,8 +157,9 @@ class RegressionMixture(FederatedSource):
             self.counts = plan(self.mix, clients, generator(seed, "partition"))
         except ValueError as e:
             raise DataError(f"regression_mixture: {e}") from None
-        self.w = generator(seed, "regression", "w").normal(0.0, np.sqrt(params.weight_var),
-                                                            (self.num_sources, params.dim))
+        self.w = generator(seed, "regression", "w").normal(
+            0.0, np.sqrt(params.weight_var), (self.num_sources, params.dim)
+        )
 
     def _sample(self, g: np.random.Generator, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x = g.standard_normal((len(src), self.p.dim))
@@ -170,4 +188,4 @@ class RegressionMixture(FederatedSource):
         noise² + Σ_s u_s‖w_s − w̄‖² with w̄ = Σ_s u_s w_s (two sources: 1 + p(1−p)‖w_A − w_B‖²)."""
         u = self.true_shares(cid)
         wbar = u @ self.w
-        return float(self.p.noise ** 2 + (u * ((self.w - wbar) ** 2).sum(axis=1)).sum())
+        return float(self.p.noise**2 + (u * ((self.w - wbar) ** 2).sum(axis=1)).sum())

@@ -36,6 +36,7 @@ per client, drawing only from ``rng`` (so a fixed generator gives a fixed split)
   authors' code does: a client with room left draws a class from its φ_k, renormalized over
   the classes not yet exhausted, until every client is full.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,11 +54,17 @@ class DirichletParams:
 
 @dataclass(frozen=True)
 class ShardsParams:
-    classes_per_client: int = field(default=2, metadata={"min": 1, "help": "label-sorted shards (≈ classes) per client"})
-    assign: str = field(default="random", metadata={
-        "choices": ("random", "strided"),
-        "help": "random: shards dealt at random (McMahan et al.); strided: client i gets shards i, i+K, ... "
-                "(SuPerFed's code, no randomness)"})
+    classes_per_client: int = field(
+        default=2, metadata={"min": 1, "help": "label-sorted shards (≈ classes) per client"}
+    )
+    assign: str = field(
+        default="random",
+        metadata={
+            "choices": ("random", "strided"),
+            "help": "random: shards dealt at random (McMahan et al.); strided: client i gets shards i, i+K, ... "
+            "(SuPerFed's code, no randomness)",
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -68,20 +75,29 @@ class IIDParams:
 @dataclass(frozen=True)
 class NFoldParams:
     folds: int = field(default=5, metadata={"min": 1, "help": "groups n of clients (each with its primary classes)"})
-    primary: float = field(default=0.8, metadata={"min": 0.0, "max": 1.0,
-                                                    "help": "x: share of a client's samples from its group's primary classes"})
-    spread: str = field(default="others", metadata={
-        "choices": ("others", "all"),
-        "help": "where the rest goes: others (the non-primary classes, the paper) or all classes (authors' code)"})
-    size: int | None = field(default=None, metadata={
-        "min": 1, "help": "samples per client (default: the most the pool allows for every client)"})
+    primary: float = field(
+        default=0.8,
+        metadata={"min": 0.0, "max": 1.0, "help": "x: share of a client's samples from its group's primary classes"},
+    )
+    spread: str = field(
+        default="others",
+        metadata={
+            "choices": ("others", "all"),
+            "help": "where the rest goes: others (the non-primary classes, the paper) or all classes (authors' code)",
+        },
+    )
+    size: int | None = field(
+        default=None,
+        metadata={"min": 1, "help": "samples per client (default: the most the pool allows for every client)"},
+    )
 
 
 @dataclass(frozen=True)
 class ClientDirichletParams:
     beta: float = field(default=0.5, metadata={"gt": 0.0, "help": "β of each client's Dir_L(β) label distribution"})
-    size: int | None = field(default=None, metadata={
-        "min": 1, "help": "samples per client (default: ⌊pool / clients⌋)"})
+    size: int | None = field(
+        default=None, metadata={"min": 1, "help": "samples per client (default: ⌊pool / clients⌋)"}
+    )
 
 
 class Grouped(list):
@@ -97,12 +113,12 @@ def _check(n: int, num_clients: int, need: int) -> None:
     if num_clients < 1:
         raise ValueError(f"need at least one client, got {num_clients}")
     if n < need:
-        raise ValueError(f"{n} samples are too few for {num_clients} clients (need {need}); "
-                         f"use fewer clients")
+        raise ValueError(f"{n} samples are too few for {num_clients} clients (need {need}); use fewer clients")
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, params: DirichletParams,
-              rng: np.random.Generator) -> list[np.ndarray]:
+def dirichlet(
+    labels: np.ndarray, num_clients: int, params: DirichletParams, rng: np.random.Generator
+) -> list[np.ndarray]:
     labels = np.asarray(labels)
     _check(len(labels), num_clients, params.min_size * num_clients)
     classes = np.unique(labels)
@@ -132,8 +148,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, params: DirichletParams,
     return [np.sort(o).astype(np.int64) for o in out]
 
 
-def shards(labels: np.ndarray, num_clients: int, params: ShardsParams,
-           rng: np.random.Generator) -> list[np.ndarray]:
+def shards(labels: np.ndarray, num_clients: int, params: ShardsParams, rng: np.random.Generator) -> list[np.ndarray]:
     labels = np.asarray(labels)
     k = params.classes_per_client
     _check(len(labels), num_clients, num_clients * k)
@@ -142,12 +157,13 @@ def shards(labels: np.ndarray, num_clients: int, params: ShardsParams,
     if params.assign == "strided":
         return [np.sort(np.concatenate(pieces[c::num_clients])).astype(np.int64) for c in range(num_clients)]
     ids = rng.permutation(num_clients * k)
-    return [np.sort(np.concatenate([pieces[s] for s in ids[c * k:(c + 1) * k]])).astype(np.int64)
-            for c in range(num_clients)]
+    return [
+        np.sort(np.concatenate([pieces[s] for s in ids[c * k : (c + 1) * k]])).astype(np.int64)
+        for c in range(num_clients)
+    ]
 
 
-def iid(labels: np.ndarray, num_clients: int, params: IIDParams,
-        rng: np.random.Generator) -> list[np.ndarray]:
+def iid(labels: np.ndarray, num_clients: int, params: IIDParams, rng: np.random.Generator) -> list[np.ndarray]:
     _check(len(labels), num_clients, num_clients)
     return [np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
@@ -160,7 +176,7 @@ def _deal(pools: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
     for row in counts:
         got = []
         for c, m in enumerate(row):
-            got.append(pools[c][taken[c]:taken[c] + m])
+            got.append(pools[c][taken[c] : taken[c] + m])
             taken[c] += m
         out.append(np.sort(np.concatenate(got)).astype(np.int64))
     return out
@@ -173,14 +189,15 @@ def _even(total: int, k: int) -> np.ndarray:
     return base
 
 
-def nfold(labels: np.ndarray, num_clients: int, params: NFoldParams,
-          rng: np.random.Generator) -> Grouped:
+def nfold(labels: np.ndarray, num_clients: int, params: NFoldParams, rng: np.random.Generator) -> Grouped:
     labels = np.asarray(labels)
     classes = np.unique(labels)
     n_cls, folds = len(classes), params.folds
     if folds > num_clients or folds > n_cls:
-        raise ValueError(f"{folds} folds need at least {folds} clients and {folds} classes "
-                         f"(have {num_clients} clients, {n_cls} classes)")
+        raise ValueError(
+            f"{folds} folds need at least {folds} clients and {folds} classes "
+            f"(have {num_clients} clients, {n_cls} classes)"
+        )
     group = np.concatenate([np.full(len(b), g) for g, b in enumerate(np.array_split(np.arange(num_clients), folds))])
     prim = [set(b.tolist()) for b in np.array_split(np.arange(n_cls), folds)]
 
@@ -197,7 +214,7 @@ def nfold(labels: np.ndarray, num_clients: int, params: NFoldParams,
         return p
 
     avail = np.array([(labels == c).sum() for c in classes])
-    demand = sum(shares(g) for g in group)                  # per class, per unit of client size
+    demand = sum(shares(g) for g in group)  # per class, per unit of client size
 
     def counts_for(size: int) -> np.ndarray:
         """Each client's count per class: size·shares rounded by largest remainder, ties
@@ -216,9 +233,11 @@ def nfold(labels: np.ndarray, num_clients: int, params: NFoldParams,
         short = counts.sum(0) - avail
         if (short > 0).any():
             c = int(np.argmax(short))
-            raise ValueError(f"size {params.size} per client needs {counts.sum(0)[c]} samples of class "
-                             f"{classes[c]}, the pool has {avail[c]}; lower data.partition.size")
-    else:                       # the largest size every class can serve
+            raise ValueError(
+                f"size {params.size} per client needs {counts.sum(0)[c]} samples of class "
+                f"{classes[c]}, the pool has {avail[c]}; lower data.partition.size"
+            )
+    else:  # the largest size every class can serve
         size = int(np.floor((avail / np.maximum(demand, 1e-12)).min() + 1e-9))
         while size > 1 and ((counts := counts_for(size)).sum(0) > avail).any():
             size -= 1
@@ -227,8 +246,9 @@ def nfold(labels: np.ndarray, num_clients: int, params: NFoldParams,
     return Grouped(_deal(pools, counts), group)
 
 
-def client_dirichlet(labels: np.ndarray, num_clients: int, params: ClientDirichletParams,
-                     rng: np.random.Generator) -> list[np.ndarray]:
+def client_dirichlet(
+    labels: np.ndarray, num_clients: int, params: ClientDirichletParams, rng: np.random.Generator
+) -> list[np.ndarray]:
     labels = np.asarray(labels)
     classes = np.unique(labels)
     n_cls = len(classes)
@@ -244,8 +264,8 @@ def client_dirichlet(labels: np.ndarray, num_clients: int, params: ClientDirichl
     while room.sum() > 0:
         ks = rng.permutation(np.flatnonzero(room > 0))
         p = phi[ks] * (left > 0)
-        empty = p.sum(1) <= 0                  # its classes are gone: any class left, uniformly
-        p[empty] = (left > 0)
+        empty = p.sum(1) <= 0  # its classes are gone: any class left, uniformly
+        p[empty] = left > 0
         cum = np.cumsum(p / p.sum(1, keepdims=True), axis=1)
         pick = np.minimum((rng.random(len(ks))[:, None] >= cum).sum(1), n_cls - 1)
         for c in np.unique(pick):
@@ -259,8 +279,13 @@ def client_dirichlet(labels: np.ndarray, num_clients: int, params: ClientDirichl
 
 @dataclass(frozen=True)
 class PachinkoParams:
-    alpha: float = field(default=0.4, metadata={"gt": 0.0, "help": "Dirichlet concentration over coarse labels (FedEM: 0.4)"})
-    beta: float = field(default=10.0, metadata={"gt": 0.0, "help": "Dirichlet concentration over a coarse label's fine labels (FedEM: 10)"})
+    alpha: float = field(
+        default=0.4, metadata={"gt": 0.0, "help": "Dirichlet concentration over coarse labels (FedEM: 0.4)"}
+    )
+    beta: float = field(
+        default=10.0,
+        metadata={"gt": 0.0, "help": "Dirichlet concentration over a coarse label's fine labels (FedEM: 10)"},
+    )
 
 
 def _renormalized(w: np.ndarray, i: int) -> np.ndarray:
@@ -269,8 +294,9 @@ def _renormalized(w: np.ndarray, i: int) -> np.ndarray:
     return w / total if total > 0 else np.full(len(w), 1.0 / max(len(w), 1))
 
 
-def pachinko(labels: np.ndarray, num_clients: int, params: PachinkoParams, rng: np.random.Generator,
-             coarse: np.ndarray) -> list[np.ndarray]:
+def pachinko(
+    labels: np.ndarray, num_clients: int, params: PachinkoParams, rng: np.random.Generator, coarse: np.ndarray
+) -> list[np.ndarray]:
     """Pachinko allocation; ``coarse[f]`` is fine label f's coarse label."""
     _check(len(labels), num_clients, num_clients)
     n_per = len(labels) // num_clients
@@ -289,10 +315,10 @@ def pachinko(labels: np.ndarray, num_clients: int, params: PachinkoParams, rng: 
             fi = int(rng.choice(len(fine_of[c]), p=wf[c]))
             f = fine_of[c][fi]
             taken[k] = pools[f].pop()
-            if not pools[f]:                            # fine label exhausted
+            if not pools[f]:  # fine label exhausted
                 fine_of[c].pop(fi)
                 wf[c] = _renormalized(wf[c], fi)
-                if not fine_of[c]:                      # and with it the coarse label
+                if not fine_of[c]:  # and with it the coarse label
                     available.pop(ci)
                     del wf[c]
                     wc = _renormalized(wc, ci)

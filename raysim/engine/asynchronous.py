@@ -21,6 +21,7 @@ a function of its state, the model it started from and (round = its start versio
 so it is trained when its reply is needed, from the stored model of its start: no reply waits
 on a host, and a checkpoint holds the clients in flight and the models they started from.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -43,9 +44,9 @@ class AsyncDriver(RoundDriver):
         self.buffer = cfg.buffer if cfg.aggregation == "fedbuff" else 1
         # clients in flight: (arrival time, client, start version, fails) as a heap
         self.flight: list[tuple[float, int, int, bool]] = []
-        self.versions: dict[int, Any] = {}       # the models clients in flight started from
-        self._launches = 0                       # launches at the current version (their draws' key)
-        self.arrivals: list[tuple[int, int]] = []   # the last step's (client, start version), in arrival order
+        self.versions: dict[int, Any] = {}  # the models clients in flight started from
+        self._launches = 0  # launches at the current version (their draws' key)
+        self.arrivals: list[tuple[int, int]] = []  # the last step's (client, start version), in arrival order
 
     # -- clients in flight ------------------------------------------------------------------------
     def _launch(self, count: int, version: int) -> int:
@@ -87,7 +88,7 @@ class AsyncDriver(RoundDriver):
         r = self.round
         start = self.clock
         self._top_up(r)
-        arrived: list[tuple[int, int]] = []        # (client, start version) in arrival order
+        arrived: list[tuple[int, int]] = []  # (client, start version) in arrival order
         failed = 0
         while len(arrived) < self.buffer and self.flight:
             finish, c, s, fails = heapq.heappop(self.flight)
@@ -102,7 +103,7 @@ class AsyncDriver(RoundDriver):
         losses, compute, stale = self._apply(r, arrived)
         self.round = r + 1
         self._launches = 0
-        self._launch(self.concurrency - len(self.flight), self.round)   # the buffer's last place: the new model
+        self._launch(self.concurrency - len(self.flight), self.round)  # the buffer's last place: the new model
         live = {s for _, _, s, _ in self.flight}
         self.versions = {s: m for s, m in self.versions.items() if s in live}
         record: dict[str, float] = {
@@ -128,14 +129,15 @@ class AsyncDriver(RoundDriver):
         by_start: dict[int, list[int]] = {}
         for c, s in arrived:
             by_start.setdefault(s, []).append(c)
-        models: dict[int, tuple[int, Any, Any]] = {}     # client -> (start, its model x_k, x_{s_k})
+        models: dict[int, tuple[int, Any, Any]] = {}  # client -> (start, its model x_k, x_{s_k})
         for s in sorted(by_start):
             start_state = self.versions[s]
             with server_math():
                 message = self.algo.message(start_state, s)
             groups = {c: 0 for c in by_start[s]}
-            for replies, loss, secs in self.transport.train(s, message, groups_by_host(groups, self.transport.placement),
-                                                            each=True):
+            for replies, loss, secs in self.transport.train(
+                s, message, groups_by_host(groups, self.transport.placement), each=True
+            ):
                 losses.update(loss)
                 compute += secs
                 for c, acc in replies.items():
@@ -144,7 +146,7 @@ class AsyncDriver(RoundDriver):
                         models[int(c)] = (s, self.algo.server_params(own), self.algo.server_params(start_state))
         check_finite(losses, r + 1)
         cfg = self.sc.systems
-        order = sorted(models)                                # sums in client-id order
+        order = sorted(models)  # sums in client-id order
         with server_math():
             x = self.algo.server_params(self.server_state)
             if cfg.aggregation == "fedbuff":
@@ -167,26 +169,36 @@ class AsyncDriver(RoundDriver):
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, folder: str, extra: dict | None = None) -> None:
         flight = sorted(self.flight)
-        super().save(folder, {**(extra or {}), "async": {
-            "finish": torch.tensor([f for f, _, _, _ in flight], dtype=torch.float64),
-            "cid": torch.tensor([c for _, c, _, _ in flight], dtype=torch.long),
-            "start": torch.tensor([s for _, _, s, _ in flight], dtype=torch.long),
-            "fails": torch.tensor([d for _, _, _, d in flight], dtype=torch.bool),
-            "versions": {str(s): state_to_tree(m) for s, m in self.versions.items()},
-            "launches": self._launches,
-        }})
+        super().save(
+            folder,
+            {
+                **(extra or {}),
+                "async": {
+                    "finish": torch.tensor([f for f, _, _, _ in flight], dtype=torch.float64),
+                    "cid": torch.tensor([c for _, c, _, _ in flight], dtype=torch.long),
+                    "start": torch.tensor([s for _, _, s, _ in flight], dtype=torch.long),
+                    "fails": torch.tensor([d for _, _, _, d in flight], dtype=torch.bool),
+                    "versions": {str(s): state_to_tree(m) for s, m in self.versions.items()},
+                    "launches": self._launches,
+                },
+            },
+        )
 
     def restore(self, folder: str) -> int:
         from raysim.engine import checkpoint
+
         r = super().restore(folder)
         _, ck = checkpoint.read(folder)
         a = ck.get("async")
         if a is None:
-            raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no clients in flight (written by a "
-                                             f"synchronous run?)")
+            raise checkpoint.CheckpointError(
+                f"{folder}: the checkpoint has no clients in flight (written by a synchronous run?)"
+            )
         t = type(self.server_state)
-        self.flight = [(float(f), int(c), int(s), bool(d)) for f, c, s, d in
-                       zip(a["finish"].tolist(), a["cid"].tolist(), a["start"].tolist(), a["fails"].tolist())]
+        self.flight = [
+            (float(f), int(c), int(s), bool(d))
+            for f, c, s, d in zip(a["finish"].tolist(), a["cid"].tolist(), a["start"].tolist(), a["fails"].tolist())
+        ]
         heapq.heapify(self.flight)
         self.versions = {int(s): tree_to_state(t, m) for s, m in a["versions"].items()}
         self._launches = int(a["launches"])

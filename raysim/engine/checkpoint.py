@@ -34,6 +34,7 @@ reads) that host's file for it: one host's states at a time, never every model a
 Files are loaded with ``torch.load(..., weights_only=True)``: nothing in a checkpoint is
 unpickled as code.
 """
+
 from __future__ import annotations
 
 import errno
@@ -139,6 +140,7 @@ def save(path: str | os.PathLike, state: Any) -> dict:
     def write(f):
         sinks.append(_Hashing(f))
         torch.save(state, sinks[-1])
+
     _atomic(path, write)
     return {"size": sinks[-1].size, "sha256": sinks[-1].sha.hexdigest()}
 
@@ -149,7 +151,11 @@ def host_file(h: int) -> str:
 
 def write_host(path: str | os.PathLike, head: dict, states: dict[int, Any]) -> dict:
     """Write a host file (``head``: see ``header``); its manifest entry."""
-    return {"file": Path(path).name, **save(path, {**head, "states": states}), "clients": sorted(int(c) for c in states)}
+    return {
+        "file": Path(path).name,
+        **save(path, {**head, "states": states}),
+        "clients": sorted(int(c) for c in states),
+    }
 
 
 def token(folder: str | os.PathLike) -> str:
@@ -226,14 +232,22 @@ def load(path: str | os.PathLike) -> Any:
 
 def _format_error(path: Path, got: Any) -> CheckpointError:
     if isinstance(got, int) and got < FORMAT:
-        return CheckpointError(f"{path}: checkpoint format {got}, written by an older raysim; this one reads "
-                               f"format {FORMAT} and cannot resume it")
+        return CheckpointError(
+            f"{path}: checkpoint format {got}, written by an older raysim; this one reads "
+            f"format {FORMAT} and cannot resume it"
+        )
     return CheckpointError(f"{path}: not a raysim checkpoint of format {FORMAT} (format {got!r})")
 
 
 def _entry_ok(e: Any) -> bool:
-    return (isinstance(e, dict) and isinstance(e.get("file"), str) and e["file"] == Path(e["file"]).name
-            and e["file"] not in ("", ".", "..") and isinstance(e.get("size"), int) and isinstance(e.get("sha256"), str))
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("file"), str)
+        and e["file"] == Path(e["file"]).name
+        and e["file"] not in ("", ".", "..")
+        and isinstance(e.get("size"), int)
+        and isinstance(e.get("sha256"), str)
+    )
 
 
 def _manifest(folder: str | os.PathLike) -> dict:
@@ -256,10 +270,17 @@ def _manifest(folder: str | os.PathLike) -> dict:
     if doc.get("run") != run:
         raise CheckpointError(f"{path}: written by run {doc.get('run')}, not {run} (the checkpoint folder's name)")
     hosts = doc.get("hosts")
-    if not (isinstance(doc.get("round"), int) and doc.get("folder") == _round_name(doc["round"])
-            and _entry_ok(doc.get("server")) and doc["server"]["file"] == SERVER and isinstance(hosts, list)
-            and all(_entry_ok(h) and isinstance(h.get("clients"), list)
-                    and all(isinstance(c, int) for c in h["clients"]) for h in hosts)):
+    if not (
+        isinstance(doc.get("round"), int)
+        and doc.get("folder") == _round_name(doc["round"])
+        and _entry_ok(doc.get("server"))
+        and doc["server"]["file"] == SERVER
+        and isinstance(hosts, list)
+        and all(
+            _entry_ok(h) and isinstance(h.get("clients"), list) and all(isinstance(c, int) for c in h["clients"])
+            for h in hosts
+        )
+    ):
         raise CheckpointError(f"{path}: malformed (damaged or edited)")
     return doc
 
@@ -288,17 +309,21 @@ def _check_inside(path: Path, part: Any, head: dict, clients: list[int] | None) 
     if part.get("run") != head["run"]:
         raise CheckpointError(f"{path}: written by run {part.get('run')}, not {head['run']} (a file of another run)")
     if part.get("round") != head["round"]:
-        raise CheckpointError(f"{path}: holds round {part.get('round')}, the manifest round {head['round']} "
-                              "(a file of another round)")
+        raise CheckpointError(
+            f"{path}: holds round {part.get('round')}, the manifest round {head['round']} (a file of another round)"
+        )
     if clients is not None:
         have, listed = set(part.get("states") or {}), set(clients)
         if missing := sorted(listed - have):
-            raise CheckpointError(f"{path}: no state for client {missing[0]}"
-                                  f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, "
-                                  "which the manifest lists for this file")
+            raise CheckpointError(
+                f"{path}: no state for client {missing[0]}"
+                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, "
+                "which the manifest lists for this file"
+            )
         if extra := sorted(have - listed):
-            raise CheckpointError(f"{path}: holds the state of client {extra[0]}, which the manifest does not "
-                                  "list for this file")
+            raise CheckpointError(
+                f"{path}: holds the state of client {extra[0]}, which the manifest does not list for this file"
+            )
 
 
 def _open(folder: str | os.PathLike, doc: dict, entry: dict, host: bool) -> dict:
@@ -312,18 +337,22 @@ def _open(folder: str | os.PathLike, doc: dict, entry: dict, host: bool) -> dict
     if (size, sha) != (entry["size"], entry["sha256"]):
         try:
             part = load(path)
-        except Exception:      # noqa: BLE001 - damaged beyond loading: the size or hash says it
+        except Exception:  # noqa: BLE001 - damaged beyond loading: the size or hash says it
             part = None
         if isinstance(part, dict) and part.get("format") == FORMAT:
             _check_inside(path, part, head, clients)
-        what = (f"{size} bytes, the manifest says {entry['size']}" if size != entry["size"]
-                else "SHA-256 differs from the manifest's")
+        what = (
+            f"{size} bytes, the manifest says {entry['size']}"
+            if size != entry["size"]
+            else "SHA-256 differs from the manifest's"
+        )
         raise CheckpointError(f"{path}: {what} (file damaged or replaced)")
     try:
         part = load(path)
-    except Exception as err:   # noqa: BLE001 - as written yet unreadable (another torch?)
-        raise CheckpointError(f"{path}: cannot be loaded ({type(err).__name__}: "
-                              f"{(str(err).strip().splitlines() or [''])[0]})") from None
+    except Exception as err:  # noqa: BLE001 - as written yet unreadable (another torch?)
+        raise CheckpointError(
+            f"{path}: cannot be loaded ({type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]})"
+        ) from None
     _check_inside(path, part, head, clients)
     return part
 
@@ -335,8 +364,10 @@ def read(folder: str | os.PathLike) -> tuple[dict, dict]:
     doc = _manifest(folder)
     server = _open(folder, doc, doc["server"], host=False)
     if server.get("hosts") != doc["hosts"]:
-        raise CheckpointError(f"{Path(folder) / MANIFEST}: its host files' entries differ from those "
-                              f"{doc['folder']}/{SERVER} records (manifest damaged or edited)")
+        raise CheckpointError(
+            f"{Path(folder) / MANIFEST}: its host files' entries differ from those "
+            f"{doc['folder']}/{SERVER} records (manifest damaged or edited)"
+        )
     return doc, server
 
 

@@ -4,6 +4,7 @@ checkpoints.
 Transport-agnostic: it talks to hosts through a Transport (in-process hosts for the serial
 engine, Ray actors for the Ray engine), so both engines share every line of round logic.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -33,8 +34,15 @@ class Transport(Protocol):
     placement: Placement
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]) -> list: ...
-    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
-              work: dict[int, float] | None = None, clip: float | None = None) -> list[tuple]: ...
+    def train(
+        self,
+        round_: int,
+        message: Any,
+        by_host: list[dict[int, int]],
+        each: bool = False,
+        work: dict[int, float] | None = None,
+        clip: float | None = None,
+    ) -> list[tuple]: ...
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]) -> list[dict]: ...
     def save_clients(self, folder: str, rdir: str, token: str, head: dict) -> list[dict]: ...
     def load_clients(self, folder: str, doc: dict, token: str) -> None: ...
@@ -64,7 +72,7 @@ class Placement:
     @classmethod
     def balanced(cls, sizes, hosts: int) -> Placement:
         sizes = np.asarray(sizes, dtype=np.int64)
-        order = np.lexsort((np.arange(len(sizes)), -sizes))      # largest first, then by id
+        order = np.lexsort((np.arange(len(sizes)), -sizes))  # largest first, then by id
         owner = np.empty(len(sizes), dtype=np.int64)
         heap = [(0, h) for h in range(hosts)]
         for c in order.tolist():
@@ -137,23 +145,30 @@ def check_finite(losses: dict[int, tuple[float, int]], round_: int) -> None:
     bad = [c for c in sorted(losses) if not math.isfinite(losses[c][0]) and losses[c][1] > 0]
     if bad:
         shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-        raise Diverged(f"training diverged in round {round_}: non-finite loss on client"
-                       f"{'s' if len(bad) > 1 else ''} {shown}; lower the learning rate "
-                       "(algorithm.lr) or check the data")
+        raise Diverged(
+            f"training diverged in round {round_}: non-finite loss on client"
+            f"{'s' if len(bad) > 1 else ''} {shown}; lower the learning rate "
+            "(algorithm.lr) or check the data"
+        )
 
 
 def check_scores(results: dict, round_: int) -> None:
     """A client's non-finite score in the evaluation after round ``round_`` raises Diverged
     naming the clients: its model's outputs overflowed, in training or in what the method
     does at evaluation (a local update, fine-tuning, personalization)."""
-    bad = [c for c in sorted(results) if results[c][1] > 0 and any(
-        isinstance(v, float) and not math.isfinite(v) for v in results[c][0].values())]
+    bad = [
+        c
+        for c in sorted(results)
+        if results[c][1] > 0 and any(isinstance(v, float) and not math.isfinite(v) for v in results[c][0].values())
+    ]
     if bad:
         shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-        raise Diverged(f"evaluation diverged after round {round_}: non-finite scores on client"
-                       f"{'s' if len(bad) > 1 else ''} {shown} (a model's outputs overflowed, in training "
-                       "or in a local update at evaluation); lower the learning rate (algorithm.lr, "
-                       "eval.finetune.lr)")
+        raise Diverged(
+            f"evaluation diverged after round {round_}: non-finite scores on client"
+            f"{'s' if len(bad) > 1 else ''} {shown} (a model's outputs overflowed, in training "
+            "or in a local update at evaluation); lower the learning rate (algorithm.lr, "
+            "eval.finetune.lr)"
+        )
 
 
 def mean_train_loss(losses: dict[int, tuple[float, int]]) -> float:
@@ -175,11 +190,12 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
         names += [k for k in results[c][0] if k not in names]
     out: dict[str, float] = {}
     for name in names:
-        vals = [(results[c][0][name], results[c][1]) for c in sorted(results)
-                if results[c][1] > 0 and name in results[c][0]]
+        vals = [
+            (results[c][0][name], results[c][1]) for c in sorted(results) if results[c][1] > 0 and name in results[c][0]
+        ]
         if not vals:
             continue
-        if isinstance(vals[0][0], Bins):       # a share of a metric of the union (ECE's bins)
+        if isinstance(vals[0][0], Bins):  # a share of a metric of the union (ECE's bins)
             out[f"{prefix}{name.removesuffix(Bins.SUFFIX)}{Bins.UNION}"] = Bins.union(*zip(*vals))
             continue
         v = np.array([x for x, _ in vals], dtype=np.float64)
@@ -196,8 +212,11 @@ def validation(results: dict[int, tuple], evaluated: list[int], unseen: list[int
     scored on a validation split."""
     out: dict[str, float] = {}
     for prefix, ids in (("", evaluated), ("unseen_", unseen)):
-        val = {c: ({val_name(k).removeprefix(VAL): v for k, v in results[c][3].items()}, results[c][4])
-               for c in sorted(ids) if results[c][3] is not None}
+        val = {
+            c: ({val_name(k).removeprefix(VAL): v for k, v in results[c][3].items()}, results[c][4])
+            for c in sorted(ids)
+            if results[c][3] is not None
+        }
         if val:
             out.update(summarize(val, VAL + prefix))
     return out
@@ -211,12 +230,12 @@ def groups_by_host(assignment: dict[int, int], placement: Placement) -> list[dic
     return out
 
 
-
 class HostLost(RuntimeError):
     """A host actor died (its process killed, out of memory, its node gone) or did not answer
     in time. The run rolls back to its last checkpoint on a fresh set of hosts and goes on:
     client work is a pure function of state, message, round and client id, so the redone
     rounds give the same results."""
+
 
 @contextmanager
 def server_math():
@@ -242,7 +261,7 @@ class RoundDriver:
         self.transport = transport
         self.source = source if source is not None else make_source(sc)
         self.algo = make_algorithm(sc, self.source)
-        self.clusters: dict[str, Any] = {}     # the last evaluation's cluster report
+        self.clusters: dict[str, Any] = {}  # the last evaluation's cluster report
         self._source_tests: list | None = None
         self._shares: dict[int, list[float]] | None = None
         with server_math():
@@ -255,10 +274,13 @@ class RoundDriver:
         self.dp_clip = sc.privacy.clip if sc.privacy is not None and sc.privacy.level == "client" else None
         self.train_ids, self.unseen_ids = split_unseen(sc)
         # sample-level privacy: the rounds each training client has trained in (its ε counts those)
-        self.dp_rounds = (np.zeros(len(self.train_ids), dtype=np.int64)
-                          if sc.privacy is not None and sc.privacy.level == "sample" else None)
+        self.dp_rounds = (
+            np.zeros(len(self.train_ids), dtype=np.int64)
+            if sc.privacy is not None and sc.privacy.level == "sample"
+            else None
+        )
         self.eval_ids = eval_sample(sc, self.train_ids)
-        self.round = 0              # rounds completed
+        self.round = 0  # rounds completed
         self.history: list[dict] = []
         # the simulated fleet (scenario ``systems``): the virtual clock (seconds) and each
         # client's count of rounds whose update counted, both checkpointed
@@ -296,20 +318,21 @@ class RoundDriver:
             sampled, wanted, fleet["available"] = self._invite(r)
         self._prepare(r, sampled)
         with server_math():
-            assignment = self.algo.select(self.server_state, r, sampled, self.train_ids,
-                                          rng.generator(self.sc.seed, "select", r))
+            assignment = self.algo.select(
+                self.server_state, r, sampled, self.train_ids, rng.generator(self.sc.seed, "select", r)
+            )
             message = self.algo.message(self.server_state, r)
         work = None
-        if self.fleet is not None:        # only the replies the server gets in time are trained and used
+        if self.fleet is not None:  # only the replies the server gets in time are trained and used
             assignment, work, outcome = self._clock_round(r, assignment, message, wanted)
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
-        dp = self.sc.privacy if self.dp_clip is not None else None      # client level's noise and clipping
+        dp = self.sc.privacy if self.dp_clip is not None else None  # client level's noise and clipping
         parts = self.transport.train(r, message, by_host, work=work or None, clip=self.dp_clip) if assignment else []
         total = Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
-        for acc, loss, secs in parts:        # host order, not arrival order
+        for acc, loss, secs in parts:  # host order, not arrival order
             total.merge(acc)
             losses.update(loss)
             compute += secs
@@ -317,24 +340,27 @@ class RoundDriver:
         if self.dp_rounds is not None:
             self.dp_rounds[np.searchsorted(self.train_ids, np.fromiter(losses, dtype=np.int64))] += 1
         round_metrics: dict[str, float] = {}
-        upload_metrics: dict[str, float] = {}        # privacy's and communication's
-        if assignment:                       # a round nobody reported in leaves the server as it was
+        upload_metrics: dict[str, float] = {}  # privacy's and communication's
+        if assignment:  # a round nobody reported in leaves the server as it was
             reduced = total.result()
-            if self.sc.communication is not None:      # the models the server rebuilt from compressed uploads
+            if self.sc.communication is not None:  # the models the server rebuilt from compressed uploads
                 upload_metrics["upload_bytes"] = reduced.nbytes
-                upload_metrics["upload_bytes_total"] = reduced.nbytes + sum(h.get("upload_bytes", 0.0)
-                                                                            for h in self.history)
+                upload_metrics["upload_bytes_total"] = reduced.nbytes + sum(
+                    h.get("upload_bytes", 0.0) for h in self.history
+                )
                 reduced = reduced.model
-            if dp is not None:               # noise on the clipped updates' sum (raysim/federation/privacy.py)
+            if dp is not None:  # noise on the clipped updates' sum (raysim/federation/privacy.py)
                 k = sample_size(self.sc, len(self.train_ids))
                 clipped = reduced
                 with server_math():
-                    reduced, clipping = privacy.privatize(clipped, message.shared, k, self.dp_clip,
-                                                          privacy.update_multiplier(dp, k), self.sc.seed, r)
+                    reduced, clipping = privacy.privatize(
+                        clipped, message.shared, k, self.dp_clip, privacy.update_multiplier(dp, k), self.sc.seed, r
+                    )
                 upload_metrics.update(clipping, dp_clip=self.dp_clip)
-                if dp.target_quantile is not None:          # adaptive clipping: C for the next round
+                if dp.target_quantile is not None:  # adaptive clipping: C for the next round
                     self.dp_clip, upload_metrics["dp_unclipped_share"] = privacy.next_clip(
-                        self.dp_clip, clipped.below, k, dp, self.sc.seed, r)
+                        self.dp_clip, clipped.below, k, dp, self.sc.seed, r
+                    )
             before = self.server_state
             with server_math():
                 self.server_state = self.algo.aggregate(self.server_state, reduced, r)
@@ -347,7 +373,7 @@ class RoundDriver:
         record: dict[str, float] = {
             "round": self.round,
             "clients": float(len(assignment)),
-            **({} if withheld else {"train_loss": mean_train_loss(losses)}),   # privacy keeps it on the hosts
+            **({} if withheld else {"train_loss": mean_train_loss(losses)}),  # privacy keeps it on the hosts
             "bytes_down": float(self.transport.message_nbytes(message, by_host)),
             "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
             **fleet,
@@ -361,19 +387,34 @@ class RoundDriver:
         metrics ``dp_epsilon`` and, at the sample level, ``dp_epsilon_median`` (each client's ε
         counts every DP-SGD epoch its rounds take, ``Algorithm.private_epochs``)."""
         dp, n = self.sc.privacy, len(self.train_ids)
-        if dp.level == "sample":           # each client's record-level ε, over the rounds it trained in
+        if dp.level == "sample":  # each client's record-level ε, over the rounds it trained in
             sizes = self.n_train(self.train_ids).astype(np.int64)
-            eps = privacy.client_epsilons(self.dp_rounds, sizes, self.algo.private_epochs(),
-                                          self.sc.algorithm.params.batch_size, dp.noise_multiplier,
-                                          dp.delta if dp.delta is not None else privacy.default_delta(int(sizes.max())))
+            eps = privacy.client_epsilons(
+                self.dp_rounds,
+                sizes,
+                self.algo.private_epochs(),
+                self.sc.algorithm.params.batch_size,
+                dp.noise_multiplier,
+                dp.delta if dp.delta is not None else privacy.default_delta(int(sizes.max())),
+            )
             out = {"dp_epsilon": float(eps.max()), "dp_epsilon_median": float(np.median(eps))}
         else:
             k = sample_size(self.sc, n)
-            out = {"dp_epsilon": privacy.epsilon(rounds, n, k, privacy.accountant_multiplier(dp, k),
-                                                 dp.delta if dp.delta is not None else privacy.default_delta(n),
-                                                 dp.accounting)}
-        if dp.debug_exact_metrics:        # the exact metrics logged beside the model have no guarantee
-            out = {"dp_epsilon": math.inf, **{name.replace("dp_epsilon", "dp_epsilon_model"): v for name, v in out.items()}}
+            out = {
+                "dp_epsilon": privacy.epsilon(
+                    rounds,
+                    n,
+                    k,
+                    privacy.accountant_multiplier(dp, k),
+                    dp.delta if dp.delta is not None else privacy.default_delta(n),
+                    dp.accounting,
+                )
+            }
+        if dp.debug_exact_metrics:  # the exact metrics logged beside the model have no guarantee
+            out = {
+                "dp_epsilon": math.inf,
+                **{name.replace("dp_epsilon", "dp_epsilon_model"): v for name, v in out.items()},
+            }
         return out
 
     # -- the simulated fleet (``systems``) ------------------------------------------------------
@@ -390,6 +431,7 @@ class RoundDriver:
     def n_train(self, cids) -> np.ndarray:
         """Each client's train-split size (from its sample count and ``data.splits``)."""
         from raysim.data.base import Splits, split_sizes
+
         sp = self.sc.data.splits
         splits = Splits(sp.train, sp.val, sp.test)
         for c in cids:
@@ -397,55 +439,80 @@ class RoundDriver:
                 self._n_train[c] = split_sizes(self.source.num_samples(c), splits)[0]
         return np.array([self._n_train[c] for c in cids], dtype=np.float64)
 
-    def device_seconds(self, cids: np.ndarray, message: Any, groups: dict[int, int] | None = None,
-                       compute: bool = False):
+    def device_seconds(
+        self, cids: np.ndarray, message: Any, groups: dict[int, int] | None = None, compute: bool = False
+    ):
         """Each client's virtual seconds for a round with ``message``: download what it gets,
         its ``client_work`` at its speed, upload as much (its update of what it got); with
         ``compute``, (those seconds, their training part)."""
         from raysim.engine.trees import nbytes
+
         shared = nbytes(message.shared)
         part = {g: nbytes(p) for g, p in message.groups.items()}
         size = np.array([shared + part.get((groups or {}).get(int(c), 0), 0) for c in cids], dtype=np.float64)
         up = size
         comm = self.sc.communication
-        if comm is not None:                 # compressed: the upload's size depends on the model's only
-            up = np.full(len(cids), compression.sent_bytes(float_numbers(message.shared), comm.compress,
-                                                           comm.levels, comm.ratio, comm.bucket))
+        if comm is not None:  # compressed: the upload's size depends on the model's only
+            up = np.full(
+                len(cids),
+                compression.sent_bytes(
+                    float_numbers(message.shared), comm.compress, comm.levels, comm.ratio, comm.bucket
+                ),
+            )
         work = np.array([self.algo.client_work(n) for n in self.n_train(cids.tolist()).tolist()])
         secs = self.fleet.profiles.seconds(cids, work, size, up)
         return (secs, self.fleet.profiles.compute(cids, work)) if compute else secs
 
-    def _clock_round(self, r: int, assignment: dict[int, int], message: Any, wanted: int
-                     ) -> tuple[dict[int, int], dict[int, float], dict[str, float]]:
+    def _clock_round(
+        self, r: int, assignment: dict[int, int], message: Any, wanted: int
+    ) -> tuple[dict[int, int], dict[int, float], dict[str, float]]:
         """Who of the selected clients reports in time (``systems.Fleet.round``), and the share of
         its steps each straggler with partial work trains: the clock moves on by the round's
         virtual duration; the kept clients' participation counts."""
         cids = np.array(sorted(assignment), dtype=np.int64)
-        waited = self.clock - self.round_start          # for a client to come online
+        waited = self.clock - self.round_start  # for a client to come online
         if not len(cids):
-            return {}, {}, {"invited": 0.0, "dropped_out": 0.0, "stragglers": 0.0, "partial": 0.0,
-                            "round_virtual_s": waited, "virtual_time_s": self.clock}
+            return (
+                {},
+                {},
+                {
+                    "invited": 0.0,
+                    "dropped_out": 0.0,
+                    "stragglers": 0.0,
+                    "partial": 0.0,
+                    "round_virtual_s": waited,
+                    "virtual_time_s": self.clock,
+                },
+            )
         secs, compute = self.device_seconds(cids, message, assignment, compute=True)
         out = self.fleet.round(r, self.clock, cids, wanted, secs, compute)
         self.clock += out.duration
         kept = cids[out.kept]
         self.participation[kept] += 1
         work = {int(c): float(w) for c, w in zip(kept.tolist(), out.work[out.kept].tolist()) if w < 1}
-        return ({int(c): assignment[int(c)] for c in kept}, work,
-                {**out.record(), "round_virtual_s": waited + out.duration, "virtual_time_s": self.clock})
+        return (
+            {int(c): assignment[int(c)] for c in kept},
+            work,
+            {**out.record(), "round_virtual_s": waited + out.duration, "virtual_time_s": self.clock},
+        )
 
     def wait_online(self, r: int) -> None:
         """With no training client online, move the clock on to the first time one is
         (``Fleet.first_online``); where none ever will be, stop the run: it would train nobody
         and log the untrained model's scores round after round."""
         t = self.fleet.first_online(self.train_ids, self.clock, r)
-        if t == math.inf:                  # (a trace: the other kinds bring someone online in time)
+        if t == math.inf:  # (a trace: the other kinds bring someone online in time)
             cfg = self.sc.systems
-            why = ("gives no training client a window" if cfg.trace_repeats else
-                   "plays once (trace_repeats: false) and no training client's window opens after it")
-            raise ScenarioError(f"{self.sc.path}: systems.availability_trace: round {r + 1}: no training client is "
-                                f"online at virtual time {self.clock:g} s or after ({cfg.availability_trace} {why}); "
-                                f"{r} of the {self.sc.rounds} rounds ran")
+            why = (
+                "gives no training client a window"
+                if cfg.trace_repeats
+                else "plays once (trace_repeats: false) and no training client's window opens after it"
+            )
+            raise ScenarioError(
+                f"{self.sc.path}: systems.availability_trace: round {r + 1}: no training client is "
+                f"online at virtual time {self.clock:g} s or after ({cfg.availability_trace} {why}); "
+                f"{r} of the {self.sc.rounds} rounds ran"
+            )
         self.clock = t
 
     def fleet_scores(self, results: dict[int, tuple], seconds: dict[int, float]) -> dict[str, float]:
@@ -453,12 +520,14 @@ class RoundDriver:
         evaluated clients (by ``seconds``, their device's time for a round with this
         evaluation's model), and how often the clients took part (rounds whose update counted)."""
         metric = self.algo.task.metric
-        ids = np.array([c for c in sorted(int(c) for c in self.eval_ids)
-                        if results[c][1] > 0 and metric in results[c][0]], dtype=np.int64)
+        ids = np.array(
+            [c for c in sorted(int(c) for c in self.eval_ids) if results[c][1] > 0 and metric in results[c][0]],
+            dtype=np.int64,
+        )
         out: dict[str, float] = {}
         if len(ids):
             secs = np.array([seconds[c] for c in ids.tolist()])
-            order = np.lexsort((ids, secs))                 # fastest first (ties: lower id)
+            order = np.lexsort((ids, secs))  # fastest first (ties: lower id)
             m = max(1, int(round(0.1 * len(ids))))
             for name, pick in (("fastest", order[:m]), ("slowest", order[-m:])):
                 v = np.array([results[int(c)][0][metric] for c in ids[pick]], dtype=np.float64)
@@ -506,33 +575,35 @@ class RoundDriver:
         groups.update(chosen)
         results: dict[int, tuple[dict[str, float], int]] = {}
         unseen = [int(c) for c in self.unseen_ids]
-        for part in self.transport.evaluate(self.round, self.eval_message(),
-                                            groups_by_host(groups, self.transport.placement), unseen):
+        for part in self.transport.evaluate(
+            self.round, self.eval_message(), groups_by_host(groups, self.transport.placement), unseen
+        ):
             results.update(part)
         check_scores(results, self.round)
         out = summarize({int(c): results[int(c)] for c in self.eval_ids})
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
         out.update(validation(results, [int(c) for c in self.eval_ids], unseen))
-        if self.fleet is not None:                 # each evaluated client's device time for a round
+        if self.fleet is not None:  # each evaluated client's device time for a round
             scored = np.array(sorted(int(c) for c in self.eval_ids), dtype=np.int64)
             seconds = dict(zip(scored.tolist(), self.device_seconds(scored, self.eval_message()).tolist()))
             out.update(self.fleet_scores(results, seconds))
         importance = {c: r[2] for c, r in results.items() if r[2] is not None}
         centers = self.algo.centers(self.server_state)
-        if not importance and centers is not None and chosen:     # hard clusters held by the server
+        if not importance and centers is not None and chosen:  # hard clusters held by the server
             importance = {c: [float(g == k) for k in range(len(centers))] for c, g in chosen.items() if g >= 0}
         with server_math():
             out.update(self._cluster_report(importance, centers))
-            self.clusters.update(self.algo.report({int(c): results[int(c)][:2] for c in self.eval_ids},
-                                                  self.server_state))
+            self.clusters.update(
+                self.algo.report({int(c): results[int(c)][:2] for c in self.eval_ids}, self.server_state)
+            )
         # each client's primary score (the distribution behind the mean and bottom decile)
         metric = self.algo.task.metric
         for prefix, ids in (("", [int(c) for c in self.eval_ids]), ("unseen_", unseen)):
             scores = {c: results[c][0][metric] for c in sorted(ids) if results[c][1] > 0 and metric in results[c][0]}
             if scores:
                 self.clusters[f"{prefix}client_{metric}"] = scores
-        if self.fleet is not None:         # each evaluated client's rounds taken part in, and its device's round
+        if self.fleet is not None:  # each evaluated client's rounds taken part in, and its device's round
             self.clusters["participation"] = dict(zip(scored.tolist(), self.participation[scored].tolist()))
             self.clusters["device_seconds"] = {c: round(t, 6) for c, t in seconds.items()}
         return out
@@ -557,7 +628,9 @@ class RoundDriver:
             pick = min if lower_is_better(task.metric) else max
             report["center_source"] = table
             report["association"] = [pick(range(len(centers)), key=lambda c: table[c][s]) for s in range(len(cols))]
-            metrics = {f"center{c}_source{s}_{task.metric}": v for c, row in enumerate(table) for s, v in enumerate(row)}
+            metrics = {
+                f"center{c}_source{s}_{task.metric}": v for c, row in enumerate(table) for s, v in enumerate(row)
+            }
         if importance:
             report["importance"] = {c: importance[c] for c in sorted(importance)}
             shares = self._true_shares()
@@ -565,9 +638,13 @@ class RoundDriver:
                 report["true_shares"] = shares
                 # agreement of the hard assignments (largest estimated weight vs largest true share)
                 from sklearn.metrics import adjusted_rand_score
+
                 cids = sorted(importance)
-                metrics["cluster_ari"] = float(adjusted_rand_score(
-                    [int(np.argmax(shares[c])) for c in cids], [int(np.argmax(importance[c])) for c in cids]))
+                metrics["cluster_ari"] = float(
+                    adjusted_rand_score(
+                        [int(np.argmax(shares[c])) for c in cids], [int(np.argmax(importance[c])) for c in cids]
+                    )
+                )
         self.clusters = report
         return metrics
 
@@ -595,18 +672,28 @@ class RoundDriver:
         rdir = checkpoint.round_folder(folder, self.round)
         with checkpoint.writing(folder, rdir):
             hosts = self.transport.save_clients(str(folder), str(rdir), token, head)
-            server = checkpoint.save(rdir / checkpoint.SERVER, {
-                **(extra or {}),
-                **head,
-                "hosts": hosts,
-                "server": state_to_tree(self.server_state),
-                **({"server_opt": state_to_tree(self.server_opt)} if self.server_opt is not None else {}),
-                **({"privacy": {"clip": self.dp_clip}} if self.dp_clip is not None else {}),
-                **({"privacy": {"rounds": torch.from_numpy(self.dp_rounds.copy())}} if self.dp_rounds is not None else {}),
-                **({"fleet": {"clock": self.clock, "participation": torch.from_numpy(self.participation.copy())}}
-                   if self.fleet is not None else {}),
-                "history": self.history,
-            })
+            server = checkpoint.save(
+                rdir / checkpoint.SERVER,
+                {
+                    **(extra or {}),
+                    **head,
+                    "hosts": hosts,
+                    "server": state_to_tree(self.server_state),
+                    **({"server_opt": state_to_tree(self.server_opt)} if self.server_opt is not None else {}),
+                    **({"privacy": {"clip": self.dp_clip}} if self.dp_clip is not None else {}),
+                    **(
+                        {"privacy": {"rounds": torch.from_numpy(self.dp_rounds.copy())}}
+                        if self.dp_rounds is not None
+                        else {}
+                    ),
+                    **(
+                        {"fleet": {"clock": self.clock, "participation": torch.from_numpy(self.participation.copy())}}
+                        if self.fleet is not None
+                        else {}
+                    ),
+                    "history": self.history,
+                },
+            )
             checkpoint.commit(folder, head, server, hosts)
 
     def restore(self, folder: str) -> int:
@@ -618,23 +705,28 @@ class RoundDriver:
         self.server_state = tree_to_state(t, ck["server"]) if is_dataclass(t) else ck["server"]
         if self.server_opt is not None:
             if "server_opt" not in ck:
-                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no server optimizer state "
-                                                 f"(written with server.optimizer: none?)")
+                raise checkpoint.CheckpointError(
+                    f"{folder}: the checkpoint has no server optimizer state (written with server.optimizer: none?)"
+                )
             self.server_opt = {k: list(v) for k, v in ck["server_opt"].items()}
         if self.dp_clip is not None:
             if "privacy" not in ck:
-                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no clipping bound (written "
-                                                 f"without the privacy section?)")
+                raise checkpoint.CheckpointError(
+                    f"{folder}: the checkpoint has no clipping bound (written without the privacy section?)"
+                )
             self.dp_clip = float(ck["privacy"]["clip"])
         if self.dp_rounds is not None:
             if "privacy" not in ck or "rounds" not in ck["privacy"]:
-                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no per-client training rounds "
-                                                 f"(written without privacy.level: sample?)")
+                raise checkpoint.CheckpointError(
+                    f"{folder}: the checkpoint has no per-client training rounds "
+                    f"(written without privacy.level: sample?)"
+                )
             self.dp_rounds = ck["privacy"]["rounds"].numpy().astype(np.int64)
         if self.fleet is not None:
             if "fleet" not in ck:
-                raise checkpoint.CheckpointError(f"{folder}: the checkpoint has no virtual clock (written "
-                                                 f"without the systems section?)")
+                raise checkpoint.CheckpointError(
+                    f"{folder}: the checkpoint has no virtual clock (written without the systems section?)"
+                )
             self.clock = float(ck["fleet"]["clock"])
             self.participation = ck["fleet"]["participation"].numpy().astype(np.int64)
         self.transport.load_clients(str(folder), doc, checkpoint.token(folder))

@@ -12,6 +12,7 @@ suite does (the variables reach Ray's worker processes through the environment).
   answers (``hang``). A host actor only: host 0 in the driver's process (``resources.driver_host``)
   ignores it, as killing it is killing the driver.
 """
+
 from __future__ import annotations
 
 import os

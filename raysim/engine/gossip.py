@@ -14,6 +14,7 @@ float64 sums were grouped) goes back to them, and each client's ‖θ_k − θ̄
 by client id and is summed in id order: computed directly (no cancellation near consensus),
 identical for any number of hosts.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,10 +36,10 @@ class GossipDriver(RoundDriver):
         counts = self.transport.gossip_init(self.server_state)
         self.counts = np.array([counts.get(c, 0) for c in range(sc.data.clients)], dtype=np.float64)
         self.graph_round: int | None = None
-        self.W = None                   # scipy.sparse CSR
-        self._plan_cache = None         # (rows per host, outboxes) for the W in force
-        self._edges = None              # the graph's edges (with failures: each round's survivors come from them)
-        self.down = np.zeros(sc.data.clients, dtype=bool)     # clients unavailable this round
+        self.W = None  # scipy.sparse CSR
+        self._plan_cache = None  # (rows per host, outboxes) for the W in force
+        self._edges = None  # the graph's edges (with failures: each round's survivors come from them)
+        self.down = np.zeros(sc.data.clients, dtype=bool)  # clients unavailable this round
         self.failures: dict[str, float] = {}
 
     def _mixing(self, r: int):
@@ -68,8 +69,9 @@ class GossipDriver(RoundDriver):
         if self.graph_round != key or self._edges is None:
             self._edges = topology.edge_array(topology.scenario_graph(t, n, self.sc.seed, key))
             self.graph_round = key
-        edges, self.down = topology.surviving(self._edges, n, t.link_failure, t.node_failure,
-                                              rng.generator(self.sc.seed, "failures", r))
+        edges, self.down = topology.surviving(
+            self._edges, n, t.link_failure, t.node_failure, rng.generator(self.sc.seed, "failures", r)
+        )
         w = topology.from_edge_weights(n, edges, topology.metropolis_weights(n, edges))
         if t.weighting == "samples":
             w = topology.sample_weighted(w, self.counts)
@@ -79,13 +81,13 @@ class GossipDriver(RoundDriver):
 
     def restore(self, path: str) -> int:
         r = super().restore(path)
-        self._plan_cache = None         # hosts get their rows again
+        self._plan_cache = None  # hosts get their rows again
         if r > 0:
-            self._mixing(r - 1)        # the graph in force, so a fixed one is not reported again
+            self._mixing(r - 1)  # the graph in force, so a fixed one is not reported again
         return r
 
     def eval_message(self) -> Any:
-        return None                    # each client is scored with its own copy
+        return None  # each client is scored with its own copy
 
     def evaluate(self) -> dict[str, float]:
         # no global model exists: each client's copy is its own model
@@ -106,8 +108,9 @@ class GossipDriver(RoundDriver):
         for h, cids in enumerate(groups):
             ids = np.asarray(cids, dtype=np.int64)
             sub = W[ids] if len(ids) else W[:0]
-            rows_by_host.append((ids, sub.indptr.astype(np.int64), sub.indices.astype(np.int64),
-                                 sub.data.astype(np.float64)))
+            rows_by_host.append(
+                (ids, sub.indptr.astype(np.int64), sub.indices.astype(np.int64), sub.data.astype(np.float64))
+            )
             needed = np.unique(sub.indices)
             src = owner[needed]
             for other in np.unique(src).tolist():
@@ -123,7 +126,7 @@ class GossipDriver(RoundDriver):
         groups = self._by_host(everyone)
         hosts = len(groups)
         send_rows = changed or self._plan_cache is None
-        if send_rows:                   # hosts keep their rows while W stays the same
+        if send_rows:  # hosts keep their rows while W stays the same
             self._plan_cache = self._plan(W, groups, self.transport.placement.owner)
         rows_by_host, outboxes = self._plan_cache
         parts = self.transport.gossip_train(r, groups, outboxes)
@@ -133,8 +136,10 @@ class GossipDriver(RoundDriver):
             losses.update(loss)
             compute += secs
         check_finite(losses, r + 1)
-        plans = [([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h] if send_rows else None)
-                 for h in range(hosts)]
+        plans = [
+            ([bundles[h] for bundles, _, _ in parts if h in bundles], rows_by_host[h] if send_rows else None)
+            for h in range(hosts)
+        ]
         sums = self.transport.gossip_mix(plans)
         self.round = r + 1
         record: dict[str, float] = {
@@ -145,15 +150,19 @@ class GossipDriver(RoundDriver):
         }
         record.update(self.failures)
         comm = self.sc.communication
-        if comm is not None:             # CHOCO-gossip: each client sends one compressed difference a round
+        if comm is not None:  # CHOCO-gossip: each client sends one compressed difference a round
             d = sum(t.numel() for g in self.algo.shared(self.server_state) for t in g if t.is_floating_point())
             record["upload_bytes"] = len(everyone) * compression.sent_bytes(
-                d, comm.compress, comm.levels, comm.ratio, comm.bucket)
-            record["upload_bytes_total"] = record["upload_bytes"] + sum(h.get("upload_bytes", 0.0) for h in self.history)
+                d, comm.compress, comm.levels, comm.ratio, comm.bucket
+            )
+            record["upload_bytes_total"] = record["upload_bytes"] + sum(
+                h.get("upload_bytes", 0.0) for h in self.history
+            )
         record.update(self.consensus(sums))
         if changed and self.sc.data.clients <= topology.GAP_MAX and not self.failures:
             record["spectral_gap"] = topology.spectral_gap(
-                W, self.counts if self.sc.topology.weighting == "samples" else None)
+                W, self.counts if self.sc.topology.weighting == "samples" else None
+            )
         return self._finish(record, t0, compute)
 
     def consensus(self, sums: list[Accumulator]) -> dict[str, float]:
@@ -164,7 +173,9 @@ class GossipDriver(RoundDriver):
         mean = (total.result() / total.count).to(torch.float32)
         parts = [(np.asarray(c), np.asarray(d)) for c, d in self.transport.consensus(mean) if len(c)]
         ids = np.concatenate([c for c, _ in parts])
-        d = np.concatenate([d for _, d in parts]).astype(np.float64)[np.argsort(ids, kind="stable")]   # (clients, groups), by id
+        d = np.concatenate([d for _, d in parts]).astype(np.float64)[
+            np.argsort(ids, kind="stable")
+        ]  # (clients, groups), by id
         out = {f"consensus_distance_{m}": float(v) for m, v in enumerate(d.mean(axis=0))}
         out["consensus_distance"] = float(d.mean(axis=0).mean())
         return out

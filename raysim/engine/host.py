@@ -11,6 +11,7 @@ its clients at once (``Algorithm.train_rows``: D-SGD, decentralized FedProx), th
 its clients' models as one matrix (a row per client) and trains, exchanges and mixes rows: no
 Python object per client, the same numbers.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,7 @@ from raysim.federation import compression, privacy
 from raysim.scenario.build import make_algorithm
 from raysim.scenario.config import Scenario, make_source
 
-ROWS = True        # the host-level path where the method has one (tests switch it off to compare)
+ROWS = True  # the host-level path where the method has one (tests switch it off to compare)
 
 
 def pick_device(gpus: float) -> torch.device:
@@ -75,10 +76,12 @@ def release_freed_memory(collect: bool = True) -> None:
     global _TRIM
     if collect:
         import gc
+
         gc.collect(1)
     if _TRIM is None:
         import ctypes
         import ctypes.util
+
         name = ctypes.util.find_library("c")
         try:
             _TRIM = getattr(ctypes.CDLL(name), "malloc_trim", False) if name else False
@@ -89,8 +92,9 @@ def release_freed_memory(collect: bool = True) -> None:
 
 
 class Host:
-    def __init__(self, sc: Scenario, cids: list[int], device: str | None = None, threads: int | None = None,
-                 source=None):
+    def __init__(
+        self, sc: Scenario, cids: list[int], device: str | None = None, threads: int | None = None, source=None
+    ):
         """Host ``cids`` of scenario ``sc``; ``source`` is the driver's prepared data source (its
         partition made once, there), built here when not given."""
         if threads is not None:
@@ -114,13 +118,13 @@ class Host:
         self.servers: dict[int, Any] = {}
         self._server_type: type | None = None
         self._flat: dict[int, torch.Tensor] = {}
-        self._half: dict[int, torch.Tensor] = {}     # CHOCO-gossip: the models after the local step
+        self._half: dict[int, torch.Tensor] = {}  # CHOCO-gossip: the models after the local step
         self._rows = mixing.Rows({})
         self._gossip = False
         # with train_rows: the clients' models as rows of one matrix (self.cids' order)
         self._F: torch.Tensor | None = None
-        self._template = None          # a server state: the shapes of the rows' parameters
-        self._block = None             # (cids, Block) while the trained clients stay the same
+        self._template = None  # a server state: the shapes of the rows' parameters
+        self._block = None  # (cids, Block) while the trained clients stay the same
 
     # -- data and state ----------------------------------------------------------------------
     def data(self, cid: int) -> ClientData:
@@ -131,8 +135,9 @@ class Host:
 
     def state(self, cid: int) -> Any:
         if cid not in self.states:
-            self.states[cid] = to_device(self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid)),
-                                         self.device)
+            self.states[cid] = to_device(
+                self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid)), self.device
+            )
         return self.states[cid]
 
     def context(self, round_: int, cid: int, purpose: str, group: int = 0, work: float = 1.0) -> Context:
@@ -146,12 +151,12 @@ class Host:
         in seconds and a round loads only the newcomers among its sampled clients."""
         s = self.sc.sampling
         every_round = self.sc.topology is not None or (
-            s.count >= self.sc.data.clients if s.count is not None else s.fraction >= 1.0)
+            s.count >= self.sc.data.clients if s.count is not None else s.fraction >= 1.0
+        )
         if every_round:
             packed = pack([self.data(cid) for cid in self.cids])
             self._data.update(zip(self.cids, packed))
             release_freed_memory()
-
 
     def num_samples(self) -> dict[int, int]:
         return {c: self.source.num_samples(c) for c in self.cids}
@@ -167,17 +172,28 @@ class Host:
         """Statistics for the server's preparation phase: each client's ``client_stats``."""
         received = Received(to_device(message, self.device))
         cids = sorted(cids)
-        results = self._drive([self.algo.client_stats(self.state(c), received, self.data(c),
-                                                      self.context(round_, c, "stats")) for c in cids])
+        results = self._drive(
+            [
+                self.algo.client_stats(self.state(c), received, self.data(c), self.context(round_, c, "stats"))
+                for c in cids
+            ]
+        )
         acc = Accumulator()
         for cid, (state, reply) in zip(cids, results):
             self.states[cid] = state
             acc.add(reply)
         return acc
 
-    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False,
-              work: dict[int, float] | None = None, clip: float | None = None
-              ) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
+    def train(
+        self,
+        round_: int,
+        shared: Any,
+        parts: dict[int, Any],
+        groups: dict[int, int],
+        each: bool = False,
+        work: dict[int, float] | None = None,
+        clip: float | None = None,
+    ) -> tuple[Accumulator | dict[int, Accumulator], PerClient, float]:
         """Train the clients of ``groups`` ({cid: group}) on the shared part and their group's
         part; return (sum of replies, loss per client, seconds); ``each``: each client's reply
         on its own ({cid: its Accumulator}), for a server that weighs them one by one
@@ -187,20 +203,34 @@ class Host:
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
         work = work or {}
-        calls = [self.algo.train(self.state(c), self._received(shared, parts, groups[c]), self.data(c),
-                                 self.context(round_, c, "train", groups[c], work.get(c, 1.0))) for c in cids]
+        calls = [
+            self.algo.train(
+                self.state(c),
+                self._received(shared, parts, groups[c]),
+                self.data(c),
+                self.context(round_, c, "train", groups[c], work.get(c, 1.0)),
+            )
+            for c in cids
+        ]
         acc = {} if each else Accumulator()
         losses = PerClient()
         dp, comm = self.sc.privacy, self.sc.communication
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
-            if dp is not None and dp.level == "client":      # the update leaves the client clipped (raysim/federation/privacy.py)
-                reply = privacy.clip(reply, shared, dp.clip if clip is None else clip,
-                                     count=dp.target_quantile is not None or dp.debug_exact_metrics,
-                                     norm=dp.debug_exact_metrics)
-            if comm is not None:                 # ... or compressed (raysim/federation/compression.py)
-                reply, remainder = compression.upload(reply, shared, comm, self.residuals.get(cid), self.sc.seed,
-                                                      round_, cid)
+            if (
+                dp is not None and dp.level == "client"
+            ):  # the update leaves the client clipped (raysim/federation/privacy.py)
+                reply = privacy.clip(
+                    reply,
+                    shared,
+                    dp.clip if clip is None else clip,
+                    count=dp.target_quantile is not None or dp.debug_exact_metrics,
+                    norm=dp.debug_exact_metrics,
+                )
+            if comm is not None:  # ... or compressed (raysim/federation/compression.py)
+                reply, remainder = compression.upload(
+                    reply, shared, comm, self.residuals.get(cid), self.sc.seed, round_, cid
+                )
                 if remainder is not None:
                     self.residuals[cid] = remainder
             if each:
@@ -212,9 +242,9 @@ class Host:
         release_freed_memory(collect=False)
         return acc, losses, time.perf_counter() - t0
 
-    def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
-                 unseen: list[int] = ()) -> dict[int, tuple[dict[str, float], int, list[float] | None,
-                                                         dict[str, float] | None, int]]:
+    def evaluate(
+        self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], unseen: list[int] = ()
+    ) -> dict[int, tuple[dict[str, float], int, list[float] | None, dict[str, float] | None, int]]:
         """Each client's metrics, test size, estimated weights of the cluster models, validation
         metrics (None: not scored, ``eval.validation`` off or an empty validation split) and
         validation size. ``unseen`` clients never trained: they personalize first (not kept),
@@ -223,16 +253,29 @@ class Host:
         server state."""
         shared, parts = to_device(shared, self.device), to_device(parts, self.device)
         cids = sorted(groups)
-        received = {c: self._own_message(round_, c) if self._gossip else
-                    self._received(shared, parts, groups[c]) for c in cids}
+        received = {
+            c: self._own_message(round_, c) if self._gossip else self._received(shared, parts, groups[c]) for c in cids
+        }
         unseen = sorted(set(unseen))
-        personal = dict(zip(unseen, self._drive([
-            self.algo.personalize(received[c], self.data(c), self.context(round_, c, "personalize", groups[c]))
-            for c in unseen])))
+        personal = dict(
+            zip(
+                unseen,
+                self._drive(
+                    [
+                        self.algo.personalize(
+                            received[c], self.data(c), self.context(round_, c, "personalize", groups[c])
+                        )
+                        for c in unseen
+                    ]
+                ),
+            )
+        )
         states = {c: personal[c] if c in personal else self.state(c) for c in cids}
-        val = self.sc.eval.validation is not False       # auto: wherever a client has a validation split
-        calls = [self.algo.evaluations(states[c], received[c], self.data(c),
-                                       self.context(round_, c, "eval", groups[c]), val) for c in cids]
+        val = self.sc.eval.validation is not False  # auto: wherever a client has a validation split
+        calls = [
+            self.algo.evaluations(states[c], received[c], self.data(c), self.context(round_, c, "eval", groups[c]), val)
+            for c in cids
+        ]
         out = {}
         for c, (m, vm) in zip(cids, self._drive(calls)):
             imp = self.algo.importance(states[c])
@@ -266,15 +309,17 @@ class Host:
             self._F = flat.unsqueeze(0).repeat(len(self.cids), 1)
         else:
             for cid in self.cids:
-                self.servers[cid] = self.algo.with_shared(server, [[t.clone() for t in g]
-                                                                   for g in self.algo.shared(server)])
-        if self.sc.communication is not None:   # CHOCO-gossip: the public copies start at the initial model
+                self.servers[cid] = self.algo.with_shared(
+                    server, [[t.clone() for t in g] for g in self.algo.shared(server)]
+                )
+        if self.sc.communication is not None:  # CHOCO-gossip: the public copies start at the initial model
             flat = mixing.flatten(self.algo.shared(server))
             self.residuals = {cid: flat.clone() for cid in self.cids}
         return {cid: self.data(cid).num_train for cid in self.cids}
 
-    def gossip_train(self, round_: int, cids: list[int], outbox: dict[int, list[int]]
-                     ) -> tuple[dict[int, Any], PerClient, float]:
+    def gossip_train(
+        self, round_: int, cids: list[int], outbox: dict[int, list[int]]
+    ) -> tuple[dict[int, Any], PerClient, float]:
         """Each client's local step as its own server (message from its copy, aggregate of its
         own reply). The flattened shared parameters stay here for this host's mixing;
         ``outbox[h]`` lists the clients whose parameters host h needs, and the return holds
@@ -284,8 +329,10 @@ class Host:
         cids = sorted(cids)
         if self._F is not None:
             return self._train_rows(round_, cids, outbox, t0)
-        calls = [self.algo.train(self.state(c), self._own_message(round_, c), self.data(c),
-                                 self.context(round_, c, "train")) for c in cids]
+        calls = [
+            self.algo.train(self.state(c), self._own_message(round_, c), self.data(c), self.context(round_, c, "train"))
+            for c in cids
+        ]
         losses = PerClient()
         self._flat, self._half = {}, {}
         comm = self.sc.communication
@@ -294,11 +341,12 @@ class Host:
             # the reply reduces on the CPU (float64 sums): the aggregate comes back to the host's device
             self.servers[cid] = to_device(self.algo.aggregate(self.servers[cid], reduce([reply]), round_), self.device)
             self._flat[cid] = mixing.flatten(self.algo.shared(self.servers[cid]))
-            if comm is not None:         # CHOCO: the public copy moves by the compressed difference, and is sent
+            if comm is not None:  # CHOCO: the public copy moves by the compressed difference, and is sent
                 self._half[cid] = self._flat[cid]
                 self._flat[cid] = self.residuals[cid] = compression.gossip_estimate(
-                    self._flat[cid], self.residuals[cid], comm, self.sc.seed, round_, cid)
-            losses[cid] = (float(loss), self.data(cid).num_train)       # gossip runs without privacy
+                    self._flat[cid], self.residuals[cid], comm, self.sc.seed, round_, cid
+                )
+            losses[cid] = (float(loss), self.data(cid).num_train)  # gossip runs without privacy
         bundles = {h: {j: self._flat[j] for j in wanted} for h, wanted in outbox.items() if wanted}
         return bundles, losses, time.perf_counter() - t0
 
@@ -316,8 +364,10 @@ class Host:
         every = len(cids) == len(self.cids)
         F = self._F if every else self._F.index_select(0, pos)
         template = self.algo.shared(self._template)
-        params = [p.reshape(len(cids), *t.shape) for p, t in
-                  zip(F.split([t.numel() for g in template for t in g], dim=1), (t for g in template for t in g))]
+        params = [
+            p.reshape(len(cids), *t.shape)
+            for p, t in zip(F.split([t.numel() for g in template for t in g], dim=1), (t for g in template for t in g))
+        ]
         block = self._rows_block(round_, cids)
         trained, loss = self.algo.train_rows(params, block)
         new = torch.cat([p.reshape(len(cids), -1) for p in trained], dim=1).to(F.dtype)
@@ -356,11 +406,20 @@ class Host:
             for bundle in inbox:
                 sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
             mixed = self._rows.mix(sources)
-            if self.sc.communication is not None:      # CHOCO: x_i + γ (Σ_j w_ij x̂_j − x̂_i)
+            if self.sc.communication is not None:  # CHOCO: x_i + γ (Σ_j w_ij x̂_j − x̂_i)
                 step = self.sc.communication.gossip_step
-                mixed = torch.stack([self._half[c] + step * (m - self.residuals[c]) if c in self._half
-                                     else mixing.flatten(self.algo.shared(self.servers[c]))
-                                     for c, m in zip(self._rows.cids, mixed.unbind(0))]) if self._rows.cids else mixed
+                mixed = (
+                    torch.stack(
+                        [
+                            self._half[c] + step * (m - self.residuals[c])
+                            if c in self._half
+                            else mixing.flatten(self.algo.shared(self.servers[c]))
+                            for c, m in zip(self._rows.cids, mixed.unbind(0))
+                        ]
+                    )
+                    if self._rows.cids
+                    else mixed
+                )
             for cid, flat in zip(self._rows.cids, mixed.unbind(0)):
                 template = self.algo.shared(self.servers[cid])
                 self.servers[cid] = self.algo.with_shared(self.servers[cid], mixing.unflatten(template, flat))
@@ -392,7 +451,7 @@ class Host:
         out = {}
         for cid in self.cids:
             state = self.states.get(cid)
-            if self._F is not None:          # a row's views would carry the whole matrix: copies
+            if self._F is not None:  # a row's views would carry the whole matrix: copies
                 server = [t.clone() for t in self._server(cid)]
             else:
                 server = self.servers.get(cid)

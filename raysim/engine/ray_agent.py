@@ -29,6 +29,7 @@ Ray's own classes before it is used (``ray_start._env_stand_in_fits``).
 For metrics, the dashboard, job submission or runtime environments, start Ray yourself
 (``ray start --head``) and run with ``--address auto``.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,14 +46,17 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
 # the port the runtime-environment agent writes (ray._raylet's RUNTIME_ENV_AGENT_PORT_NAME)
 ENV_PORT = "runtime_env_agent_port"
-REFUSAL = ("runtime environments other than env_vars are not available on the local Ray that raysim "
-           "starts; start Ray with `ray start --head` and run with --address auto")
+REFUSAL = (
+    "runtime environments other than env_vars are not available on the local Ray that raysim "
+    "starts; start Ray with `ray start --head` and run with --address auto"
+)
 # the fields of a runtime environment the stand-in serves
 SERVED = {"env_vars"}
 
 
 def _field(number: int, value: int | str) -> bytes:
     """One protobuf field: a varint (wire type 0) for an int, length-delimited (2) for a string."""
+
     def varint(n: int) -> bytes:
         out = bytearray()
         while True:
@@ -60,6 +64,7 @@ def _field(number: int, value: int | str) -> bytes:
             n >>= 7
             if not n:
                 return bytes(out)
+
     if isinstance(value, int):
         return varint(number << 3) + varint(value)
     data = value.encode()
@@ -84,6 +89,7 @@ def _fields(data: bytes) -> dict[int, list[int | bytes]]:
             shift += 7
             if not byte & 0x80:
                 return value
+
     while pos < len(data):
         key = varint()
         number, wire = key >> 3, key & 7
@@ -91,7 +97,7 @@ def _fields(data: bytes) -> dict[int, list[int | bytes]]:
             value: int | bytes = varint()
         elif wire == 2:
             size = varint()
-            value, pos = data[pos:pos + size], pos + size
+            value, pos = data[pos : pos + size], pos + size
             if pos > len(data):
                 raise ValueError("a truncated field")
         elif wire in (1, 5):
@@ -114,10 +120,19 @@ def created(request: bytes) -> bytes:
     except (ValueError, AttributeError, UnicodeDecodeError):
         env = None
     variables = env.get("env_vars", {}) if isinstance(env, dict) else None
-    if (isinstance(env, dict) and set(env) <= SERVED and isinstance(variables, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items())):
-        context = {"command_prefix": [], "env_vars": variables, "py_executable": sys.executable,
-                   "override_worker_entrypoint": None, "java_jars": []}
+    if (
+        isinstance(env, dict)
+        and set(env) <= SERVED
+        and isinstance(variables, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items())
+    ):
+        context = {
+            "command_prefix": [],
+            "env_vars": variables,
+            "py_executable": sys.executable,
+            "override_worker_entrypoint": None,
+            "java_jars": [],
+        }
         return _field(3, json.dumps(context))
     return _field(1, 1) + _field(2, REFUSAL)
 
@@ -125,13 +140,15 @@ def created(request: bytes) -> bytes:
 # Ray's replies (runtime_env_agent.proto), by path: get_or_create: ``created``;
 # delete_if_possible: status OK (no bytes); get_runtime_envs_info: no environment, total 0 (no
 # bytes)
-REPLIES = {"/get_or_create_runtime_env": created,
-           "/delete_runtime_env_if_possible": lambda request: b"",
-           "/get_runtime_envs_info": lambda request: b""}
+REPLIES = {
+    "/get_or_create_runtime_env": created,
+    "/delete_runtime_env_if_possible": lambda request: b"",
+    "/get_runtime_envs_info": lambda request: b"",
+}
 
 
 class _Answer(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:       # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
         request = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         answer = REPLIES.get(self.path.split("?", 1)[0])
         body = None if answer is None else answer(request)
@@ -158,7 +175,7 @@ def persist(session_dir: str, node_id: str, name: str, port: int) -> None:
 def main(argv: list[str]) -> None:
     """``argv``: Ray's agent command line (its script first, then --key=value options)."""
     opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # a Ctrl-C is the run's to handle, not the raylet's agent's
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the run's to handle, not the raylet's agent's
     # the raylet that started it (Ray gives its agents its pid): once it is gone this one is
     # reparented, and ends (also when it was gone before this one got here)
     raylet = int(os.environ.get("RAY_RAYLET_PID") or os.getppid())
@@ -173,7 +190,7 @@ def main(argv: list[str]) -> None:
     else:
         for name in PORTS:
             persist(opts["session-dir"], opts["node-id"], name, -1)
-    while os.getppid() == raylet:        # the raylet stops it with itself; else it ends within a second
+    while os.getppid() == raylet:  # the raylet stops it with itself; else it ends within a second
         time.sleep(1.0)
 
 

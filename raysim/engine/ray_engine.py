@@ -13,6 +13,7 @@
   An exception raised on a host (its construction included: ``RayHost``) is no loss: it reaches
   the driver as the exception itself, and the run fails with it.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,7 +34,7 @@ from raysim.engine.trees import from_numpy, to_numpy
 from raysim.errors import raised_at
 from raysim.scenario.config import Scenario, ScenarioError
 
-PLACEMENT_TIMEOUT_S = 120      # a local Ray (checked to fit beforehand)
+PLACEMENT_TIMEOUT_S = 120  # a local Ray (checked to fit beforehand)
 
 
 # In a sweep's Tune trial (``ray_sweep``): the trial's placement group, already reserved with one
@@ -112,12 +113,13 @@ def _cause(err: BaseException) -> str:
     pid, ip = re.search(r"pid[:=] ?(\d+)", text), re.search(r"ip[:=] ?([\w.:-]+)", text)
     where = f" (pid {pid.group(1)} on {ip.group(1)})" if pid and ip else ""
     if isinstance(err, ray.exceptions.OutOfMemoryError) or "low on memory" in low or "memory pressure" in low:
-        figures = next((ln.strip() for ln in text.splitlines() if "memory" in ln.lower() and any(
-            c.isdigit() for c in ln)), "")
+        figures = next(
+            (ln.strip() for ln in text.splitlines() if "memory" in ln.lower() and any(c.isdigit() for c in ln)), ""
+        )
         return f"out of memory{where}: {figures[:240]}" if figures else f"out of memory{where}"
     if getattr(err, "preempted", False) or re.search(r"node (has )?died|node .* (is dead|was removed)", low):
         return f"its node left the cluster{where}"
-    if getattr(err, "actor_init_failed", False):         # e.g. a plugin that does not import there
+    if getattr(err, "actor_init_failed", False):  # e.g. a plugin that does not import there
         at = raised_at(text)
         last = text.strip().splitlines()[-1].strip()
         return f"its actor could not be created{where}: {last}" + (f" (raised at {at})" if at else "")
@@ -138,7 +140,7 @@ class RayHost(Host):
         self._failed: Exception | None = None
         try:
             super().__init__(*args, **kwargs)
-        except Exception as e:      # noqa: BLE001 - raised again by the first call
+        except Exception as e:  # noqa: BLE001 - raised again by the first call
             self._failed = e
 
     def prefetch(self) -> None:
@@ -160,13 +162,20 @@ class RayHost(Host):
     def stats(self, round_: int, message: Any, cids: list[int]):
         return super().stats(round_, from_numpy(message), cids)
 
-    def train(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], each: bool = False,
-              work: dict[int, float] | None = None, clip: float | None = None):
+    def train(
+        self,
+        round_: int,
+        shared: Any,
+        parts: dict[int, Any],
+        groups: dict[int, int],
+        each: bool = False,
+        work: dict[int, float] | None = None,
+        clip: float | None = None,
+    ):
         self._fault("train", round_)
         return super().train(round_, from_numpy(shared), _fetch(parts), groups, each, work, clip)
 
-    def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int],
-                 unseen: list[int] = ()):
+    def evaluate(self, round_: int, shared: Any, parts: dict[int, Any], groups: dict[int, int], unseen: list[int] = ()):
         self._fault("evaluate", round_)
         return super().evaluate(round_, from_numpy(shared), _fetch(parts), groups, unseen)
 
@@ -209,6 +218,7 @@ class DriverRayHost(RayHost):
 class _Call:
     """A call of the driver's host, run by ``_run`` once every actor's call of the same step is
     on its way (so host 0 trains while the actors do)."""
+
     __slots__ = ("fn", "args", "kwargs")
 
     def __init__(self, fn, args, kwargs):
@@ -257,7 +267,7 @@ class DriverHost:
 
 
 def host_words(sc: Scenario, local: bool | None = None) -> str:
-    """"2 host actors", or with the driver's host "1 host actor (host 0 in this process)"."""
+    """ "2 host actors", or with the driver's host "1 host actor (host 0 in this process)"."""
     here = int(driver_hosts(sc, local))
     n = sc.resources.hosts - here
     if n == 0:
@@ -267,7 +277,7 @@ def host_words(sc: Scenario, local: bool | None = None) -> str:
 
 def _kill(host) -> None:
     if not isinstance(host, DriverHost):
-        ray.kill(host)              # a dead one too: no error
+        ray.kill(host)  # a dead one too: no error
 
 
 def _run(refs: list, timeout: float | None = None) -> list:
@@ -282,8 +292,9 @@ def driver_hosts(sc: Scenario, local: bool | None = None) -> bool:
     """Whether host 0 runs in the driver's process (``resources.driver_host``); ``local``:
     whether the Ray used is one this process started (default: as it is now)."""
     res = sc.resources
-    return res.host_in_driver(res.driver_host, embedded() if local is None else local, res.gpus_per_host,
-                              _TRIAL is not None)
+    return res.host_in_driver(
+        res.driver_host, embedded() if local is None else local, res.gpus_per_host, _TRIAL is not None
+    )
 
 
 def _resources_text(sc: Scenario) -> str:
@@ -301,16 +312,20 @@ def _wait_placed(sc: Scenario, pg, say=None) -> None:
     limit = PLACEMENT_TIMEOUT_S if embedded() else sc.resources.placement_timeout_s
     ready, _ = ray.wait([pg.ready()], timeout=min(5.0, limit))
     if not ready and say is not None:
-        say(f"raysim: waiting for the cluster to place {_resources_text(sc)}; an autoscaling cluster "
-            f"adds nodes meanwhile (giving up after resources.placement_timeout_s = {limit:g} s)")
+        say(
+            f"raysim: waiting for the cluster to place {_resources_text(sc)}; an autoscaling cluster "
+            f"adds nodes meanwhile (giving up after resources.placement_timeout_s = {limit:g} s)"
+        )
     if not ready:
         ready, _ = ray.wait([pg.ready()], timeout=max(0.0, limit - 5.0))
     if not ready:
         what = _resources_text(sc)
         remove_placement_group(pg)
-        raise ScenarioError(f"{sc.path}: resources: the Ray cluster could not place {what} within "
-                            f"{limit:g} s; lower resources.hosts, resources.cpus_per_host or "
-                            "resources.gpus_per_host, or add nodes")
+        raise ScenarioError(
+            f"{sc.path}: resources: the Ray cluster could not place {what} within "
+            f"{limit:g} s; lower resources.hosts, resources.cpus_per_host or "
+            "resources.gpus_per_host, or add nodes"
+        )
 
 
 def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = None):
@@ -326,15 +341,20 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
         pg, hosts = _PARKED["pg"], _PARKED["hosts"]
         _PARKED.clear()
         try:
-            _run([actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
-                  for h, actor in enumerate(hosts)], timeout=res.host_timeout_s)
+            _run(
+                [
+                    actor.reset.remote(h, sc, placement.clients(h), None, threads, source)
+                    for h, actor in enumerate(hosts)
+                ],
+                timeout=res.host_timeout_s,
+            )
             return pg, hosts, placement
-        except (ray.exceptions.RayError, TimeoutError):     # one died while parked: new hosts
+        except (ray.exceptions.RayError, TimeoutError):  # one died while parked: new hosts
             _PARKED.update(key=_shape(sc), pg=pg, hosts=hosts)
             if say is not None:
                 say(f"raysim: a parked host actor was lost; starting {host_words(sc)} ...")
-    _drop_parked()                 # another shape, or a parked host lost: their resources freed first
-    here = int(driver_hosts(sc))           # host 0 in this process: no actor, no bundle
+    _drop_parked()  # another shape, or a parked host lost: their resources freed first
+    here = int(driver_hosts(sc))  # host 0 in this process: no actor, no bundle
     if _TRIAL is not None:
         pg, first = _TRIAL
     else:
@@ -345,9 +365,12 @@ def start_hosts(sc: Scenario, source, say=None, placement: Placement | None = No
     actor = ray.remote(RayHost)
     hosts = [DriverHost(0, sc, placement.clients(0), None, threads, source)] if here else []
     hosts += [
-        actor.options(num_cpus=res.cpus_per_host, num_gpus=res.gpus_per_host, max_concurrency=1,
-                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, first + h - here))
-        .remote(h, sc, placement.clients(h), None, threads, source)
+        actor.options(
+            num_cpus=res.cpus_per_host,
+            num_gpus=res.gpus_per_host,
+            max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, first + h - here),
+        ).remote(h, sc, placement.clients(h), None, threads, source)
         for h in range(here, res.hosts)
     ]
     return pg, hosts, placement
@@ -367,7 +390,9 @@ class RayTransport:
         the driver sets up tracking), or started here (with ``placement``, if known)."""
         self.num_hosts = sc.resources.hosts
         self.timeout = sc.resources.host_timeout_s
-        self.pg, self.hosts, self.placement = started if started is not None else start_hosts(sc, source, None, placement)
+        self.pg, self.hosts, self.placement = (
+            started if started is not None else start_hosts(sc, source, None, placement)
+        )
         # started, shards loaded (booting is not hanging: no timeout)
         self._gather([h.prefetch.remote() for h in self.hosts], timeout=None)
 
@@ -414,18 +439,32 @@ class RayTransport:
         ref = ray.put(to_numpy(message))
         return self._gather([h.stats.remote(round_, ref, cids) for h, cids in zip(self.hosts, by_host)])
 
-    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
-              work: dict[int, float] | None = None, clip: float | None = None):
+    def train(
+        self,
+        round_: int,
+        message: Any,
+        by_host: list[dict[int, int]],
+        each: bool = False,
+        work: dict[int, float] | None = None,
+        clip: float | None = None,
+    ):
         shared, parts = self._put(message, by_host)
-        return self._gather([h.train.remote(round_, shared, p, g, each, {c: work[c] for c in g if c in work} if work else None,
-                                            clip)
-                             for h, p, g in zip(self.hosts, parts, by_host)])
+        return self._gather(
+            [
+                h.train.remote(round_, shared, p, g, each, {c: work[c] for c in g if c in work} if work else None, clip)
+                for h, p, g in zip(self.hosts, parts, by_host)
+            ]
+        )
 
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
         shared, parts = self._put(message, by_host)
         unseen = set(unseen)
-        return self._gather([h.evaluate.remote(round_, shared, p, g, [c for c in g if c in unseen])
-                        for h, p, g in zip(self.hosts, parts, by_host)])
+        return self._gather(
+            [
+                h.evaluate.remote(round_, shared, p, g, [c for c in g if c in unseen])
+                for h, p, g in zip(self.hosts, parts, by_host)
+            ]
+        )
 
     def gossip_init(self, server: Any) -> dict[int, int]:
         ref = ray.put(to_numpy(server))
@@ -435,8 +474,9 @@ class RayTransport:
         return counts
 
     def gossip_train(self, round_: int, by_host: list[list[int]], outboxes: list[dict[int, list[int]]]):
-        return self._gather([h.gossip_train.remote(round_, cids, out)
-                        for h, cids, out in zip(self.hosts, by_host, outboxes)])
+        return self._gather(
+            [h.gossip_train.remote(round_, cids, out) for h, cids, out in zip(self.hosts, by_host, outboxes)]
+        )
 
     def gossip_mix(self, plans: list[tuple[list[Any], Any]]):
         # the refs travel inside a list, so Ray does not resolve them here: each host fetches its own
@@ -465,7 +505,7 @@ class RayTransport:
         parts = [checkpoint.holding(doc, c) for c in cids]
         done = self._gather([h.read_states.remote(folder, p, token) for h, p in zip(self.hosts, parts)])
         for h, ok, p, c in zip(self.hosts, done, parts, cids):
-            if not ok:                        # read here for it, one host at a time
+            if not ok:  # read here for it, one host at a time
                 given = ray.put(to_numpy(checkpoint.read_clients(folder, p, c)))
                 self._gather([h.read_states.remote(folder, p, token, given)])
 
@@ -489,10 +529,10 @@ def check_fits(sc: Scenario) -> None:
     res = sc.resources
     total = ray.cluster_resources()
     limits = None
-    if not embedded():        # the most an autoscaler may grow the cluster to (None: not known)
+    if not embedded():  # the most an autoscaler may grow the cluster to (None: not known)
         try:
             limits = ray._private.state.state.get_max_resources_from_cluster_config()
-        except Exception:     # noqa: BLE001 - a private API; without it, wait for placement
+        except Exception:  # noqa: BLE001 - a private API; without it, wait for placement
             limits = None
         if limits is None:
             return
@@ -502,9 +542,11 @@ def check_fits(sc: Scenario) -> None:
         if need > have + 1e-9:
             name = "cpus_per_host" if key == "CPU" else "gpus_per_host"
             where = "the local Ray has" if embedded() else "the cluster can grow to"
-            raise ScenarioError(f"{sc.path}: resources.{name}: {res.hosts} hosts x {per:g} {key} = "
-                                f"{need:g} {key}, but {where} {have:g}; lower resources.hosts "
-                                f"or resources.{name}")
+            raise ScenarioError(
+                f"{sc.path}: resources.{name}: {res.hosts} hosts x {per:g} {key} = "
+                f"{need:g} {key}, but {where} {have:g}; lower resources.hosts "
+                f"or resources.{name}"
+            )
 
 
 class RayServer:
@@ -570,7 +612,7 @@ class RayServer:
     def close(self, keep: bool = False) -> None:
         """Stop the hosts; ``keep`` (a run that finished, within ``reuse_hosts``): leave them up
         for the next run."""
-        if self.driver is None:              # never came up: nothing to shut down cleanly
+        if self.driver is None:  # never came up: nothing to shut down cleanly
             self._abandon()
             return
         transport = self.driver.transport

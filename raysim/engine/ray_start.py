@@ -2,6 +2,7 @@
 background, while the scenario is validated), and leave it at exit. Imports only Ray, so the
 start can begin before torch and the engine are imported.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,8 @@ import ray
 
 from raysim.engine import ray_zygote
 
-_EMBEDDED = False      # this process started the Ray it uses (a local one: it cannot grow)
-_ZYGOTE: tuple | None = None   # the zygote this process started for its local Ray (ray_zygote.start)
+_EMBEDDED = False  # this process started the Ray it uses (a local one: it cannot grow)
+_ZYGOTE: tuple | None = None  # the zygote this process started for its local Ray (ray_zygote.start)
 # imported by every worker of a local Ray as it starts (the raylet's preload_python_modules):
 # the workers Ray starts with itself import torch and the host code while the driver still
 # validates and Ray still starts, and the host actors then take those workers, booted
@@ -98,10 +99,16 @@ def init(address: str | None, verbose: bool = False, prestart: int = 0) -> None:
                 prestart = 0
             else:
                 os.environ.pop(ray_zygote.ZYGOTE_ENV, None)
-        kwargs.update(include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
-                      _system_config={"preload_python_modules": list(PRELOAD),
-                                      "prestart_worker_first_driver": prestart > 0,
-                                      "worker_niceness": WORKER_NICENESS})
+        kwargs.update(
+            include_dashboard=False,
+            dashboard_host=LOOPBACK,
+            _node_ip_address=LOOPBACK,
+            _system_config={
+                "preload_python_modules": list(PRELOAD),
+                "prestart_worker_first_driver": prestart > 0,
+                "worker_niceness": WORKER_NICENESS,
+            },
+        )
         with _patched(_local_start_patches(verbose, prestart)):
             ray.init(address="local", **kwargs)
         _private_files(ray._private.worker._global_node)
@@ -125,6 +132,7 @@ def check_join_auth(address: str, timeout_s: float = 10.0) -> None:
     ConnectionError (exit 1). Anything else (no answer, an unknown address, a Ray without
     token authentication) is left to ``ray.init`` to report."""
     from raysim.scenario.schema import ScenarioError
+
     try:
         import grpc
         from ray._private import services
@@ -138,16 +146,17 @@ def check_join_auth(address: str, timeout_s: float = 10.0) -> None:
         return
     try:
         target = services.canonicalize_bootstrap_address(address)
-    except Exception:          # noqa: BLE001 - no cluster there: ray.init says so
+    except Exception:  # noqa: BLE001 - no cluster there: ray.init says so
         return
     if not target:
         return
-    if address == "auto":       # Ray's rule for "auto" (ray.init applies it next): an existing token
-        setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)   # turns token mode on
+    if address == "auto":  # Ray's rule for "auto" (ray.init applies it next): an existing token
+        setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)  # turns token mode on
     channel = grpc.intercept_channel(grpc.insecure_channel(target), SyncAuthenticationMetadataClientInterceptor())
     try:
         gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s
+        )
         return
     except grpc.RpcError as e:
         if e.code() != grpc.StatusCode.UNAUTHENTICATED:
@@ -156,13 +165,18 @@ def check_join_auth(address: str, timeout_s: float = 10.0) -> None:
         channel.close()
     where = f"--address {address}: the Ray cluster at {target}"
     if get_authentication_mode() != AuthenticationMode.TOKEN:
-        raise ScenarioError(f"{where} requires token authentication; set RAY_AUTH_MODE=token for raysim too "
-                            f"(export RAY_AUTH_MODE=token), with the cluster's token in {TOKEN_WHERE}")
+        raise ScenarioError(
+            f"{where} requires token authentication; set RAY_AUTH_MODE=token for raysim too "
+            f"(export RAY_AUTH_MODE=token), with the cluster's token in {TOKEN_WHERE}"
+        )
     if not AuthenticationTokenLoader.instance().has_token():
-        raise ScenarioError(f"{where} requires token authentication and raysim found no token; put the "
-                            f"cluster's token in {TOKEN_WHERE}")
-    raise ScenarioError(f"{where} refused raysim's token (RAY_AUTH_TOKEN, else the file at RAY_AUTH_TOKEN_PATH, "
-                        f"else ~/.ray/auth_token); give raysim the cluster's token (the head's ~/.ray/auth_token)")
+        raise ScenarioError(
+            f"{where} requires token authentication and raysim found no token; put the cluster's token in {TOKEN_WHERE}"
+        )
+    raise ScenarioError(
+        f"{where} refused raysim's token (RAY_AUTH_TOKEN, else the file at RAY_AUTH_TOKEN_PATH, "
+        f"else ~/.ray/auth_token); give raysim the cluster's token (the head's ~/.ray/auth_token)"
+    )
 
 
 def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, str, Any]]:
@@ -187,15 +201,21 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
 
     from ray._private.node import Node
 
-    def module(name: str) -> Any:               # None where this Ray lacks it
+    def module(name: str) -> Any:  # None where this Ray lacks it
         with contextlib.suppress(ImportError):
             return importlib.import_module(name)
+
     skips = LEAN_SKIPS + (() if verbose else ("start_log_monitor",))
-    patches = [*((Node, name, _not_started) for name in skips),
-               (module("ray._private.ray_constants"), "ENABLE_RAY_CLUSTER", False),
-               (module("ray._common.utils"), "try_make_directory_shared", ray_zygote.keep_private),
-               (module("ray._private.authentication.authentication_token_setup"), "generate_and_save_token",
-                _write_token_privately)]
+    patches = [
+        *((Node, name, _not_started) for name in skips),
+        (module("ray._private.ray_constants"), "ENABLE_RAY_CLUSTER", False),
+        (module("ray._common.utils"), "try_make_directory_shared", ray_zygote.keep_private),
+        (
+            module("ray._private.authentication.authentication_token_setup"),
+            "generate_and_save_token",
+            _write_token_privately,
+        ),
+    ]
     if os.path.isfile(ray_zygote.default_worker()):
         patches.append((Node, "__init__", _with_worker_path(vars(Node)["__init__"])))
     services = module("ray._private.services")
@@ -206,6 +226,7 @@ def _local_start_patches(verbose: bool, prestart: int = 0) -> list[tuple[Any, st
     build = "_build_python_executable_command_memory_profileable"
     if services is not None and build in vars(services) and _agent_stand_in_fits():
         from ray._private import ray_constants
+
         agents = {ray_constants.PROCESS_TYPE_DASHBOARD_AGENT}
         if _env_stand_in_fits():
             agents.add(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT)
@@ -223,10 +244,12 @@ def _in_own_session(popen: type) -> type:
     printed. Now the driver alone gets it and stops as for its own SIGTERM. (A Ctrl-C was never
     the problem: Ray's processes block SIGINT.) They still die with the process that started
     them (Ray's PR_SET_PDEATHSIG) and with ``stop_for_exit``."""
+
     class InOwnSession(popen):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["start_new_session"] = True
             super().__init__(*args, **kwargs)
+
     InOwnSession.__name__ = InOwnSession.__qualname__ = popen.__name__
     return InOwnSession
 
@@ -246,10 +269,15 @@ def _agent_stand_in_fits() -> bool:
     import tempfile
 
     from raysim.engine import ray_agent
+
     try:
         from ray import _raylet
-        names = (_raylet.METRICS_AGENT_PORT_NAME, _raylet.METRICS_EXPORT_PORT_NAME,
-                 _raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME)
+
+        names = (
+            _raylet.METRICS_AGENT_PORT_NAME,
+            _raylet.METRICS_EXPORT_PORT_NAME,
+            _raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME,
+        )
         persist_port = _raylet.persist_port
     except (ImportError, AttributeError):
         return False
@@ -258,12 +286,13 @@ def _agent_stand_in_fits() -> bool:
     with tempfile.TemporaryDirectory() as ray_dir, tempfile.TemporaryDirectory() as ours:
         try:
             persist_port(ray_dir, "5e" * 28, names[0], -1)
-        except Exception:           # noqa: BLE001 - a Ray whose persist_port differs: its own agent
+        except Exception:  # noqa: BLE001 - a Ray whose persist_port differs: its own agent
             return False
         ray_agent.persist(ours, "5e" * 28, names[0], -1)
 
         def files(d: str) -> dict[str, bytes]:
             return {f: Path(d, f).read_bytes() for f in os.listdir(d)}
+
         return files(ray_dir) == files(ours)
 
 
@@ -274,9 +303,11 @@ PRESTART_OPTION = "--num_prestart_python_workers="
 def _with_prestart(start: Any, count: int) -> Any:
     """Ray's launcher of its processes, the raylet's being told to boot ``count`` Python workers
     for the first driver (Ray gives it the node's CPU count)."""
+
     def start_ray_process(command: list[str], *args, **kwargs) -> Any:
         command = [f"{PRESTART_OPTION}{count}" if str(c).startswith(PRESTART_OPTION) else c for c in command]
         return start(command, *args, **kwargs)
+
     return start_ray_process
 
 
@@ -289,46 +320,61 @@ def _env_stand_in_fits() -> bool:
     package, a refusal naming its reason; an empty answer to the two other calls. Where not
     (another Ray), Ray's agent is started."""
     from raysim.engine import ray_agent
+
     try:
         from ray import _raylet
         from ray._private.runtime_env.context import RuntimeEnvContext
         from ray.core.generated import runtime_env_agent_pb2 as pb
         from ray.runtime_env import RuntimeEnv
+
         name = _raylet.RUNTIME_ENV_AGENT_PORT_NAME
         # read, not imported (its import puts its own folders on sys.path)
         source = Path(ray.__file__).parent.joinpath("_private", "runtime_env", "agent", "main.py").read_text()
 
         def ask(env: RuntimeEnv) -> Any:
-            request = pb.GetOrCreateRuntimeEnvRequest(serialized_runtime_env=env.serialize(), job_id=b"\x01",
-                                                      source_process="raylet")
+            request = pb.GetOrCreateRuntimeEnvRequest(
+                serialized_runtime_env=env.serialize(), job_id=b"\x01", source_process="raylet"
+            )
             return pb.GetOrCreateRuntimeEnvReply.FromString(
-                ray_agent.REPLIES["/get_or_create_runtime_env"](request.SerializeToString()))
+                ray_agent.REPLIES["/get_or_create_runtime_env"](request.SerializeToString())
+            )
+
         variables = {"PL_DISABLE_FORK": "1", "RAYSIM_CHECK": "a b"}
         served, refused = ask(RuntimeEnv(env_vars=variables)), ask(RuntimeEnv(pip=["numpy"]))
         context = RuntimeEnvContext.deserialize(served.serialized_runtime_env_context)
         delete = pb.DeleteRuntimeEnvIfPossibleReply.FromString(
-            ray_agent.REPLIES["/delete_runtime_env_if_possible"](b""))
+            ray_agent.REPLIES["/delete_runtime_env_if_possible"](b"")
+        )
         info = pb.GetRuntimeEnvsInfoReply.FromString(ray_agent.REPLIES["/get_runtime_envs_info"](b""))
         failed, ok = pb.AGENT_RPC_STATUS_FAILED, pb.AGENT_RPC_STATUS_OK
-    except Exception:               # noqa: BLE001 - a Ray without these (or a reply it cannot read): its own agent
+    except Exception:  # noqa: BLE001 - a Ray without these (or a reply it cannot read): its own agent
         return False
-    return (name == ray_agent.ENV_PORT and all(f'"{path}"' in source for path in ray_agent.REPLIES)
-            and served.status == ok and not served.error_message
-            and vars(context) == vars(RuntimeEnvContext(env_vars=variables))
-            and refused.status == failed and refused.error_message == ray_agent.REFUSAL
-            and not refused.serialized_runtime_env_context and delete.status == ok
-            and not info.runtime_env_states and info.total == 0)
+    return (
+        name == ray_agent.ENV_PORT
+        and all(f'"{path}"' in source for path in ray_agent.REPLIES)
+        and served.status == ok
+        and not served.error_message
+        and vars(context) == vars(RuntimeEnvContext(env_vars=variables))
+        and refused.status == failed
+        and refused.error_message == ray_agent.REFUSAL
+        and not refused.serialized_runtime_env_context
+        and delete.status == ok
+        and not info.runtime_env_states
+        and info.total == 0
+    )
 
 
 def _with_agent_stand_in(build: Any, agents: set[str]) -> Any:
     """Ray's builder of its Python processes' command lines, each of ``agents`` (Ray's process
     types) running ``ray_agent`` (which gets Ray's agent script and options as its arguments)
     instead."""
+
     def command(component: str, *args, **kwargs) -> list[str]:
         cmd = build(component, *args, **kwargs)
         if component in agents:
             cmd = [*cmd, AGENT]
         return cmd
+
     return command
 
 
@@ -352,9 +398,11 @@ def _not_started(self, *args, **kwargs) -> None:
 
 def _with_worker_path(init: Any) -> Any:
     """Ray's ``Node.__init__``, the script of its Python workers being this file."""
+
     def __init__(self, ray_params, *args, **kwargs) -> None:
         ray_params.update_if_absent(worker_path=WORKER)
         init(self, ray_params, *args, **kwargs)
+
     return __init__
 
 
@@ -363,6 +411,7 @@ def _write_token_privately() -> None:
     same file (~/.ray/auth_token), created readable by this user only (0600, its folder 0700);
     Ray's own is created 0644."""
     from ray._private.authentication import authentication_token_setup as setup
+
     path = setup._get_default_token_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -373,14 +422,16 @@ def _private_files(node: Any) -> None:
     """After raysim's local Ray has started: no folder of its session is writable by others
     (its agents make theirs 0o777, in their own processes), and Ray's token file, wherever it
     came from, is this user's only (0600 in a 0700 folder)."""
+
     def tighten(path: str | Path, keep: int) -> None:
-        with contextlib.suppress(OSError):          # gone, or another user's
+        with contextlib.suppress(OSError):  # gone, or another user's
             st = os.stat(path)
             if st.st_mode & 0o7777 & ~keep and st.st_uid == os.getuid():
                 os.chmod(path, st.st_mode & 0o7777 & keep)
+
     for folder, _, _ in os.walk(node.get_session_dir_path()):
         tighten(folder, ~0o022)
-    token = Path.home() / ".ray" / "auth_token"          # Ray's default; RAY_AUTH_TOKEN_PATH is the user's
+    token = Path.home() / ".ray" / "auth_token"  # Ray's default; RAY_AUTH_TOKEN_PATH is the user's
     if token.exists():
         tighten(token.parent, 0o700)
         tighten(token, 0o600)
@@ -403,7 +454,7 @@ def start_in_background(address: str | None, verbose: bool = False, prestart: in
     def target() -> None:
         try:
             init(address, verbose, prestart)
-        except BaseException as e:          # noqa: BLE001 - raised by the next init()
+        except BaseException as e:  # noqa: BLE001 - raised by the next init()
             errors.append(e)
         finally:
             done.set()
@@ -454,6 +505,7 @@ def stop_for_exit() -> None:
         ray.shutdown()
         return
     import psutil
+
     victims = []
     for infos in node.all_processes.values():
         for info in infos:
@@ -476,6 +528,7 @@ def _kill_descendants() -> None:
     starts nothing else). Each is stopped (SIGSTOP) as it is found, so none starts another
     (or leaves an orphan) meanwhile, then all go together."""
     import psutil
+
     found: set[psutil.Process] = set()
     while fresh := {p for p in psutil.Process().children(recursive=True) if p not in found}:
         for p in fresh:
@@ -483,7 +536,7 @@ def _kill_descendants() -> None:
                 p.suspend()
         found |= fresh
     sys.stderr.flush()
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)        # the start's complaints, if any
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the start's complaints, if any
     for p in found:
         with contextlib.suppress(psutil.Error):
             p.kill()

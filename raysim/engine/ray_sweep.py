@@ -10,6 +10,7 @@ all of it, queues the rest, and on an autoscaling cluster asks for the nodes the
 need. Tune itself only schedules: its loggers, checkpoints and console tables are off; each run
 records itself in MLflow as any run does, and the results come back to the caller.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ import ray
 from raysim.engine import ray_engine, ray_start
 from raysim.scenario.config import Scenario
 
-SERVER_SHARE = 0.001   # the server bundle's claim on the driver's node: a pin, not a CPU
+SERVER_SHARE = 0.001  # the server bundle's claim on the driver's node: a pin, not a CPU
 
 
 def runs_at_once(scenarios: list[Scenario]) -> int | None:
@@ -44,14 +45,20 @@ def _trial(config: dict, jobs: list, run_one: Callable[[Any], dict], cwd: str) -
     """One run in a Tune trial's process: its hosts in the trial's bundles (after the
     server's), in the driver's working directory (Tune starts trials in a folder of its own)."""
     from ray import tune
+
     ray_engine.adopt_trial_placement(first=1)
     if os.path.isdir(cwd):
         os.chdir(cwd)
     tune.report({"result": run_one(jobs[config["index"]])})
 
 
-def run_trials(jobs: list, scenarios: list[Scenario], run_one: Callable[[Any], dict],
-               at_once: int | None, done: Callable[[int, dict | str | None], None]) -> list[dict | str | None]:
+def run_trials(
+    jobs: list,
+    scenarios: list[Scenario],
+    run_one: Callable[[Any], dict],
+    at_once: int | None,
+    done: Callable[[int, dict | str | None], None],
+) -> list[dict | str | None]:
     """Run ``run_one(jobs[i])`` (which returns a dict, errors included) for every job in Tune
     trials, at most ``at_once`` together (None: as many as the cluster holds), ``scenarios[i]``
     giving job i's resources. Job i's outcome is what ``run_one`` returned, or a line saying
@@ -59,6 +66,7 @@ def run_trials(jobs: list, scenarios: list[Scenario], run_one: Callable[[Any], d
     ``done(i, outcome)`` is called in this process as each one ends. Returns the outcomes in
     job order."""
     from ray import tune
+
     # Tune's own output: no result loggers, no console tables (the runs report themselves)
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
@@ -84,13 +92,19 @@ def run_trials(jobs: list, scenarios: list[Scenario], run_one: Callable[[Any], d
     storage = tempfile.mkdtemp(prefix="raysim-sweep-")
     try:
         trainable = tune.with_resources(
-            tune.with_parameters(_trial, jobs=jobs, run_one=run_one, cwd=os.getcwd()), resources)
+            tune.with_parameters(_trial, jobs=jobs, run_one=run_one, cwd=os.getcwd()), resources
+        )
         tuner = tune.Tuner(
             trainable,
             param_space={"index": tune.grid_search(list(range(len(jobs))))},
             tune_config=tune.TuneConfig(max_concurrent_trials=at_once, reuse_actors=False),
-            run_config=tune.RunConfig(storage_path=storage, name="sweep", verbose=0, callbacks=[Report()],
-                                      failure_config=tune.FailureConfig(max_failures=0)),
+            run_config=tune.RunConfig(
+                storage_path=storage,
+                name="sweep",
+                verbose=0,
+                callbacks=[Report()],
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
         )
         tuner.fit()
     finally:

@@ -30,6 +30,7 @@ with it. It runs in a session of its own, as the local Ray's other processes do:
 to the command's process group (a SIGTERM from ``timeout``) reaches the driver only, which
 decides how the run stops.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,10 +41,10 @@ import struct
 import sys
 from typing import TYPE_CHECKING
 
-ZYGOTE_ENV = "RAYSIM_ZYGOTE"           # the zygote's socket, in the raylet's and its workers' environment
-LAUNCHER_ENV = "RAYSIM_LAUNCHER"        # in a forked worker's environment: its launcher's process id
-OFF = "off"                            # ZYGOTE_ENV's value that keeps every worker a fresh interpreter
-_SERVE = "--raysim-zygote"             # the zygote's own command line: this file, this flag, the socket's fd
+ZYGOTE_ENV = "RAYSIM_ZYGOTE"  # the zygote's socket, in the raylet's and its workers' environment
+LAUNCHER_ENV = "RAYSIM_LAUNCHER"  # in a forked worker's environment: its launcher's process id
+OFF = "off"  # ZYGOTE_ENV's value that keeps every worker a fresh interpreter
+_SERVE = "--raysim-zygote"  # the zygote's own command line: this file, this flag, the socket's fd
 _PR_SET_PDEATHSIG = 1
 # what the zygote imports as it starts, beside Ray's start: PyTorch and the host code that needs
 # no Ray (Ray itself, and what imports it, once the first worker's environment is known)
@@ -54,8 +55,10 @@ def _die_with_parent() -> None:
     """SIGKILL this process when the thread that started it ends (Linux's PR_SET_PDEATHSIG)."""
     import ctypes
     import signal
+
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
 
 if TYPE_CHECKING:
     import subprocess
@@ -72,6 +75,7 @@ def start(preload: tuple[str, ...]) -> tuple[str, subprocess.Popen] | None:
     credentials as the kernel gives them, ``_same_user``)."""
     import secrets
     import subprocess
+
     if sys.platform != "linux" or not hasattr(socket, "send_fds"):
         return None
     name = "@raysim-zygote-" + secrets.token_hex(16)
@@ -80,9 +84,13 @@ def start(preload: tuple[str, ...]) -> tuple[str, subprocess.Popen] | None:
     listener.listen(64)
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), _SERVE, str(listener.fileno()),
-                             str(os.getpid()), *preload], pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), _SERVE, str(listener.fileno()), str(os.getpid()), *preload],
+        pass_fds=[listener.fileno()],
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     listener.close()
     return name, proc
 
@@ -116,15 +124,16 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
     import importlib
     import select
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)            # a Ctrl-C reaches the whole group: the run decides
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group: the run decides
     _die_with_parent()
-    if os.getppid() != parent:                              # the run ended before that took hold
+    if os.getppid() != parent:  # the run ended before that took hold
         return
     listener = socket.socket(fileno=fd)
-    for name in EARLY:                  # what needs no Ray: most of the import, done while Ray starts
+    for name in EARLY:  # what needs no Ray: most of the import, done while Ray starts
         importlib.import_module(name)
-    loaded = False                                           # Ray and the rest imported
-    workers: dict[socket.socket, int] = {}                   # launcher's connection -> its worker's pid
+    loaded = False  # Ray and the rest imported
+    workers: dict[socket.socket, int] = {}  # launcher's connection -> its worker's pid
     while True:
         readable, _, _ = select.select([listener, *workers], [], [], 0.2)
         for conn in readable:
@@ -147,7 +156,7 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
                     for name in ("ray", *preload):
                         importlib.import_module(name)
                     gc.collect()
-                    gc.freeze()         # the imported objects out of the collector's passes: their pages stay shared
+                    gc.freeze()  # the imported objects out of the collector's passes: their pages stay shared
                 try:
                     pid = _fork(new, request, fds, listener, workers)
                 except OSError:
@@ -156,12 +165,12 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
                     workers[new] = pid
                 else:
                     new.close()
-            else:                                        # the launcher is gone: its worker goes
+            else:  # the launcher is gone: its worker goes
                 pid = workers.pop(conn)
                 conn.close()
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        while True:                                      # reap; tell each launcher its worker's status
+        while True:  # reap; tell each launcher its worker's status
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -169,7 +178,7 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
             if pid == 0:
                 break
             conn = next((c for c, p in workers.items() if p == pid), None)
-            if conn is not None:                         # (none where its launcher went first)
+            if conn is not None:  # (none where its launcher went first)
                 del workers[conn]
                 with contextlib.suppress(OSError):
                     conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
@@ -191,11 +200,12 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.s
             os.close(f)
         conn.sendall(struct.pack("!i", pid))
         return pid
-    try:                                                 # the worker
+    try:  # the worker
         _die_with_parent()
         import signal
-        signal.signal(signal.SIGINT, signal.default_int_handler)       # as in a fresh interpreter
-        with contextlib.suppress(OSError):              # the launcher's process group (as a Ctrl-C sees it)
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        with contextlib.suppress(OSError):  # the launcher's process group (as a Ctrl-C sees it)
             os.setpgid(0, request["pgid"])
         listener.close()
         for other in others:
@@ -212,9 +222,10 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.s
             if entry and entry not in sys.path:
                 sys.path.insert(0, entry)
         import random
+
         random.seed()
         threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:     # what a fresh interpreter's PyTorch would read
+        if threads.isdigit() and int(threads) > 0:  # what a fresh interpreter's PyTorch would read
             sys.modules["torch"].set_num_threads(int(threads))
         run_worker()
         code = 0
@@ -224,13 +235,15 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.s
         else:
             print(e.code, file=sys.stderr)
             code = 1
-    except BaseException:                                 # noqa: BLE001 - as an uncaught error would
+    except BaseException:  # noqa: BLE001 - as an uncaught error would
         import traceback
+
         traceback.print_exc()
         code = 1
     # the interpreter's exit, short of tearing its modules down: the exit functions (Ray's among
     # them), then the streams
     import atexit
+
     atexit._run_exitfuncs()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
@@ -248,8 +261,13 @@ def launch() -> bool:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(_address(name))
-        request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgrp(),
-                   "launcher": os.getpid()}
+        request = {
+            "argv": sys.argv,
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "pgid": os.getpgrp(),
+            "launcher": os.getpid(),
+        }
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
         pid = struct.unpack("!i", conn.recv(4))[0]
     except (OSError, struct.error):
@@ -262,6 +280,7 @@ def launch() -> bool:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
     while True:
@@ -269,10 +288,10 @@ def launch() -> bool:
             code = struct.unpack("!i", conn.recv(4))[0]
         except InterruptedError:
             continue
-        except (OSError, struct.error):                # the zygote is gone, and its workers with it
+        except (OSError, struct.error):  # the zygote is gone, and its workers with it
             code = 1
         break
-    code = 128 - code if code < 0 else code            # died of signal N: the shell's 128 + N
+    code = 128 - code if code < 0 else code  # died of signal N: the shell's 128 + N
     os._exit(code)
 
 
@@ -280,6 +299,7 @@ def launch() -> bool:
 def default_worker() -> str:
     """The script of Ray's Python workers (``default_worker.py``)."""
     import ray
+
     return os.path.join(os.path.dirname(ray.__file__), "_private", "workers", "default_worker.py")
 
 
@@ -290,6 +310,7 @@ def keep_private(path: str) -> None:
     everyone are out of reach too; Ray's temporary folder, shared by every Ray on the machine,
     gets the sticky bit as well (0o1777, like /tmp). Another user's folder is left as it is."""
     from ray._common.utils import get_default_ray_temp_dir
+
     shared = os.path.realpath(path) == os.path.realpath(get_default_ray_temp_dir())
     with contextlib.suppress(PermissionError):
         os.chmod(path, 0o1777 if shared else 0o700)
@@ -300,8 +321,10 @@ def run_worker() -> None:
     run as Ray runs it), whose start makes the session's folders again, here private
     (``keep_private``) instead of 0o777."""
     import runpy
-    with contextlib.suppress(ImportError):          # a Ray whose helper is elsewhere: as Ray has it
+
+    with contextlib.suppress(ImportError):  # a Ray whose helper is elsewhere: as Ray has it
         from ray._common import utils
+
         utils.try_make_directory_shared = keep_private
     script = default_worker()
     sys.argv[0] = script
@@ -310,12 +333,14 @@ def run_worker() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)              # this file's folder: no imports from there
+    sys.path.pop(0)  # this file's folder: no imports from there
     if len(sys.argv) > 3 and sys.argv[1] == _SERVE:
         try:
             _serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
-        except Exception as e:          # noqa: BLE001 - the workers start as fresh interpreters then
-            print(f"raysim: the zygote stopped ({type(e).__name__}: {e}); host actors start as fresh "
-                  "processes", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - the workers start as fresh interpreters then
+            print(
+                f"raysim: the zygote stopped ({type(e).__name__}: {e}); host actors start as fresh processes",
+                file=sys.stderr,
+            )
     elif not launch():
         run_worker()

@@ -1,4 +1,5 @@
 """The serial engine: hosts as plain objects in this process (the reference for parity tests)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,23 +37,33 @@ class LocalTransport:
         # one prepared source for every host of this process (one partition, one pool)
         source = source if source is not None else prepared_source(sc)
         self.placement = place(sc, self.num_hosts, source)
-        self.hosts = [Host(sc, self.placement.clients(h), device=device, source=source)
-                      for h in range(self.num_hosts)]
+        self.hosts = [Host(sc, self.placement.clients(h), device=device, source=source) for h in range(self.num_hosts)]
         for h in self.hosts:
             h.prefetch()
 
     def stats(self, round_: int, message: Any, by_host: list[list[int]]):
         return [h.stats(round_, message, cids) for h, cids in zip(self.hosts, by_host)]
 
-    def train(self, round_: int, message: Any, by_host: list[dict[int, int]], each: bool = False,
-              work: dict[int, float] | None = None, clip: float | None = None):
-        return [h.train(round_, message.shared, parts_for(message, g), g, each, work, clip)
-                for h, g in zip(self.hosts, by_host)]
+    def train(
+        self,
+        round_: int,
+        message: Any,
+        by_host: list[dict[int, int]],
+        each: bool = False,
+        work: dict[int, float] | None = None,
+        clip: float | None = None,
+    ):
+        return [
+            h.train(round_, message.shared, parts_for(message, g), g, each, work, clip)
+            for h, g in zip(self.hosts, by_host)
+        ]
 
     def evaluate(self, round_: int, message: Any, by_host: list[dict[int, int]], unseen: list[int]):
         shared = None if message is None else message.shared
-        return [h.evaluate(round_, shared, parts_for(message, g), g, [c for c in g if c in set(unseen)])
-                for h, g in zip(self.hosts, by_host)]
+        return [
+            h.evaluate(round_, shared, parts_for(message, g), g, [c for c in g if c in set(unseen)])
+            for h, g in zip(self.hosts, by_host)
+        ]
 
     def gossip_init(self, server: Any) -> dict[int, int]:
         counts: dict[int, int] = {}

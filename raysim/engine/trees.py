@@ -1,4 +1,5 @@
 """Maps over nested containers of tensors (messages, replies, states)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ def nbytes(obj: Any) -> int:
         nonlocal total
         total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes
         return t
+
     tree_map(count, obj, (torch.Tensor, np.ndarray))
     return total
 

@@ -7,6 +7,7 @@ These checks read only the scenario file and its ``--set`` options (the YAML, wi
 validation, which imports torch): they take milliseconds, so Ray's start still overlaps the
 validation. Every problem is one ScenarioError line (exit 2) naming the key and what is wrong.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from raysim.scenario.config import CheckpointCfg, ScenarioError, absolute_uri, a
 from raysim.scenario.sections import ResourcesCfg
 from raysim.scenario.stores import store_scheme, unknown_store
 
-STORE_TIMEOUT_S = 5.0       # how long a tracking server has to answer
+STORE_TIMEOUT_S = 5.0  # how long a tracking server has to answer
 
 
 def check_run(file: str, overrides: list[str], summary: str | None, resume: str | None = None) -> int:
@@ -37,12 +38,13 @@ def check_run(file: str, overrides: list[str], summary: str | None, resume: str 
         check_store(absolute_uri(given), f"{file}: tracking.uri")
     elif os.environ.get("MLFLOW_TRACKING_URI"):
         check_store(absolute_uri(os.environ["MLFLOW_TRACKING_URI"]), "MLFLOW_TRACKING_URI")
-    else:                    # MLflow's default store is in the working directory
+    else:  # MLflow's default store is in the working directory
         writable_folder(Path.cwd(), "the tracking store's folder (the working directory; set tracking.uri)")
     if resume is not None:
         from mlflow.tracking import MlflowClient
 
         from raysim.results import tracking as mlflow_tracking
+
         uri = mlflow_tracking.resolve_uri(absolute_uri(given) if given else None)
         mlflow_tracking.resumable_run(MlflowClient(uri), resume, uri)
     ck = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
@@ -87,7 +89,7 @@ def check_store(uri: str, where: str) -> None:
         raise ScenarioError(f"{where}: {unknown}")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else store_scheme(uri)
     if scheme == "sqlite":
-        path = uri[len("sqlite:///"):]
+        path = uri[len("sqlite:///") :]
         if not path or path == ":memory:":
             return
         db = Path(path)
@@ -106,14 +108,16 @@ def check_store(uri: str, where: str) -> None:
             with urllib.request.urlopen(health, timeout=STORE_TIMEOUT_S):
                 pass
         except urllib.error.HTTPError:
-            pass            # it answered: authentication and paths are MLflow's to report
+            pass  # it answered: authentication and paths are MLflow's to report
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
-            raise ScenarioError(f"{where}: {uri}: the tracking server did not answer within "
-                                f"{STORE_TIMEOUT_S:g} s ({reason}); start it or point tracking.uri "
-                                "elsewhere") from None
+            raise ScenarioError(
+                f"{where}: {uri}: the tracking server did not answer within "
+                f"{STORE_TIMEOUT_S:g} s ({reason}); start it or point tracking.uri "
+                "elsewhere"
+            ) from None
     elif scheme == "file" or not scheme:
-        writable_folder(Path(uri[len("file://"):] if scheme == "file" else uri).absolute(), f"{where}: {uri}")
+        writable_folder(Path(uri[len("file://") :] if scheme == "file" else uri).absolute(), f"{where}: {uri}")
 
 
 def writable_folder(folder: Path, where: str) -> None:

@@ -1,4 +1,5 @@
 """One experiment end to end: tracking, engine, rounds, checkpoints, progress, summary."""
+
 from __future__ import annotations
 
 import importlib
@@ -23,6 +24,7 @@ SHOWN = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "train_loss")
 def _start_ray_server(sc: Scenario, address: str | None, verbose: bool):
     """Start (or join) Ray and start the host actors without waiting for them to boot; ``wait()`` on the result blocks until they are up."""
     from raysim.engine import ray_engine, ray_start
+
     what = ray_engine.host_words(sc, _local_ray(address))
     if not ray_start.running():
         what = (f"joining Ray at {address}" if address else "starting a local Ray instance") + f" and {what}"
@@ -40,12 +42,14 @@ def _local_ray(address: str | None) -> bool:
     the one this command starts (or is starting in the background) is local when no address is
     given."""
     from raysim.engine import ray_start
+
     return ray_start.embedded() if ray_start.initialized() else address is None
 
 
 def _driver_hosts(sc: Scenario, address: str | None) -> bool:
     """Whether this run's Ray host 0 runs in this process (``resources.driver_host``)."""
     from raysim.engine import ray_engine
+
     return ray_engine.driver_hosts(sc, _local_ray(address))
 
 
@@ -55,13 +59,13 @@ def _import_tracking() -> None:
     try:
         importlib.import_module("raysim.results.tracking")
         importlib.import_module("mlflow.store.tracking.sqlalchemy_store")
-    except Exception:       # noqa: BLE001 - the Tracker imports them again and reports
+    except Exception:  # noqa: BLE001 - the Tracker imports them again and reports
         pass
 
 
-def _new_tracker(sc: Scenario, resume: str | None, verbose: bool, resume_command: str | None,
-                 tags: dict | None = None):
+def _new_tracker(sc: Scenario, resume: str | None, verbose: bool, resume_command: str | None, tags: dict | None = None):
     from raysim.results.tracking import Tracker
+
     tracker = Tracker(sc, resume, verbose, tags)
     if resume_command:
         tracker.note_resume(resume_command.format(run_id=tracker.run_id))
@@ -76,8 +80,9 @@ def _in_thread(fn, *args):
     def target():
         try:
             box["value"] = fn(*args)
-        except BaseException as e:          # noqa: BLE001 - handed to the caller
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
             box["error"] = e
+
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
 
@@ -86,12 +91,22 @@ def _in_thread(fn, *args):
         if "error" in box:
             raise box["error"]
         return box["value"]
+
     return result
 
 
-def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume: str | None = None,
-        summary_path: str | None = None, verbose: bool = False, progress: bool = True,
-        resume_command: str | None = None, tags: dict[str, str] | None = None) -> dict:
+def run(
+    sc: Scenario,
+    *,
+    engine: str = "ray",
+    address: str | None = None,
+    resume: str | None = None,
+    summary_path: str | None = None,
+    verbose: bool = False,
+    progress: bool = True,
+    resume_command: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict:
     """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error
     and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in).
     ``tags`` are set on a new MLflow run (a sweep's ``mlflow.parentRunId``, ``variant``)."""
@@ -99,14 +114,15 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
     if resume:
         ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
         if checkpoint.exists(ckpt_path):
-            checkpoint.verify(ckpt_path)       # every file, before a run or host is touched
+            checkpoint.verify(ckpt_path)  # every file, before a run or host is touched
             _check_same(sc, resume, checkpoint.server_part(ckpt_path).get("scenario"))
-        else:       # a run that failed before its first checkpoint starts again from round 1
+        else:  # a run that failed before its first checkpoint starts again from round 1
             _check_restart(sc, resume, ckpt_path)
             ckpt_path = None
     t0 = time.perf_counter()
     pending = None
     from raysim.results import tracker_process
+
     # a run whose process builds hosts (the serial engine's, or Ray's host 0 in the driver's
     # process) tracks through a helper process while MLflow is not imported yet
     helper = tracker_process.wanted() and (engine != "ray" or _driver_hosts(sc, address))
@@ -131,15 +147,16 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
         # one starts its rounds while the helper creates it (``check`` after each round)
         tracker_ready = helper.ready if resume else helper.started
     else:
-        tracker_process.discard()       # a helper the command started that this run does not need
+        tracker_process.discard()  # a helper the command started that this run does not need
         tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
     try:
         if pending is not None:
             pending.wait()
         else:
             from raysim.engine.serial import serial_driver
+
             local = serial_driver(sc)
-    except BaseException as e:          # noqa: BLE001 - raised again below
+    except BaseException as e:  # noqa: BLE001 - raised again below
         boot_error = e
     try:
         tracker = tracker_ready()
@@ -158,11 +175,20 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             raise boot_error
         server = pending if pending is not None else local
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
-        def run_path() -> Path:          # the run's checkpoint folder, named by its MLflow id
+
+        def run_path() -> Path:  # the run's checkpoint folder, named by its MLflow id
             return checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
+
         check_tracking = getattr(tracker, "check", lambda: None)
-        bar = tqdm(total=sc.rounds, initial=start, unit="round", desc=sc.name, file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=sc.rounds,
+            initial=start,
+            unit="round",
+            desc=sc.name,
+            file=sys.stderr,
+            disable=not progress,
+            dynamic_ncols=True,
+        )
         history = list(server.history) if start else []
         shown: dict[str, str] = {}
         losses = 0
@@ -172,8 +198,8 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                 record = server.step()
                 r = int(record["round"])
                 history.append(record)
-                tracker.log_round(record)       # a round redone after a loss is not logged again
-                check_tracking()                # the helper's error, if it has one, now
+                tracker.log_round(record)  # a round redone after a loss is not logged again
+                check_tracking()  # the helper's error, if it has one, now
                 every = sc.checkpoint.every
                 if (every and r % every == 0) or r == sc.rounds or stop.requested:
                     # the rounds a checkpoint covers are in the store before it is committed:
@@ -182,14 +208,16 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                     _save(server, run_path(), sc)
                     tracker.note_checkpoint(run_path())
             except HostLost as err:
-                if stop.requested:          # a SIGTERM to the whole job took the hosts too
+                if stop.requested:  # a SIGTERM to the whole job took the hosts too
                     raise KeyboardInterrupt from err
-                while True:                 # start over on fresh hosts (they may be lost too)
+                while True:  # start over on fresh hosts (they may be lost too)
                     losses += 1
                     why = str(getattr(err, "cause", err))
                     if losses > sc.resources.max_host_losses:
-                        raise HostLost(f"{why} (host loss {losses}, beyond resources.max_host_losses "
-                                       f"= {sc.resources.max_host_losses})") from None
+                        raise HostLost(
+                            f"{why} (host loss {losses}, beyond resources.max_host_losses "
+                            f"= {sc.resources.max_host_losses})"
+                        ) from None
                     try:
                         back = server.recover(str(run_path()) if checkpoint.exists(run_path()) else None)
                         break
@@ -197,15 +225,17 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
                         err = again
                 history = list(server.history) if back else []
                 redo = f"round {done + 1} is" if back == done else f"rounds {back + 1}..{done + 1} are"
-                tqdm.write(f"raysim: {why}; new hosts started; going on from the "
-                           f"{'checkpoint of round ' + str(back) if back else 'start'} ({redo} redone)",
-                           file=sys.stderr)
+                tqdm.write(
+                    f"raysim: {why}; new hosts started; going on from the "
+                    f"{'checkpoint of round ' + str(back) if back else 'start'} ({redo} redone)",
+                    file=sys.stderr,
+                )
                 if progress:
                     bar.n = back
                     bar.refresh()
                 continue
             except Exception as err:
-                if stop.requested:          # the round is abandoned; the last checkpoint stands
+                if stop.requested:  # the round is abandoned; the last checkpoint stands
                     raise KeyboardInterrupt from err
                 raise
             shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
@@ -233,7 +263,7 @@ def run(sc: Scenario, *, engine: str = "ray", address: str | None = None, resume
             close()
         finally:
             tracker.finish(outcome)
-            if outcome != "ok" and getattr(tracker, "failed", None) is None:     # a run to resume
+            if outcome != "ok" and getattr(tracker, "failed", None) is None:  # a run to resume
                 tell_resume(tracker.run_id, outcome, sc, resume_command)
 
 
@@ -249,8 +279,10 @@ def _check_same(sc: Scenario, run_id: str, stored: dict | None) -> None:
     """``--resume``: the scenario's keys that change results are those the run was started
     with (``stored``: its given keys, None when not recorded)."""
     if stored is not None and _results_part(stored) != _results_part(json.loads(json.dumps(sc.raw, default=str))):
-        raise ScenarioError(f"{sc.path}: the scenario differs from the one run {run_id} was started with "
-                            f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options")
+        raise ScenarioError(
+            f"{sc.path}: the scenario differs from the one run {run_id} was started with "
+            f"(beyond {', '.join(FREE_ON_RESUME)}); resume with the same file and --set options"
+        )
 
 
 def _check_restart(sc: Scenario, run_id: str, path: Path) -> None:
@@ -260,10 +292,13 @@ def _check_restart(sc: Scenario, run_id: str, path: Path) -> None:
     did write one (tagged with its folder), since removed or under another ``checkpoint.dir``,
     is refused rather than silently redone."""
     from raysim.results import tracking
+
     given, wrote = tracking.run_record(sc, run_id)
     if wrote:
-        raise ScenarioError(f"{sc.path}: checkpoint.dir: no checkpoint for run {run_id} at {path}, where it wrote "
-                            f"its checkpoints to {wrote}; resume with the checkpoint.dir that holds them")
+        raise ScenarioError(
+            f"{sc.path}: checkpoint.dir: no checkpoint for run {run_id} at {path}, where it wrote "
+            f"its checkpoints to {wrote}; resume with the checkpoint.dir that holds them"
+        )
     _check_same(sc, run_id, given)
 
 
@@ -273,7 +308,7 @@ def tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) ->
     if checkpoint.exists(path):
         try:
             where = f"its last checkpoint, round {int(checkpoint.manifest(path)['round'])}, is {path}"
-        except Exception:          # noqa: BLE001 - a report, never a second failure
+        except Exception:  # noqa: BLE001 - a report, never a second failure
             where = f"its last checkpoint is {path}"
     print(f"raysim: MLflow run {run_id} marked {STATUS_WORD[outcome]}; {where}", file=sys.stderr)
     if command:
@@ -288,13 +323,35 @@ def _save(server, path: Path, sc: Scenario) -> None:
     server.save(str(path), {"scenario": json.loads(json.dumps(sc.raw, default=str))})
 
 
-FINAL = ("accuracy", "bottom_decile_accuracy", "global_accuracy", "unseen_accuracy",
-         "unseen_bottom_decile_accuracy", "test_loss", "mse", "bottom_decile_mse", "train_mse",
-         "train_accuracy", "unseen_mse", "global_mse", "local_accuracy", "local_mse",
-         "accuracy_test_chosen", "mse_test_chosen", "lambda_chosen", "cluster_ari",
-         "slowest_decile_accuracy", "fastest_decile_accuracy", "slowest_decile_mse", "fastest_decile_mse",
-         "slowest_decile_participation", "fastest_decile_participation", "participation_mean",
-         "never_participated", "virtual_hours")
+FINAL = (
+    "accuracy",
+    "bottom_decile_accuracy",
+    "global_accuracy",
+    "unseen_accuracy",
+    "unseen_bottom_decile_accuracy",
+    "test_loss",
+    "mse",
+    "bottom_decile_mse",
+    "train_mse",
+    "train_accuracy",
+    "unseen_mse",
+    "global_mse",
+    "local_accuracy",
+    "local_mse",
+    "accuracy_test_chosen",
+    "mse_test_chosen",
+    "lambda_chosen",
+    "cluster_ari",
+    "slowest_decile_accuracy",
+    "fastest_decile_accuracy",
+    "slowest_decile_mse",
+    "fastest_decile_mse",
+    "slowest_decile_participation",
+    "fastest_decile_participation",
+    "participation_mean",
+    "never_participated",
+    "virtual_hours",
+)
 
 
 def means(record: dict) -> list[str]:
@@ -307,6 +364,7 @@ def best_over(evaluated: list[dict]) -> dict[str, float]:
     """ACC(T) for every mean (SosicFL: max_t): ``best_<metric>``, its best over the evaluations
     (the largest, the smallest for a metric where lower is better: losses, errors, ECE)."""
     from raysim.core.tasks import lower_is_better
+
     out = {}
     for k in means(evaluated[-1]) if evaluated else []:
         vals = [h[k] for h in evaluated if k in h and math.isfinite(h[k])]
@@ -328,6 +386,7 @@ def val_selection(evaluated: list[dict], metric: str) -> dict[str, float]:
     test_at_val_best_accuracy`` finds them as it finds accuracy's). {} when no evaluation
     scored a validation split."""
     from raysim.core.tasks import VAL, lower_is_better, val_name
+
     key = val_name(metric)
     scored = [h for h in evaluated if key in h and math.isfinite(h[key])]
     if not scored:
@@ -338,8 +397,11 @@ def val_selection(evaluated: list[dict], metric: str) -> dict[str, float]:
     for k in means(best):
         if k.startswith(VAL):
             continue
-        for name, new in ((k, AT_VAL_BEST + k), (f"{k}_std", f"{AT_VAL_BEST}{k}_std"),
-                          (bottom_decile(k), f"bottom_decile_{AT_VAL_BEST}{k}")):
+        for name, new in (
+            (k, AT_VAL_BEST + k),
+            (f"{k}_std", f"{AT_VAL_BEST}{k}_std"),
+            (bottom_decile(k), f"bottom_decile_{AT_VAL_BEST}{k}"),
+        ):
             if name in best:
                 out[new] = best[name]
     return out
@@ -352,13 +414,14 @@ def time_to_target(history: list[dict], metric: str, target: float) -> dict[str,
     without start-up and checkpoints), ``target_seconds``; with a simulated fleet (``systems``)
     also the virtual clock then, ``target_virtual_hours``; {} when never reached."""
     from raysim.core.tasks import lower_is_better
+
     seconds = 0.0
     for h in history:
         seconds += h.get("round_seconds", 0.0)
         v = h.get(metric)
         if v is not None and (v <= target if lower_is_better(metric) else v >= target):
             out = {"target_round": int(h["round"]), "target_seconds": seconds}
-            if "virtual_time_s" in h:            # a simulated fleet: the virtual clock at that round
+            if "virtual_time_s" in h:  # a simulated fleet: the virtual clock at that round
                 out["target_virtual_hours"] = h["virtual_time_s"] / 3600.0
             return out
     return {}
@@ -380,6 +443,7 @@ def make_summary(sc: Scenario, history: list[dict], wall: float, tracker, cluste
         final.update({name: last[name] for name in (k, f"{k}_std", bottom_decile(k)) if name in last})
     final.update(best_over(evaluated))
     from raysim.core.tasks import TASKS
+
     metric = next((t.metric for t in TASKS.values() if t.metric in last), None)
     if metric is not None:
         final.update(val_selection(evaluated, metric))

@@ -8,6 +8,7 @@ another). Either way every run is the run it would be alone: same metrics, same 
 same checkpoints and ``--resume`` command. Side by side, a failed run does not stop the others;
 the command then exits 1 after the last one, naming each failed run and how to continue it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,11 +26,12 @@ from raysim.scenario.config import Scenario, absolute_uri
 @dataclass(frozen=True)
 class Job:
     """One run of the command: a variant (or None) at a seed."""
-    label: str                  # "variant", "variant seed 1", or the scenario's name
+
+    label: str  # "variant", "variant seed 1", or the scenario's name
     variant: str | None
     sc: Scenario
     tags: dict
-    resume_command: str         # with {run_id} to fill in
+    resume_command: str  # with {run_id} to fill in
     engine: str = "ray"
     address: str | None = None
     resume: str | None = None
@@ -43,8 +45,15 @@ class SweepInterrupted(KeyboardInterrupt):
     130 (143)."""
 
 
-def _run_line(file: str, overrides: list[str], engine: str, address: str | None, variant: str | None,
-              seeds: str | None, best_of: str | None = None) -> str:
+def _run_line(
+    file: str,
+    overrides: list[str],
+    engine: str,
+    address: str | None,
+    variant: str | None,
+    seeds: str | None,
+    best_of: str | None = None,
+) -> str:
     """``raysim run FILE`` with the options that give the same runs again."""
     parts = ["raysim", "run", file]
     if variant is not None:
@@ -62,24 +71,33 @@ def _run_line(file: str, overrides: list[str], engine: str, address: str | None,
     return shlex.join(parts)
 
 
-def resume_command(file: str, overrides: list[str], engine: str, address: str | None,
-                   variant: str | None, seed: int | None = None) -> str:
+def resume_command(
+    file: str, overrides: list[str], engine: str, address: str | None, variant: str | None, seed: int | None = None
+) -> str:
     """The command that continues a run, with ``{run_id}`` to fill in."""
     line = _run_line(file, overrides, engine, address, variant, None if seed is None else str(seed))
     # braces of the overrides (``--set systems={dropout: 0.1}``) escaped for the ``{run_id}`` format
     return line.replace("{", "{{").replace("}", "}}") + " --resume {run_id}"
 
 
-def sweep_resume_command(file: str, overrides: list[str], engine: str, address: str | None,
-                         seeds: list[int] | None, parent_id: str, pattern: str | None = None,
-                         best_of: str | None = None) -> str:
+def sweep_resume_command(
+    file: str,
+    overrides: list[str],
+    engine: str,
+    address: str | None,
+    seeds: list[int] | None,
+    parent_id: str,
+    pattern: str | None = None,
+    best_of: str | None = None,
+) -> str:
     """The command that continues a whole sweep (``--resume`` of its parent run)."""
     seeds_text = ",".join(map(str, seeds)) if seeds else None
     return _run_line(file, overrides, engine, address, pattern, seeds_text, best_of) + f" --resume {parent_id}"
 
 
-def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: str, pattern: str | None,
-            verbose: bool = False) -> list[tuple[str | None, Scenario]]:
+def best_of(
+    file: str, variants: list[tuple[str | None, Scenario]], parent_id: str, pattern: str | None, verbose: bool = False
+) -> list[tuple[str | None, Scenario]]:
     """``raysim run SWEEP --best-of PARENT``: of the file's variants (those ``--variant`` chose),
     the ones the sweep PARENT's finished runs (several parents: comma-separated) choose on validation (``compare.best_variants``:
     per method and dataset, the grid point of best mean ``val_accuracy``, or ``val_mse``),
@@ -89,6 +107,7 @@ def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: s
     from raysim.results import tracking
     from raysim.results.compare import CompareError, best_variants
     from raysim.scenario.config import ScenarioError, name_list
+
     if variants[0][0] is None:
         raise ScenarioError(f"{file}: --best-of {parent_id}: the file has no sweep section to choose variants of")
     try:
@@ -99,20 +118,35 @@ def best_of(file: str, variants: list[tuple[str | None, Scenario]], parent_id: s
     missing = [c for c in chosen if c not in names]
     kept = [(v, sc) for v, sc in variants if v in chosen]
     if (missing and pattern is None) or not kept:
-        raise ScenarioError(f"{file}: --best-of {parent_id}: its chosen variants {name_list(missing or list(chosen))} "
-                            f"are not {'among the variants --variant chose' if pattern else 'variants of this file'}")
+        raise ScenarioError(
+            f"{file}: --best-of {parent_id}: its chosen variants {name_list(missing or list(chosen))} "
+            f"are not {'among the variants --variant chose' if pattern else 'variants of this file'}"
+        )
     again = sorted({str(sc.seed) for v, sc in kept if str(sc.seed) in chosen[v]}, key=int)
     if again:
-        raise ScenarioError(f"{file}: --best-of {parent_id}: the chosen variants ran at seed {', '.join(again)} there "
-                            f"already; give the other seeds (--seeds), e.g. the file's without {', '.join(again)}")
+        raise ScenarioError(
+            f"{file}: --best-of {parent_id}: the chosen variants ran at seed {', '.join(again)} there "
+            f"already; give the other seeds (--seeds), e.g. the file's without {', '.join(again)}"
+        )
     return kept
 
 
-def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: list[int] | None, *,
-                overrides: list[str], engine: str = "ray", address: str | None = None,
-                resume: str | None = None, summary: str | None = None, verbose: bool = False,
-                progress: bool = True, concurrent: int | None = None, pattern: str | None = None,
-                tuned_by: str | None = None) -> dict:
+def run_command(
+    file: str,
+    variants: list[tuple[str | None, Scenario]],
+    seeds: list[int] | None,
+    *,
+    overrides: list[str],
+    engine: str = "ray",
+    address: str | None = None,
+    resume: str | None = None,
+    summary: str | None = None,
+    verbose: bool = False,
+    progress: bool = True,
+    concurrent: int | None = None,
+    pattern: str | None = None,
+    tuned_by: str | None = None,
+) -> dict:
     """Run every (variant, scenario); returns {label: summary}. Raises RunsFailed once every
     run has ended if some failed, SweepInterrupted (side by side) if stopped, or the error of
     a single run, a bad input or an interrupt at once. ``pattern``: the ``--variant`` that chose
@@ -122,18 +156,23 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
         from raysim.results import tracker_process, tracking
-        tracker_process.discard()       # the runs track in threads: MLflow is imported here now
+
+        tracker_process.discard()  # the runs track in threads: MLflow is imported here now
         # one tracking store for every run, fixed here (trials start in folders of their own)
         uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
-        variants = [(v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri)))
-                    for v, sc in variants]
+        variants = [
+            (v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri))) for v, sc in variants
+        ]
         runs = [(v, sc.seed) for v, sc in variants]
-        if resume:          # the sweep continued: its parent, and the runs it has already
+        if resume:  # the sweep continued: its parent, and the runs it has already
             client, parent_id, earlier = tracking.reopen_parent(variants[0][1], resume, file, runs)
             parent = (client, parent_id)
         else:
-            name = (f"{Path(file).stem}" + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
-                    + (f" best of {tuned_by}" if tuned_by else ""))
+            name = (
+                f"{Path(file).stem}"
+                + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+                + (f" best of {tuned_by}" if tuned_by else "")
+            )
             parent = tracking.start_parent(variants[0][1], name, runs)
     jobs, kept = [], []
     for i, (variant, sc) in enumerate(variants):
@@ -143,18 +182,34 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
         label = variant if not seeds else f"{variant or sc.name} seed {sc.seed}"
         before = earlier.get((variant, sc.seed))
         if before is not None and before.info.status == "FINISHED":
-            kept.append(label or sc.name)       # its record is whole: not run again
+            kept.append(label or sc.name)  # its record is whole: not run again
             continue
         # a sweep's run that did not finish continues in its own MLflow run (from its last
         # checkpoint, or from round 1 if it had none); one never started starts now
         again = before.info.run_id if before is not None else (None if several else resume)
-        jobs.append(Job(label or sc.name, variant, sc, tags,
-                        resume_command(file, overrides, engine, address, variant, sc.seed if seeds else None),
-                        engine, address, again, None if several else summary, verbose, progress))
+        jobs.append(
+            Job(
+                label or sc.name,
+                variant,
+                sc,
+                tags,
+                resume_command(file, overrides, engine, address, variant, sc.seed if seeds else None),
+                engine,
+                address,
+                again,
+                None if several else summary,
+                verbose,
+                progress,
+            )
+        )
     if resume and several:
         going_on = sum(1 for j in jobs if j.resume)
-        print(f"raysim: continuing sweep {resume}: {len(kept)} finished runs kept, {going_on} continued, "
-              f"{len(jobs) - going_on} started", file=sys.stderr, flush=True)
+        print(
+            f"raysim: continuing sweep {resume}: {len(kept)} finished runs kept, {going_on} continued, "
+            f"{len(jobs) - going_on} started",
+            file=sys.stderr,
+            flush=True,
+        )
     ok, unfinished, summaries = False, None, {}
     try:
         at_once = (_at_once(jobs, concurrent) if several and engine == "ray" else 1) if jobs else 1
@@ -169,18 +224,24 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
         if parent is not None:
             parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
             if not ok:
-                print(f"raysim: continue the whole sweep (its finished runs kept) with: "
-                      f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern, tuned_by)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"raysim: continue the whole sweep (its finished runs kept) with: "
+                    f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern, tuned_by)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     if several and (summaries or kept):
         if summaries:
             _print_sweep(summaries)
         if summary:
             Path(summary).write_text(json.dumps({"sweep": file, "variants": summaries}, indent=2))
         from raysim.results.compare import table
+
         print(table(parent[0], [parent[1]])[0])
-        print(f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
-              + (f"  (with --tracking-uri {given_uri})" if given_uri else ""))
+        print(
+            f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
+            + (f"  (with --tracking-uri {given_uri})" if given_uri else "")
+        )
     if unfinished is not None:
         raise unfinished
     return summaries
@@ -188,22 +249,39 @@ def run_command(file: str, variants: list[tuple[str | None, Scenario]], seeds: l
 
 def run_job(job: Job) -> dict:
     from raysim.experiment.runner import run
-    return run(job.sc, engine=job.engine, address=job.address, resume=job.resume,
-               summary_path=job.summary_path, verbose=job.verbose, progress=job.progress,
-               resume_command=job.resume_command, tags=job.tags)
+
+    return run(
+        job.sc,
+        engine=job.engine,
+        address=job.address,
+        resume=job.resume,
+        summary_path=job.summary_path,
+        verbose=job.verbose,
+        progress=job.progress,
+        resume_command=job.resume_command,
+        tags=job.tags,
+    )
 
 
 def _finished(summary: dict, sc: Scenario) -> None:
     from raysim.experiment.runner import FINAL
+
     # the headline metrics, ACC(T) and the time to eval.target (every mean, std and best is in
     # the summary file)
-    shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary["final"].items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool)
-                      and (k in FINAL or k in ("best_accuracy", "best_mse", "target_round", "target_seconds")))
+    shown = ", ".join(
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in summary["final"].items()
+        if isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and (k in FINAL or k in ("best_accuracy", "best_mse", "target_round", "target_seconds"))
+    )
     print(f"{sc.name}: {summary['rounds']} rounds in {summary['wall_seconds']:.1f}s; {shown}")
-    print(f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
-          f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
-          f"{summary['tracking_uri']}", flush=True)
+    print(
+        f"MLflow run {summary['mlflow_run_id']} recorded in {summary['tracking_uri']} "
+        f"(experiment '{sc.tracking.experiment}'); view it with: mlflow ui --backend-store-uri "
+        f"{summary['tracking_uri']}",
+        flush=True,
+    )
 
 
 def _one_after_another(jobs: list[Job], reuse: bool = False) -> tuple[dict, BaseException | None]:
@@ -214,14 +292,16 @@ def _one_after_another(jobs: list[Job], reuse: bool = False) -> tuple[dict, Base
     run's host actors serve the next run of the same shape (``ray_engine.reuse_hosts``)."""
     if reuse:
         from raysim.engine import ray_engine
+
         with ray_engine.reuse_hosts():
             return _one_after_another(jobs)
     from raysim.errors import EXIT_FAILED, explain
+
     summaries, failed = {}, []
     for job in jobs:
         try:
             summaries[job.label] = run_job(job)
-        except Exception as e:          # noqa: BLE001 - reported here, raised as RunsFailed
+        except Exception as e:  # noqa: BLE001 - reported here, raised as RunsFailed
             code, line = explain(e, job.verbose)
             if len(jobs) == 1 or code != EXIT_FAILED:
                 raise
@@ -245,9 +325,14 @@ def _at_once(jobs: list[Job], concurrent: int | None) -> int | None:
     if concurrent == 1:
         return 1
     from raysim.engine import ray_engine, ray_start, ray_sweep
+
     if not ray_start.running():
-        print(f"raysim: {'starting a local Ray instance' if jobs[0].address is None else 'joining Ray at ' + jobs[0].address}"
-              f" for {len(jobs)} runs ...", file=sys.stderr, flush=True)
+        print(
+            f"raysim: {'starting a local Ray instance' if jobs[0].address is None else 'joining Ray at ' + jobs[0].address}"
+            f" for {len(jobs)} runs ...",
+            file=sys.stderr,
+            flush=True,
+        )
     ray_start.init(jobs[0].address, jobs[0].verbose)
     for job in jobs:
         ray_engine.check_fits(job.sc)
@@ -261,9 +346,10 @@ def run_trial_job(job: Job) -> dict:
     """``run_job`` in a Tune trial: its summary, or its error as the exit code and the line
     the command would print, with the run's MLflow id (found again by the driver)."""
     from raysim.errors import explain
+
     try:
         return {"summary": run_job(job)}
-    except BaseException as e:          # noqa: BLE001 - reported by the driver
+    except BaseException as e:  # noqa: BLE001 - reported by the driver
         code, line = explain(e, job.verbose)
         return {"error": line, "code": code}
 
@@ -272,9 +358,13 @@ def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, B
     """The runs as Tune trials: the finished ones' summaries, and RunsFailed or
     SweepInterrupted (to raise once they are shown) if some did not finish."""
     from raysim.engine import ray_sweep
+
     client, parent_id = parent
-    print(f"raysim: {len(jobs)} runs, up to {at_once} at a time on Ray Tune; each line below is one that ended",
-          file=sys.stderr, flush=True)
+    print(
+        f"raysim: {len(jobs)} runs, up to {at_once} at a time on Ray Tune; each line below is one that ended",
+        file=sys.stderr,
+        flush=True,
+    )
     jobs = [dataclasses.replace(j, progress=False) for j in jobs]
 
     def done(i: int, outcome) -> None:
@@ -290,7 +380,9 @@ def _side_by_side(jobs: list[Job], at_once: int | None, parent) -> tuple[dict, B
         if isinstance(outcome, dict) and "summary" in outcome:
             summaries[job.label] = outcome["summary"]
         else:
-            (stopped if outcome is None or (isinstance(outcome, dict) and outcome["code"] in (130, 143)) else failed).append(job)
+            (
+                stopped if outcome is None or (isinstance(outcome, dict) and outcome["code"] in (130, 143)) else failed
+            ).append(job)
     for job in failed + stopped:
         _close_child(client, parent_id, job, "failed" if job in failed else "killed")
     if stopped:
@@ -304,6 +396,7 @@ def _close_child(client, parent_id: str, job: Job, outcome: str) -> None:
     """A run that did not finish: marked FAILED or KILLED in MLflow if its trial could not
     (its process lost, or stopped), and its id, checkpoint and resume command printed."""
     from raysim.experiment.runner import STATUS_WORD, tell_resume
+
     query = f"tags.mlflow.parentRunId = '{parent_id}' and tags.seed = '{job.sc.seed}'"
     if job.variant is not None:
         query += f" and tags.variant = '{job.variant}'"
@@ -312,7 +405,7 @@ def _close_child(client, parent_id: str, job: Job, outcome: str) -> None:
         status = run.info.status
         if status == "RUNNING":
             client.set_terminated(run.info.run_id, STATUS_WORD[outcome])
-        elif status == "FINISHED":          # ended just as the sweep stopped: its record is whole
+        elif status == "FINISHED":  # ended just as the sweep stopped: its record is whole
             continue
         else:
             outcome = {v: k for k, v in STATUS_WORD.items()}.get(status, outcome)
@@ -320,12 +413,14 @@ def _close_child(client, parent_id: str, job: Job, outcome: str) -> None:
 
 
 def _print_sweep(summaries: dict) -> None:
-    keys = ["accuracy", "bottom_decile_accuracy", "global_accuracy", "mse", "bottom_decile_mse",
-            "consensus_distance"]
+    keys = ["accuracy", "bottom_decile_accuracy", "global_accuracy", "mse", "bottom_decile_mse", "consensus_distance"]
     keys = [k for k in keys if any(k in s["final"] or k in s["history"][-1] for s in summaries.values())]
     width = max(len(str(v)) for v in summaries)
     print(f"{'variant':<{width}}  " + "  ".join(f"{k:>22}" for k in keys) + f"  {'seconds':>8}")
     for variant, s in summaries.items():
         vals = [s["final"].get(k, s["history"][-1].get(k)) for k in keys]
-        print(f"{variant:<{width}}  " + "  ".join(f"{v:22.4g}" if v is not None else f"{'-':>22}" for v in vals)
-              + f"  {s['wall_seconds']:8.1f}")
+        print(
+            f"{variant:<{width}}  "
+            + "  ".join(f"{v:22.4g}" if v is not None else f"{'-':>22}" for v in vals)
+            + f"  {s['wall_seconds']:8.1f}"
+        )

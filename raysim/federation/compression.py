@@ -37,6 +37,7 @@ hosts and written to checkpoints (``gossip_estimate``; raysim/engine/host.py).
 
 Random draws come from (seed, "compress", round, client): the same run on any number of hosts.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,6 +53,7 @@ from raysim.core.replies import Weighted, float_numbers, model_update
 class Upload:
     """A client's reply under compression: the model the server reconstructs from what it sent
     (weighted as the method weighs it) and the bytes it sent. Summed over clients."""
+
     model: Weighted
     nbytes: float
 
@@ -61,7 +63,7 @@ def unflat(vec: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     out, at = [], 0
     for t in like:
         if t.is_floating_point():
-            out.append(vec[at:at + t.numel()].view(t.shape).to(t.dtype))
+            out.append(vec[at : at + t.numel()].view(t.shape).to(t.dtype))
             at += t.numel()
         else:
             out.append(torch.zeros_like(t))
@@ -106,8 +108,15 @@ def qsgd(v: torch.Tensor, levels: int, gen: torch.Generator, bucket: int | None)
     return (torch.sign(x) * (low + up) * norm / levels).float()
 
 
-def compress(v: torch.Tensor, kind: str, levels: int, ratio: float, gen: torch.Generator,
-             unbiased: bool = True, bucket: int | None = 0) -> torch.Tensor:
+def compress(
+    v: torch.Tensor,
+    kind: str,
+    levels: int,
+    ratio: float,
+    gen: torch.Generator,
+    unbiased: bool = True,
+    bucket: int | None = 0,
+) -> torch.Tensor:
     """C(v) for a float32 vector ``v`` (``gen``: the client's draws this round); ``unbiased``
     False: randk's values unscaled, the contractive form error feedback needs; ``bucket``:
     QSGD's bucket size (0 or None: the whole vector)."""
@@ -136,30 +145,45 @@ def gossip_estimate(x: torch.Tensor, estimate: torch.Tensor, cfg, seed: int, rou
     that share of its squared norm, so the whole vector's is), from (seed, "compress", round,
     client)."""
     v = (x - estimate).float().cpu()
-    q = compress(v, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),
-                 unbiased=False, bucket=cfg.bucket)
+    q = compress(
+        v,
+        cfg.compress,
+        cfg.levels,
+        cfg.ratio,
+        rng.torch_generator(seed, "compress", round_, cid),
+        unbiased=False,
+        bucket=cfg.bucket,
+    )
     if cfg.compress == "qsgd":
         b = bucket_size(v.numel(), cfg.bucket)
-        q = q / (1 + min(b / cfg.levels ** 2, math.sqrt(b) / cfg.levels))
+        q = q / (1 + min(b / cfg.levels**2, math.sqrt(b) / cfg.levels))
     return estimate + q.to(estimate.device, estimate.dtype)
 
 
-def upload(reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Tensor | None, seed: int,
-           round_: int, cid: int) -> tuple[Upload, torch.Tensor | None]:
+def upload(
+    reply: Weighted, shared: list[torch.Tensor], cfg, residual: torch.Tensor | None, seed: int, round_: int, cid: int
+) -> tuple[Upload, torch.Tensor | None]:
     """A client's ``Weighted`` reply of its trained model as the server receives it compressed
     (``cfg``: the scenario's communication section), and the client's new remainder (error
     feedback; None without it)."""
     nbytes = sent_bytes(float_numbers(shared), cfg.compress, cfg.levels, cfg.ratio, cfg.bucket)
     if cfg.compress == "none" and not cfg.error_feedback:
-        return Upload(reply, nbytes), None                  # the model itself: the run's numbers unchanged
-    delta = torch.cat([d.reshape(-1).float().cpu() for d in model_update(reply, shared, "compression")
-                       if d is not None])
+        return Upload(reply, nbytes), None  # the model itself: the run's numbers unchanged
+    delta = torch.cat(
+        [d.reshape(-1).float().cpu() for d in model_update(reply, shared, "compression") if d is not None]
+    )
     if cfg.error_feedback and residual is not None:
         delta = delta + residual
-    sent = compress(delta, cfg.compress, cfg.levels, cfg.ratio, rng.torch_generator(seed, "compress", round_, cid),
-                    unbiased=not cfg.error_feedback, bucket=cfg.bucket)
+    sent = compress(
+        delta,
+        cfg.compress,
+        cfg.levels,
+        cfg.ratio,
+        rng.torch_generator(seed, "compress", round_, cid),
+        unbiased=not cfg.error_feedback,
+        bucket=cfg.bucket,
+    )
     remainder = delta - sent if cfg.error_feedback else None
     device = shared[0].device
-    model = [s + d.to(device) if s.is_floating_point() else s
-             for s, d in zip(shared, unflat(sent, shared))]
+    model = [s + d.to(device) if s.is_floating_point() else s for s, d in zip(shared, unflat(sent, shared))]
     return Upload(Weighted(model, reply.weight), nbytes), remainder

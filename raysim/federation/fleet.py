@@ -21,6 +21,7 @@ Nothing here is real time: every draw comes from (seed, "systems", purpose, roun
 is identical for any number of hosts and whatever order they finish in, and the simulation
 costs a few array operations a round on the driver.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -33,9 +34,9 @@ import numpy as np
 from raysim import rng
 from raysim.errors import BadInput
 
-MBIT = 1e6 / 8          # bytes a second in one Mbit/s
+MBIT = 1e6 / 8  # bytes a second in one Mbit/s
 DAY = 86400.0
-MAX_WAITS = 1000        # openings first_online tries (a window narrower than a float step at the clock's time never opens)
+MAX_WAITS = 1000  # openings first_online tries (a window narrower than a float step at the clock's time never opens)
 
 
 class TraceError(BadInput, ValueError):
@@ -53,8 +54,9 @@ class Profiles:
 
     def seconds(self, cids: np.ndarray, work: np.ndarray, bytes_down: np.ndarray, bytes_up: np.ndarray) -> np.ndarray:
         """Each client's time in a round: download, local work, upload (each link with its latency)."""
-        return (2 * self.latency[cids] + bytes_down / self.down[cids] + self.compute(cids, work)
-                + bytes_up / self.up[cids])
+        return (
+            2 * self.latency[cids] + bytes_down / self.down[cids] + self.compute(cids, work) + bytes_up / self.up[cids]
+        )
 
     def compute(self, cids: np.ndarray, work: np.ndarray) -> np.ndarray:
         """The training part: ``work`` samples at each device's speed."""
@@ -78,13 +80,15 @@ def read_devices(path: str, clients: int) -> Profiles:
     ignored (a trace of a larger fleet serves a smaller one)."""
     cols = ("speed", "down_mbps", "up_mbps", "latency_s")
     out = {c: np.full(clients, np.nan) for c in cols}
-    first = np.zeros(clients, dtype=np.int64)         # each client's row's line (0: none yet)
+    first = np.zeros(clients, dtype=np.int64)  # each client's row's line (0: none yet)
     for line, row in _rows(path, ("client",) + cols):
         cid = _client(path, line, row["client"])
         if cid < clients:
             if first[cid]:
-                raise TraceError(f"{path}: line {line}: a second row for client {cid} (the first is line "
-                                 f"{first[cid]}); give one row a client")
+                raise TraceError(
+                    f"{path}: line {line}: a second row for client {cid} (the first is line "
+                    f"{first[cid]}); give one row a client"
+                )
             first[cid] = line
             for c in cols:
                 v = _number(path, line, c, row[c])
@@ -93,7 +97,9 @@ def read_devices(path: str, clients: int) -> Profiles:
                 out[c][cid] = v
     missing = np.flatnonzero(np.isnan(out["speed"]))
     if len(missing):
-        raise TraceError(f"{path}: no row for client {int(missing[0])} ({len(missing)} of the {clients} clients missing)")
+        raise TraceError(
+            f"{path}: no row for client {int(missing[0])} ({len(missing)} of the {clients} clients missing)"
+        )
     return Profiles(out["speed"], out["down_mbps"] * MBIT, out["up_mbps"] * MBIT, out["latency_s"])
 
 
@@ -109,8 +115,9 @@ class Windows:
         """Each client's times into its period at which a window opens, ascending: of its
         windows those that can open at all (start before the period, end after 0), a start
         before 0 as 0. A client with none is never online."""
-        return [sorted(max(a, 0.0) for a, b in w if a < p and b > 0)
-                for w, p in zip(self.intervals, self.period.tolist())]
+        return [
+            sorted(max(a, 0.0) for a, b in w if a < p and b > 0) for w, p in zip(self.intervals, self.period.tolist())
+        ]
 
 
 def read_windows(path: str, clients: int, period_s: float | None = None) -> Windows:
@@ -123,7 +130,7 @@ def read_windows(path: str, clients: int, period_s: float | None = None) -> Wind
     must start before its period (one starting later would never open)."""
     out: list[list[tuple[float, float]]] = [[] for _ in range(clients)]
     period = np.full(clients, math.inf if period_s is None else float(period_s))
-    given: dict[int, tuple[int, float | None]] = {}          # client: (its first line, its period_s there)
+    given: dict[int, tuple[int, float | None]] = {}  # client: (its first line, its period_s there)
     for line, row in _rows(path, ("client", "start_s", "end_s"), ("period_s",)):
         cid = _client(path, line, row["client"])
         a, b = _number(path, line, "start_s", row["start_s"]), _number(path, line, "end_s", row["end_s"])
@@ -134,13 +141,17 @@ def read_windows(path: str, clients: int, period_s: float | None = None) -> Wind
             raise TraceError(f"{path}: line {line}: period_s: {own} must be > 0")
         first = given.setdefault(cid, (line, own))
         if first[1] != own:
-            raise TraceError(f"{path}: line {line}: period_s {_or_none(own)} for client {cid}, but line {first[0]} "
-                             f"gives it {_or_none(first[1])}; a client's trace repeats with one period")
+            raise TraceError(
+                f"{path}: line {line}: period_s {_or_none(own)} for client {cid}, but line {first[0]} "
+                f"gives it {_or_none(first[1])}; a client's trace repeats with one period"
+            )
         p = own if own is not None else period_s
         if period_s is not None and a >= p:
             where = "its period_s" if own is not None else "systems.period_s"
-            raise TraceError(f"{path}: line {line}: start_s {a:g} is not before the period {p:g} s the trace repeats "
-                             f"with ({where}), so this window never opens; give start_s within the period")
+            raise TraceError(
+                f"{path}: line {line}: start_s {a:g} is not before the period {p:g} s the trace repeats "
+                f"with ({where}), so this window never opens; give start_s within the period"
+            )
         if cid < clients:
             out[cid].append((a, b))
             if period_s is not None and own is not None:
@@ -173,7 +184,7 @@ def _rows(path: str, need: tuple[str, ...], optional: tuple[str, ...] = ()):
         raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text (CSV) file") from None
-    except csv.Error as e:           # e.g. a field past csv's limit of 128 KiB
+    except csv.Error as e:  # e.g. a field past csv's limit of 128 KiB
         raise TraceError(f"{path}: line {reader.line_num}: not a CSV row raysim can read ({e})") from None
 
 
@@ -191,7 +202,9 @@ def _number(path: str, line: int, col: str, text: str, integer: bool = False):
     except ValueError:
         raise TraceError(f"{path}: line {line}: {col}: {text!r} is not a number") from None
     if not math.isfinite(v) or (integer and not v.is_integer()):
-        raise TraceError(f"{path}: line {line}: {col}: {text!r} is not {'an integer' if integer else 'a finite number'}")
+        raise TraceError(
+            f"{path}: line {line}: {col}: {text!r} is not {'an integer' if integer else 'a finite number'}"
+        )
     return int(v) if integer else v
 
 
@@ -206,14 +219,18 @@ class Fleet:
             self.profiles = read_devices(cfg.device_trace, clients)
         else:
             g = rng.generator(seed, "systems", "devices")
-            self.profiles = Profiles(draw(cfg.speed, clients, g), draw(cfg.down, clients, g) * MBIT,
-                                     draw(cfg.up, clients, g) * MBIT, draw(cfg.latency, clients, g))
+            self.profiles = Profiles(
+                draw(cfg.speed, clients, g),
+                draw(cfg.down, clients, g) * MBIT,
+                draw(cfg.up, clients, g) * MBIT,
+                draw(cfg.latency, clients, g),
+            )
         self.windows = None
-        if cfg.availability == "trace":        # each client's intervals, and the period they repeat with
+        if cfg.availability == "trace":  # each client's intervals, and the period they repeat with
             trace = read_windows(cfg.availability_trace, clients, cfg.period_s if cfg.trace_repeats else None)
             self.windows, self.period = trace.intervals, trace.period
             self.starts = trace.openings()
-        elif cfg.availability == "diurnal":     # an online window of online·period at a seeded phase
+        elif cfg.availability == "diurnal":  # an online window of online·period at a seeded phase
             self.phase = rng.generator(seed, "systems", "phase").uniform(0.0, cfg.period_s, clients)
 
     def available(self, cids: np.ndarray, t: float, round_: int) -> np.ndarray:
@@ -226,9 +243,8 @@ class Fleet:
             return u[cids] < self.cfg.available_p
         if kind == "diurnal":
             return ((t - self.phase[cids]) % self.cfg.period_s) < self.cfg.online * self.cfg.period_s
-        into = (t % self.period[cids]).tolist()          # the time into each client's own period
-        return np.array([any(a <= x < b for a, b in self.windows[c]) for c, x in zip(cids.tolist(), into)],
-                        dtype=bool)
+        into = (t % self.period[cids]).tolist()  # the time into each client's own period
+        return np.array([any(a <= x < b for a, b in self.windows[c]) for c, x in zip(cids.tolist(), into)], dtype=bool)
 
     def online_until(self, cids: np.ndarray, t: float) -> np.ndarray:
         """When each of ``cids`` (online at ``t``) goes offline: inf where it stays on."""
@@ -243,7 +259,7 @@ class Fleet:
             for i, (c, x, p) in enumerate(zip(cids.tolist(), into.tolist(), self.period[cids].tolist())):
                 for a, b in self.windows[c]:
                     if a <= x < b:
-                        out[i] = t - x + min(b, p)         # (a window past its period closes with it)
+                        out[i] = t - x + min(b, p)  # (a window past its period closes with it)
                         break
             return out
         return np.full(len(cids), np.inf)
@@ -262,7 +278,7 @@ class Fleet:
         for c in cids.tolist():
             starts, p = self.starts[c], float(self.period[c])
             if starts:
-                x = t % p                                  # the time into its period
+                x = t % p  # the time into its period
                 i = bisect.bisect_right(starts, x)
                 best = min(best, t - x + (starts[i] if i < len(starts) else p + starts[0]))
         return best
@@ -296,8 +312,9 @@ class Fleet:
         """How many clients to invite for K wanted (over-selection: ⌈K·f⌉)."""
         return int(math.ceil(k * self.cfg.over_selection - 1e-9))
 
-    def round(self, round_: int, t: float, cids: np.ndarray, wanted: int, secs: np.ndarray,
-              compute: np.ndarray | None = None) -> Outcome:
+    def round(
+        self, round_: int, t: float, cids: np.ndarray, wanted: int, secs: np.ndarray, compute: np.ndarray | None = None
+    ) -> Outcome:
         """The round starting at virtual time ``t`` with the selected ``cids`` (ascending), each
         needing ``secs`` (``Profiles.seconds``; ``compute`` of them training), of which the server
         wants ``wanted`` replies: who reports in time, with what share of its work, and how long
@@ -309,21 +326,21 @@ class Fleet:
         deadline = self.cfg.deadline_s
         work = np.ones(n)
         if deadline is not None and self.cfg.stragglers == "partial" and compute is not None:
-            comm = secs - compute                             # a straggler trains what fits after its transfers
+            comm = secs - compute  # a straggler trains what fits after its transfers
             over = (secs > deadline) & (deadline > comm) & (compute > 0)
             work[over] = (deadline - comm[over]) / compute[over]
             secs[over] = deadline
         finish = t + secs
-        offline = finish > self.online_until(cids, t)          # went offline before reporting
+        offline = finish > self.online_until(cids, t)  # went offline before reporting
         failed = dropped | offline
         late = ~failed & (secs > deadline) if deadline is not None else np.zeros(n, dtype=bool)
         ok = ~failed & ~late
-        order = np.lexsort((cids, finish))                    # first to report first (ties: lower id)
+        order = np.lexsort((cids, finish))  # first to report first (ties: lower id)
         kept = np.zeros(n, dtype=bool)
         kept[[i for i in order.tolist() if ok[i]][:wanted]] = True
-        if kept.sum() >= wanted and wanted > 0:                 # the server stops at the wanted-th reply
+        if kept.sum() >= wanted and wanted > 0:  # the server stops at the wanted-th reply
             duration = float(secs[kept].max())
-        elif (failed | late).any():                             # it waited for someone who never came
+        elif (failed | late).any():  # it waited for someone who never came
             duration = float(deadline) if deadline is not None else float(secs[~late].max(initial=0.0))
         else:
             duration = float(secs[kept].max(initial=0.0))
@@ -333,15 +350,20 @@ class Fleet:
 @dataclass
 class Outcome:
     cids: np.ndarray
-    seconds: np.ndarray        # each invited client's time for the whole round
-    kept: np.ndarray           # its reply was used
-    dropped: np.ndarray        # dropped out (the dropout probability)
-    offline: np.ndarray        # went offline before it could report
-    late: np.ndarray           # missed the deadline (a straggler)
-    duration: float            # the round's virtual seconds
-    work: np.ndarray | None = None   # the share of its steps each trains (below 1: a straggler's partial work)
+    seconds: np.ndarray  # each invited client's time for the whole round
+    kept: np.ndarray  # its reply was used
+    dropped: np.ndarray  # dropped out (the dropout probability)
+    offline: np.ndarray  # went offline before it could report
+    late: np.ndarray  # missed the deadline (a straggler)
+    duration: float  # the round's virtual seconds
+    work: np.ndarray | None = None  # the share of its steps each trains (below 1: a straggler's partial work)
 
     def record(self) -> dict[str, float]:
         partial = 0.0 if self.work is None else float((self.kept & (self.work < 1)).sum())
-        return {"invited": float(len(self.cids)), "dropped_out": float(self.dropped.sum() + self.offline.sum()),
-                "stragglers": float(self.late.sum()), "partial": partial, "round_virtual_s": self.duration}
+        return {
+            "invited": float(len(self.cids)),
+            "dropped_out": float(self.dropped.sum() + self.offline.sum()),
+            "stragglers": float(self.late.sum()),
+            "partial": partial,
+            "round_virtual_s": self.duration,
+        }

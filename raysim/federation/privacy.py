@@ -32,6 +32,7 @@ Sample-level DP (``level: sample``, DP-SGD, Abadi et al., CCS 2016) happens in t
 of std z·C on the batch's sum, from a seed each job draws from its client's generator. Here is
 only its accountant, ``sample_epsilon``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,18 +55,22 @@ class ClippedUpdate:
     b_k = 1 when its update was within C (adaptive clipping's count, centred as Andrew et al. do
     so that one client moves the sum by ½, or ``exact_metrics``), and ``norm``, its norm before
     clipping rounded to float32 (``exact_metrics`` only). None where not sent."""
+
     update: Weighted
     below: float | None = None
     norm: float | None = None
 
 
-def clip(reply: Any, shared: list[torch.Tensor], bound: float, count: bool = False,
-         norm: bool = False) -> ClippedUpdate:
+def clip(
+    reply: Any, shared: list[torch.Tensor], bound: float, count: bool = False, norm: bool = False
+) -> ClippedUpdate:
     """A client's reply (``Weighted`` of its trained model) as its update from ``shared`` clipped
     to L2 norm ``bound`` over all floating-point tensors (the others are not sent: zeros);
     ``count``: with its centred indicator b_k − ½; ``norm``: with its norm before clipping."""
-    deltas = [torch.zeros_like(s, dtype=torch.float32) if d is None else d
-              for d, s in zip(model_update(reply, shared, "privacy"), shared)]
+    deltas = [
+        torch.zeros_like(s, dtype=torch.float32) if d is None else d
+        for d, s in zip(model_update(reply, shared, "privacy"), shared)
+    ]
     size = math.sqrt(sum(float(d.double().square().sum()) for d in deltas))
     factor = min(1.0, bound / size) if size > 0 else 1.0
     if factor < 1.0:
@@ -75,8 +80,9 @@ def clip(reply: Any, shared: list[torch.Tensor], bound: float, count: bool = Fal
     return ClippedUpdate(Weighted(deltas, 1.0), below, float(np.float32(size)) if norm else None)
 
 
-def privatize(reduced: ClippedUpdate, shared: list[torch.Tensor], k: int, bound: float, multiplier: float,
-              seed: int, round_: int) -> tuple[Weighted, dict[str, float]]:
+def privatize(
+    reduced: ClippedUpdate, shared: list[torch.Tensor], k: int, bound: float, multiplier: float, seed: int, round_: int
+) -> tuple[Weighted, dict[str, float]]:
     """The server's side: the sum of the round's clipped updates plus N(0, (z·C)²) noise, over
     ``k``, added to ``shared``; returned as the one-model ``Weighted`` the method's aggregate
     takes (its mean is the new model), with the exact clipping metrics (``dp_clipped``, the share
@@ -93,8 +99,10 @@ def privatize(reduced: ClippedUpdate, shared: list[torch.Tensor], k: int, bound:
     n = reduced.update.weight
     metrics = {}
     if n and reduced.norm is not None:
-        metrics = {"dp_clipped": float(np.float32(0.5 - reduced.below / n)),
-                   "dp_update_norm": float(np.float32(reduced.norm / n))}
+        metrics = {
+            "dp_clipped": float(np.float32(0.5 - reduced.below / n)),
+            "dp_update_norm": float(np.float32(reduced.norm / n)),
+        }
     return Weighted(values, 1.0), metrics
 
 
@@ -131,11 +139,13 @@ def update_multiplier(cfg, k: int) -> float:
     z = cfg.noise_multiplier
     if cfg.target_quantile is None or z == 0:
         return z
-    rest = z ** -2 - (count_std(cfg, k) / COUNT_SENSITIVITY) ** -2
+    rest = z**-2 - (count_std(cfg, k) / COUNT_SENSITIVITY) ** -2
     if rest <= 0:
-        raise ValueError(f"privacy.count_noise: σ_b = {count_std(cfg, k):g} leaves no noise for the updates; "
-                         f"it must exceed noise_multiplier / 2 = {z / 2:g}")
-    return rest ** -0.5
+        raise ValueError(
+            f"privacy.count_noise: σ_b = {count_std(cfg, k):g} leaves no noise for the updates; "
+            f"it must exceed noise_multiplier / 2 = {z / 2:g}"
+        )
+    return rest**-0.5
 
 
 def accountant_multiplier(cfg, k: int) -> float:
@@ -146,7 +156,7 @@ def accountant_multiplier(cfg, k: int) -> float:
     z_update = update_multiplier(cfg, k)
     if cfg.target_quantile is None or z_update == 0:
         return z_update
-    return (z_update ** -2 + (count_std(cfg, k) / COUNT_SENSITIVITY) ** -2) ** -0.5
+    return (z_update**-2 + (count_std(cfg, k) / COUNT_SENSITIVITY) ** -2) ** -0.5
 
 
 # the largest change of log C in one round (adaptive clipping): exp's argument stays finite
@@ -171,12 +181,14 @@ def epsilon(rounds: int, clients: int, k: int, multiplier: float, delta: float, 
     if multiplier <= 0:
         return math.inf
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     orders, one = _round_rdp(clients, k, multiplier, accounting)
     return float(rdp.compute_epsilon(orders, rounds * one, delta)[0])
 
 
-def sample_epsilon(rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: int, multiplier: float,
-                   delta: float) -> float:
+def sample_epsilon(
+    rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: int, multiplier: float, delta: float
+) -> float:
     """Sample-level DP (DP-SGD, ``level: sample``): the largest over clients of ε at δ, client k
     having trained in ``rounds[k]`` rounds on its ``sizes[k]`` samples, n of them taking
     epochs·⌈n/B⌉ steps a round, each step the Poisson-subsampled Gaussian mechanism at rate
@@ -187,14 +199,16 @@ def sample_epsilon(rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: in
     return float(eps.max()) if len(eps) else 0.0
 
 
-def client_epsilons(rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: int, multiplier: float,
-                    delta: float) -> np.ndarray:
+def client_epsilons(
+    rounds: np.ndarray, sizes: np.ndarray, epochs: int, batch: int, multiplier: float, delta: float
+) -> np.ndarray:
     """``sample_epsilon``'s ε of each client (0 for one that never trained or holds no samples),
     computed once per distinct (rounds, samples)."""
     rounds, sizes = np.asarray(rounds, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     if multiplier <= 0:
         return np.full(len(sizes), math.inf)
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     out = np.zeros(len(sizes))
     used = (rounds > 0) & (sizes > 0)
     pairs = np.stack([rounds[used], sizes[used]], axis=1)
@@ -212,6 +226,7 @@ def step_event(rate: float, multiplier: float):
     """(a fresh ``dp_accounting`` RDP accountant, one DP-SGD step's DpEvent)."""
     import dp_accounting as dpa
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     return rdp.RdpAccountant(), dpa.PoissonSampledDpEvent(rate, dpa.GaussianDpEvent(multiplier))
 
 
@@ -230,8 +245,8 @@ def _round_rdp(clients: int, k: int, multiplier: float, accounting: str) -> tupl
 
 def _rdp_of(acc, event) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP at each order) of ``acc`` composed with ``event``."""
-    quiet = logging.getLogger("absl")        # orders whose series does not converge are left out, warned
-    level = quiet.level                      # once per order; the bound from the others stands
+    quiet = logging.getLogger("absl")  # orders whose series does not converge are left out, warned
+    level = quiet.level  # once per order; the bound from the others stands
     quiet.setLevel(logging.ERROR)
     try:
         acc.compose(event)
@@ -245,17 +260,27 @@ def accountant_event(clients: int, k: int, multiplier: float, accounting: str, r
     sampling: the library's own path, which ``epsilon`` takes a shortcut through."""
     import dp_accounting as dpa
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     if accounting == "poisson":
         return rdp.RdpAccountant(), dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(min(1.0, k / clients), dpa.GaussianDpEvent(multiplier)), rounds)
-    return (rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE), dpa.SelfComposedDpEvent(
-        dpa.SampledWithoutReplacementDpEvent(clients, min(k, clients), dpa.GaussianDpEvent(multiplier / 2)), rounds))
+            dpa.PoissonSampledDpEvent(min(1.0, k / clients), dpa.GaussianDpEvent(multiplier)), rounds
+        )
+    return (
+        rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE),
+        dpa.SelfComposedDpEvent(
+            dpa.SampledWithoutReplacementDpEvent(clients, min(k, clients), dpa.GaussianDpEvent(multiplier / 2)), rounds
+        ),
+    )
 
 
 # layers whose outputs for one sample depend on the others of its batch, on running statistics
 # or on random draws: DP-SGD's per-sample gradients (one sample's forward pass) are not theirs
-_COUPLED = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.instancenorm._InstanceNorm,
-            torch.nn.RNNBase, torch.nn.modules.dropout._DropoutNd)
+_COUPLED = (
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+    torch.nn.RNNBase,
+    torch.nn.modules.dropout._DropoutNd,
+)
 
 
 def per_sample_problem(model: torch.nn.Module, x: torch.Tensor | None = None) -> str | None:
@@ -278,7 +303,7 @@ def per_sample_problem(model: torch.nn.Module, x: torch.Tensor | None = None) ->
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             first, again = model(x), model(x)
-            alone = torch.cat([model(x[i:i + 1]) for i in range(len(x))])
+            alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])
     finally:
         model.train(was)
     if not torch.equal(first, again):

@@ -19,6 +19,7 @@ faster); it is computed (a dense decomposition) up to ``GAP_MAX`` clients; beyon
 scheduler does not log it (on a 100 000-client ring the gap is ~1e-9, where Lanczos iterations
 do not converge in useful time).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,8 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
-FMMC_MAX = 3000          # clients: FMMC's dense eigen-decompositions beyond are hours
-GAP_MAX = 2000           # clients: the spectral gap by a dense decomposition up to here
+FMMC_MAX = 3000  # clients: FMMC's dense eigen-decompositions beyond are hours
+GAP_MAX = 2000  # clients: the spectral gap by a dense decomposition up to here
 
 
 class TopologyError(ValueError):
@@ -54,8 +55,10 @@ def erdos_renyi(n: int, p: float, rng: np.random.Generator, tries: int = 1000, c
         g = draw(n, p, seed=int(rng.integers(2**31)))
         if nx.is_connected(g):
             return g
-    raise TopologyError(f"erdos_renyi: no connected G({n}, {p}) in {tries} draws; raise p, or set "
-                        "topology.connect: bridge to join the components of one draw")
+    raise TopologyError(
+        f"erdos_renyi: no connected G({n}, {p}) in {tries} draws; raise p, or set "
+        "topology.connect: bridge to join the components of one draw"
+    )
 
 
 def torus(n: int) -> nx.Graph:
@@ -88,15 +91,17 @@ def from_edges(path: str | Path, n: int) -> nx.Graph:
             raise TopologyError(f"edges: {path} line {k}: {line[:40]!r} is not two client ids; {allowed}")
         i, j = int(parts[0]), int(parts[1])
         if i >= n or j >= n:
-            raise TopologyError(f"edges: {path} line {k}: client id {max(i, j)} is not one of the {n} "
-                                f"clients (data.clients); {allowed}")
+            raise TopologyError(
+                f"edges: {path} line {k}: client id {max(i, j)} is not one of the {n} clients (data.clients); {allowed}"
+            )
         if i != j:
             g.add_edge(i, j)
     return g
 
 
-def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: str | None = None,
-          connect: str = "redraw") -> nx.Graph:
+def build(
+    kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: str | None = None, connect: str = "redraw"
+) -> nx.Graph:
     if kind == "erdos_renyi":
         g = erdos_renyi(n, p, rng, connect=connect)
     elif kind == "ring":
@@ -113,8 +118,10 @@ def build(kind: str, n: int, rng: np.random.Generator, p: float = 0.5, edges: st
         raise TopologyError(f"unknown topology {kind!r}")
     if n > 1 and not nx.is_connected(g):
         what = f"edges {edges}" if kind == "edges" else kind
-        raise TopologyError(f"{what}: the graph is not connected ({nx.number_connected_components(g)} "
-                            "components); gossip could never reach consensus")
+        raise TopologyError(
+            f"{what}: the graph is not connected ({nx.number_connected_components(g)} "
+            "components); gossip could never reach consensus"
+        )
     return g
 
 
@@ -122,6 +129,7 @@ def scenario_graph(t, n: int, seed: int, key: int = 0) -> nx.Graph:
     """The graph a gossip run uses: topology config ``t`` over ``n`` clients, drawn from
     generator(seed, "topology", key) (key: the round for a graph redrawn each round, else 0)."""
     from raysim import rng
+
     return build(t.kind, n, rng.generator(seed, "topology", key), p=t.p, edges=t.edges, connect=t.connect)
 
 
@@ -160,8 +168,9 @@ def metropolis(g: nx.Graph) -> sp.csr_array:
     return from_edge_weights(n, edges, metropolis_weights(n, edges))
 
 
-def surviving(edges: np.ndarray, n: int, link_failure: float, node_failure: float,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def surviving(
+    edges: np.ndarray, n: int, link_failure: float, node_failure: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """A round of an unreliable network: each client is down with probability ``node_failure``
     (it neither trains nor mixes; its links go with it), then each link fails with probability
     ``link_failure`` (drawn for every edge of ``edges``, in their order). Returns (the working
@@ -183,12 +192,12 @@ def slem(w, counts: np.ndarray | None = None) -> float:
     n = w.shape[0]
     if counts is not None:
         pi = np.asarray(counts, dtype=np.float64)
-        if not (pi > 0).all():                      # general eigenvalues (real for a reversible chain)
+        if not (pi > 0).all():  # general eigenvalues (real for a reversible chain)
             mods = np.sort(np.abs(np.linalg.eigvals(_dense(w))))
             return float(mods[-2]) if len(mods) > 1 else 0.0
         d = np.sqrt(pi / pi.sum())
         w = sp.diags_array(d) @ sp.csr_array(w) @ sp.diags_array(1 / d)
-        w = (w + w.T) / 2                           # symmetric up to rounding
+        w = (w + w.T) / 2  # symmetric up to rounding
     if n < 2:
         return 0.0
     ev = np.sort(np.linalg.eigvalsh(_dense(w)))
@@ -201,8 +210,10 @@ def spectral_gap(w, counts: np.ndarray | None = None) -> float:
 
 def _fmmc_fits(n: int) -> None:
     if n > FMMC_MAX:
-        raise TopologyError(f"fmmc: {n} clients is beyond {FMMC_MAX} (each iteration is a dense "
-                            f"{n} x {n} eigen-decomposition); use mixing: metropolis")
+        raise TopologyError(
+            f"fmmc: {n} clients is beyond {FMMC_MAX} (each iteration is a dense "
+            f"{n} x {n} eigen-decomposition); use mixing: metropolis"
+        )
 
 
 def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> sp.csr_array:
@@ -221,16 +232,16 @@ def fmmc(g: nx.Graph, iters: int = 1000, step: float = 0.05) -> sp.csr_array:
 
     best, best_val = w_edge.copy(), math.inf
     for k in range(iters + 1):
-        vals, vecs = np.linalg.eigh(matrix(w_edge))     # one decomposition: the value and the step
+        vals, vecs = np.linalg.eigh(matrix(w_edge))  # one decomposition: the value and the step
         val = max(abs(vals[0]), abs(vals[-2]))
         if val < best_val - 1e-12:
             best, best_val = w_edge.copy(), val
         if k == iters:
             break
-        if abs(vals[-2]) >= abs(vals[0]):           # lambda_2 sets the SLEM
+        if abs(vals[-2]) >= abs(vals[0]):  # lambda_2 sets the SLEM
             u = vecs[:, -2]
-            grad = -(u[edges[:, 0]] - u[edges[:, 1]]) ** 2
-        else:                                        # lambda_n sets it
+            grad = -((u[edges[:, 0]] - u[edges[:, 1]]) ** 2)
+        else:  # lambda_n sets it
             v = vecs[:, 0]
             grad = (v[edges[:, 0]] - v[edges[:, 1]]) ** 2
         norm = np.linalg.norm(grad)
@@ -286,8 +297,10 @@ def sample_weighted(w, counts: np.ndarray) -> sp.csr_array:
         ratio = np.where(pi[i] > 0, pi[j] / pi[i], 1.0)
     v = v * np.minimum(1.0, ratio)
     diag = 1.0 - np.bincount(i, v, n)
-    return sp.csr_array((np.concatenate([v, diag]), (np.concatenate([i, np.arange(n)]),
-                                                      np.concatenate([j, np.arange(n)]))), shape=(n, n))
+    return sp.csr_array(
+        (np.concatenate([v, diag]), (np.concatenate([i, np.arange(n)]), np.concatenate([j, np.arange(n)]))),
+        shape=(n, n),
+    )
 
 
 def check_mixing(w, g: nx.Graph, tol: float = 1e-9, counts: np.ndarray | None = None) -> None:
@@ -301,6 +314,7 @@ def check_mixing(w, g: nx.Graph, tol: float = 1e-9, counts: np.ndarray | None = 
     def biggest(m) -> float:
         m = sp.csr_array(m)
         return float(np.abs(m.data).max()) if m.nnz else 0.0
+
     if counts is None and biggest(w - w.T) > tol:
         raise TopologyError("mixing matrix is not symmetric")
     if w.nnz and w.data.min() < -tol:
@@ -308,7 +322,7 @@ def check_mixing(w, g: nx.Graph, tol: float = 1e-9, counts: np.ndarray | None = 
     if not np.allclose(w.sum(axis=1), 1.0, atol=1e-8):
         raise TopologyError("mixing matrix rows do not sum to 1")
     e = edge_array(g)
-    allowed = from_edge_weights(n, e, np.ones(len(e)))         # edges both ways and the diagonal
+    allowed = from_edge_weights(n, e, np.ones(len(e)))  # edges both ways and the diagonal
     allowed.data[:] = 1.0
     outside = w - w.multiply(allowed)
     if biggest(outside) > tol:

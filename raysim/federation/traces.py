@@ -20,6 +20,7 @@ writes ``traces/devices.csv`` (``systems.device_trace``) and ``traces/windows.cs
 period FedScale replays its trace with) for raysim's clients 0..N−1, taken from the traces'
 clients in ascending id order.
 """
+
 from __future__ import annotations
 
 import csv
@@ -33,15 +34,35 @@ from pathlib import Path
 
 from raysim.federation.fleet import TraceError
 
-_MAX_NODES = 100_000_000      # values in one built object, each shared reference counted in full
-_MAX_DEPTH = 32               # containers inside containers (FedScale's traces nest 3 deep)
+_MAX_NODES = 100_000_000  # values in one built object, each shared reference counted in full
+_MAX_DEPTH = 32  # containers inside containers (FedScale's traces nest 3 deep)
 _HASH_MODULUS = sys.hash_info.modulus
 _KEY_TYPES = frozenset({str, int, float, bool, type(None), bytes})
 _CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
 _CHANGEABLE = frozenset({dict, list, set})
-_SCALAR_OPS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-                         "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING",
-                         "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"})
+_SCALAR_OPS = frozenset(
+    {
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "FLOAT",
+        "BINFLOAT",
+        "UNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE",
+        "BINUNICODE8",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+    }
+)
 _GROW = {"APPEND": list, "APPENDS": list, "SETITEM": dict, "SETITEMS": dict, "ADDITEMS": set}
 
 
@@ -66,10 +87,10 @@ def literal(path: str | Path) -> object:
     except OSError as e:
         raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
     stack: list = []
-    marks: list[list] = []                 # the stacks below each MARK
+    marks: list[list] = []  # the stacks below each MARK
     memo: dict = {}
-    made: dict[int, list] = {}             # id of a container holding containers: [values, depth, container]
-    changeable: set[int] = set()           # ids of the dicts, lists and sets not yet put inside another
+    made: dict[int, list] = {}  # id of a container holding containers: [values, depth, container]
+    changeable: set[int] = set()  # ids of the dicts, lists and sets not yet put inside another
     name, pos = "the first opcode", 0
 
     def at() -> str:
@@ -105,8 +126,10 @@ def literal(path: str | Path) -> object:
         if type(target) is not kind:
             raise TraceError(f"{at()} adds to a {type(target).__name__}; it adds only to a {kind.__name__}")
         if id(target) not in changeable:
-            raise TraceError(f"{at()} changes a {kind.__name__} already inside another container "
-                             f"(a cycle, or a shared value changed after it was used)")
+            raise TraceError(
+                f"{at()} changes a {kind.__name__} already inside another container "
+                f"(a cycle, or a shared value changed after it was used)"
+            )
         pairs = _pairs(items, at) if kind is dict else _keys(items, at) if kind is set else None
         _count(made, changeable, target, items, at, fresh=False)
         if id(target) not in changeable:
@@ -142,8 +165,9 @@ def literal(path: str | Path) -> object:
                 continue
             elif name == "STOP":
                 if marks or len(stack) != 1:
-                    raise TraceError(f"{at()}: a malformed pickle ({len(stack)} values and {len(marks)} marks "
-                                     f"left at the end)")
+                    raise TraceError(
+                        f"{at()}: a malformed pickle ({len(stack)} values and {len(marks)} marks left at the end)"
+                    )
                 return stack[0]
             elif name == "EMPTY_TUPLE":
                 build((), ())
@@ -175,18 +199,22 @@ def literal(path: str | Path) -> object:
             elif name == "DUP":
                 stack.append(stack[-1])
             else:
-                raise TraceError(f"{path}: opcode {name} at byte {pos} is not plain data (it would import, call "
-                                 f"or build an object); raysim reads only dicts, lists, numbers and strings "
-                                 f"from a pickle")
+                raise TraceError(
+                    f"{path}: opcode {name} at byte {pos} is not plain data (it would import, call "
+                    f"or build an object); raysim reads only dicts, lists, numbers and strings "
+                    f"from a pickle"
+                )
     except IndexError:
         raise TraceError(f"{at()}: a malformed pickle (too few values on the stack)") from None
     except KeyError:
         raise TraceError(f"{at()}: a malformed pickle (it reads a memo entry never stored)") from None
-    except ValueError as e:                # pickletools' own messages quote the file's bytes: not repeated
+    except ValueError as e:  # pickletools' own messages quote the file's bytes: not repeated
         if isinstance(e, TraceError):
             raise
-        raise TraceError(f"{path}: not a readable pickle (an opcode or its argument after byte {pos} is "
-                         f"unknown, malformed or cut short)") from None
+        raise TraceError(
+            f"{path}: not a readable pickle (an opcode or its argument after byte {pos} is "
+            f"unknown, malformed or cut short)"
+        ) from None
     raise TraceError(f"{path}: a malformed pickle (no STOP)")
 
 
@@ -210,13 +238,15 @@ def _count(made: dict, changeable: set, container, items, at, fresh: bool) -> No
     record = made.get(id(container))
     if record is None:
         record = [1 if fresh else 1 + (2 if type(container) is dict else 1) * len(container), 1, container]
-        if depth:                          # (one holding only scalars has none)
+        if depth:  # (one holding only scalars has none)
             made[id(container)] = record
     record[0] += values
     record[1] = max(record[1], depth + 1)
     if record[0] > _MAX_NODES:
-        raise TraceError(f"{at()} builds a {type(container).__name__} of more than {_MAX_NODES:,} values "
-                         f"(each shared reference counted in full); a FedScale trace holds a few million")
+        raise TraceError(
+            f"{at()} builds a {type(container).__name__} of more than {_MAX_NODES:,} values "
+            f"(each shared reference counted in full); a FedScale trace holds a few million"
+        )
     if record[1] > _MAX_DEPTH:
         raise TraceError(f"{at()} nests containers more than {_MAX_DEPTH} deep (a FedScale trace nests 3)")
 
@@ -235,8 +265,10 @@ def _keys(keys: list, at) -> list:
     for k in keys:
         kind = type(k)
         if kind not in _KEY_TYPES:
-            raise TraceError(f"{at()}: a dict key or set item is a {kind.__name__}; only str, int, float, bool, "
-                             f"None or bytes are read")
+            raise TraceError(
+                f"{at()}: a dict key or set item is a {kind.__name__}; only str, int, float, bool, "
+                f"None or bytes are read"
+            )
         if kind is int and not -_HASH_MODULUS < k < _HASH_MODULUS:
             raise TraceError(f"{at()}: an int dict key or set item beyond ±2^61 (a client id is far smaller)")
     return keys
@@ -270,8 +302,9 @@ def _number(path, key, what: str, value) -> float:
     try:
         v = float(value)
     except OverflowError:
-        raise TraceError(f"{path}: client {_show(key)}: {what}: {_show(value)} is too large for a number of "
-                         f"seconds or a rate") from None
+        raise TraceError(
+            f"{path}: client {_show(key)}: {what}: {_show(value)} is too large for a number of seconds or a rate"
+        ) from None
     if not math.isfinite(v):
         raise TraceError(f"{path}: client {_show(key)}: {what}: {_show(value)} is not a finite number")
     return v
@@ -306,14 +339,17 @@ def device_rows(src: str | Path, clients: int) -> Iterator[list]:
     yield ["client", "speed", "down_mbps", "up_mbps", "latency_s"]
     for cid, key, rec in _records(src, clients):
         if not isinstance(rec, dict) or "computation" not in rec or "communication" not in rec:
-            raise TraceError(f"{src}: client {_show(key)}: expected {{'computation': ms, 'communication': kbit/s}}, "
-                             f"got {_show(rec)}")
+            raise TraceError(
+                f"{src}: client {_show(key)}: expected {{'computation': ms, 'communication': kbit/s}}, got {_show(rec)}"
+            )
         comp = _number(src, key, "computation", rec["computation"])
         comm = _number(src, key, "communication", rec["communication"])
         speed, mbps = 1000.0 / (3.0 * comp) if comp > 0 else 0.0, comm / 1000.0
         if not (0 < speed < math.inf and 0 < mbps < math.inf):
-            raise TraceError(f"{src}: client {_show(key)}: computation {comp:g} ms and communication {comm:g} kbit/s "
-                             f"give {speed:g} samples/s and {mbps:g} Mbit/s; both must be finite and above 0")
+            raise TraceError(
+                f"{src}: client {_show(key)}: computation {comp:g} ms and communication {comm:g} kbit/s "
+                f"give {speed:g} samples/s and {mbps:g} Mbit/s; both must be finite and above 0"
+            )
         yield [cid, repr(speed), repr(mbps), repr(mbps), 0]
 
 
@@ -328,8 +364,10 @@ def window_rows(src: str | Path, clients: int, own_period: bool = True) -> Itera
     yield ["client", "start_s", "end_s"] + (["period_s"] if own_period else [])
     for cid, key, rec in _records(src, clients):
         if not isinstance(rec, dict) or "active" not in rec or "inactive" not in rec:
-            raise TraceError(f"{src}: client {_show(key)}: expected {{'active': [s, ...], 'inactive': [s, ...], "
-                             f"'finish_time': s}}, got {_show(rec)}")
+            raise TraceError(
+                f"{src}: client {_show(key)}: expected {{'active': [s, ...], 'inactive': [s, ...], "
+                f"'finish_time': s}}, got {_show(rec)}"
+            )
         active, inactive = _times(src, key, "active", rec["active"]), _times(src, key, "inactive", rec["inactive"])
         if "finish_time" in rec:
             finish = _number(src, key, "finish_time", rec["finish_time"])
@@ -374,7 +412,7 @@ def write_tables(folder: str | Path, tables: dict[str, Iterable[list]]) -> dict[
             parts.append((part, target))
             with open(part, "w", newline="") as f:
                 w = csv.writer(f)
-                counts[target] = -1              # (the header)
+                counts[target] = -1  # (the header)
                 for row in rows:
                     w.writerow(row)
                     counts[target] += 1

@@ -7,6 +7,7 @@ and the plugins' (entry point group ``raysim.models``).
 
 May import ``raysim.core`` and the foundation modules (``raysim.plugins``, ``raysim.errors``).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,14 +29,21 @@ INITS = ("default", "xavier_normal")
 class ModelParams:
     """Options every model has."""
 
-    head: int | tuple[str, ...] | None = field(default=None, kw_only=True, metadata={
-        "help": "the classifier head (the group personalized methods keep or share): a number of trailing "
-                "layers with parameters, or layer/parameter names (default: the model's own, its last layer)"})
+    head: int | tuple[str, ...] | None = field(
+        default=None,
+        kw_only=True,
+        metadata={
+            "help": "the classifier head (the group personalized methods keep or share): a number of trailing "
+            "layers with parameters, or layer/parameter names (default: the model's own, its last layer)"
+        },
+    )
 
 
 def _init_field():
-    return field(default="default", metadata={
-        "choices": INITS, "help": "default: PyTorch's; xavier_normal: Glorot-normal weights (FedSoft's)"})
+    return field(
+        default="default",
+        metadata={"choices": INITS, "help": "default: PyTorch's; xavier_normal: Glorot-normal weights (FedSoft's)"},
+    )
 
 
 @dataclass(frozen=True)
@@ -49,16 +57,25 @@ class MLPParams(ModelParams):
     hidden: tuple[int, ...] = field(default=(200, 200), metadata={"min": 1, "help": "hidden layer widths"})
     bias: bool = field(default=True, metadata={"help": "false: bias-free layers"})
     init: str = _init_field()
-    norm: str = field(default="none", metadata={"choices": ("none", "batch"), "help": (
-        "normalization after each hidden linear layer: none, or batch (BatchNorm1d before the ReLU, "
-        "its running statistics client state like the weights; FedBN's digits model has one after each layer)")})
+    norm: str = field(
+        default="none",
+        metadata={
+            "choices": ("none", "batch"),
+            "help": (
+                "normalization after each hidden linear layer: none, or batch (BatchNorm1d before the ReLU, "
+                "its running statistics client state like the weights; FedBN's digits model has one after each layer)"
+            ),
+        },
+    )
 
 
 @dataclass(frozen=True)
 class TwoNNParams(ModelParams):
     bias: bool = field(default=False, metadata={"help": "true: layers with biases (SuPerFed's have none)"})
-    init: str = field(default="xavier_normal", metadata={
-        "choices": INITS, "help": "xavier_normal: SuPerFed's official init; default: PyTorch's"})
+    init: str = field(
+        default="xavier_normal",
+        metadata={"choices": INITS, "help": "xavier_normal: SuPerFed's official init; default: PyTorch's"},
+    )
 
 
 def _initialized(model: nn.Module, how: str) -> nn.Module:
@@ -114,25 +131,41 @@ def twocnn(params: TwoNNParams, input_shape: tuple[int, ...], classes: int) -> n
     Default head: the three linear layers (``7``, ``9``, ``11``), the official code's
     ``classifier``, which its FedPer, FedRep and LG-FedAvg baselines personalize."""
     if len(input_shape) != 3 or min(input_shape[1:]) < 8:
-        raise ValueError(f"twocnn needs C x H x W images of at least 8x8 (e.g. 28x28 or 32x32), "
-                         f"the dataset gives {tuple(input_shape)}")
+        raise ValueError(
+            f"twocnn needs C x H x W images of at least 8x8 (e.g. 28x28 or 32x32), "
+            f"the dataset gives {tuple(input_shape)}"
+        )
     c, h, w = input_shape
-    for _ in range(2):                   # conv5x5 padding 1 (-2), then maxpool 2 padding 1
+    for _ in range(2):  # conv5x5 padding 1 (-2), then maxpool 2 padding 1
         h, w = (h - 2) // 2 + 1, (w - 2) // 2 + 1
     b = params.bias
-    model = _initialized(nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1),
-        nn.Conv2d(32, 64, 5, padding=1, bias=b), nn.ReLU(), nn.MaxPool2d(2, padding=1), nn.Flatten(),
-        nn.Linear(64 * h * w, 200, bias=b), nn.ReLU(), nn.Linear(200, 200, bias=b), nn.ReLU(),
-        nn.Linear(200, classes, bias=b)), params.init)
+    model = _initialized(
+        nn.Sequential(
+            nn.Conv2d(c, 32, 5, padding=1, bias=b),
+            nn.ReLU(),
+            nn.MaxPool2d(2, padding=1),
+            nn.Conv2d(32, 64, 5, padding=1, bias=b),
+            nn.ReLU(),
+            nn.MaxPool2d(2, padding=1),
+            nn.Flatten(),
+            nn.Linear(64 * h * w, 200, bias=b),
+            nn.ReLU(),
+            nn.Linear(200, 200, bias=b),
+            nn.ReLU(),
+            nn.Linear(200, classes, bias=b),
+        ),
+        params.init,
+    )
     object.__setattr__(model, "raysim_head", ("7", "9", "11"))
     return model
 
 
 @dataclass(frozen=True)
 class SimpleCNNParams(ModelParams):
-    init: str = field(default="xavier_normal", metadata={
-        "choices": INITS, "help": "xavier_normal: the authors' init; default: PyTorch's"})
+    init: str = field(
+        default="xavier_normal",
+        metadata={"choices": INITS, "help": "xavier_normal: the authors' init; default: PyTorch's"},
+    )
 
 
 def simplecnn(params: SimpleCNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -145,11 +178,24 @@ def simplecnn(params: SimpleCNNParams, input_shape: tuple[int, ...], classes: in
     c, h, w = input_shape
     for k, pad in ((5, 0), (5, 1), (3, 1)):
         h, w = (h + 2 * pad - k + 1) // 2, (w + 2 * pad - k + 1) // 2
-    return _initialized(nn.Sequential(
-        nn.Conv2d(c, 16, 5), nn.LeakyReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 5, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(64 * h * w, 128), nn.LeakyReLU(), nn.Linear(128, classes)), params.init)
+    return _initialized(
+        nn.Sequential(
+            nn.Conv2d(c, 16, 5),
+            nn.LeakyReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=1),
+            nn.LeakyReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.LeakyReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * h * w, 128),
+            nn.LeakyReLU(),
+            nn.Linear(128, classes),
+        ),
+        params.init,
+    )
 
 
 def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -157,9 +203,17 @@ def femnist_cnn(params: CNNParams, input_shape: tuple[int, ...], classes: int) -
     if tuple(input_shape) != (1, 28, 28):
         raise ValueError(f"femnist_cnn needs 1x28x28 inputs, the dataset gives {tuple(input_shape)}")
     return nn.Sequential(
-        nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(64 * 4 * 4, 2048), nn.ReLU(), nn.Linear(2048, classes))
+        nn.Conv2d(1, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 4, 2048),
+        nn.ReLU(),
+        nn.Linear(2048, classes),
+    )
 
 
 @dataclass(frozen=True)
@@ -174,7 +228,9 @@ class LSTMParams(ModelParams):
 class LSTMClassifierParams(LSTMParams):
     embed: int = field(default=100, metadata={"min": 1, "help": "word embedding width (LEAF: 100 without GloVe)"})
     hidden: int = field(default=100, metadata={"min": 1, "help": "LSTM hidden units per layer"})
-    dense: int = field(default=128, metadata={"min": 0, "help": "width of the linear layer before the output (0: none)"})
+    dense: int = field(
+        default=128, metadata={"min": 0, "help": "width of the linear layer before the output (0: none)"}
+    )
 
 
 class TokenLSTM(nn.Module):
@@ -216,17 +272,28 @@ def lstm_classifier(params: LSTMClassifierParams, input_shape: tuple[int, ...], 
 
 @dataclass(frozen=True)
 class TorchvisionParams(ModelParams):
-    weights: str = field(default="", metadata={
-        "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"})
-    norm: str = field(default="group", metadata={
-        "choices": ("group", "batch"),
-        "help": "normalization layers: group (GroupNorm, no running statistics: the usual FL choice after Hsieh "
-                "et al. 2020) or batch (batch norm, its running statistics client state like the weights)"})
-    groups: int = field(default=2, metadata={"min": 1, "help": "GroupNorm groups (a layer with fewer channels uses their gcd)"})
+    weights: str = field(
+        default="",
+        metadata={
+            "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"
+        },
+    )
+    norm: str = field(
+        default="group",
+        metadata={
+            "choices": ("group", "batch"),
+            "help": "normalization layers: group (GroupNorm, no running statistics: the usual FL choice after Hsieh "
+            "et al. 2020) or batch (batch norm, its running statistics client state like the weights)",
+        },
+    )
+    groups: int = field(
+        default=2, metadata={"min": 1, "help": "GroupNorm groups (a layer with fewer channels uses their gcd)"}
+    )
 
 
 def _torchvision(builder: str, params: TorchvisionParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
     import torchvision
+
     if len(input_shape) != 3 or input_shape[0] != 3:
         raise ValueError(f"{builder} needs 3 x H x W images, the dataset gives {tuple(input_shape)}")
     norm = BatchNorm2d if params.norm == "batch" else _group_norm(params.groups)
@@ -244,21 +311,32 @@ def resnet18(params: TorchvisionParams, input_shape: tuple[int, ...], classes: i
     return _torchvision("resnet18", params, input_shape, classes)
 
 
-_NORM_HELP = {"batch": "batch norm whose running statistics are client state (sent, averaged or kept local, "
-                        "checkpointed)",
-              "batch_stateless": "batch norm with the batch's statistics in evaluation too (SuPerFed's official code)",
-              "group": "GroupNorm", "none": "no normalization"}
+_NORM_HELP = {
+    "batch": "batch norm whose running statistics are client state (sent, averaged or kept local, checkpointed)",
+    "batch_stateless": "batch norm with the batch's statistics in evaluation too (SuPerFed's official code)",
+    "group": "GroupNorm",
+    "none": "no normalization",
+}
 
 
 def _norm_field(default: str, choices: tuple[str, ...], why: str):
-    return field(default=default, metadata={"choices": choices, "help": (
-        f"normalization after each convolution (default {default}: {why}); "
-        + "; ".join(f"{c}: {_NORM_HELP[c]}" for c in choices))})
+    return field(
+        default=default,
+        metadata={
+            "choices": choices,
+            "help": (
+                f"normalization after each convolution (default {default}: {why}); "
+                + "; ".join(f"{c}: {_NORM_HELP[c]}" for c in choices)
+            ),
+        },
+    )
 
 
 def _groups_field():
-    return field(default=2, metadata={"min": 1, "help": "GroupNorm groups with norm: group (a layer with "
-                                                       "fewer channels uses their gcd)"})
+    return field(
+        default=2,
+        metadata={"min": 1, "help": "GroupNorm groups with norm: group (a layer with fewer channels uses their gcd)"},
+    )
 
 
 @dataclass(frozen=True)
@@ -275,29 +353,56 @@ class ResNet9Params(ModelParams):
 
 @dataclass(frozen=True)
 class MobileNetParams(ResNet9Params):
-    padding: int = field(default=0, metadata={"choices": (0, 1), "help": (
-        "padding of the depthwise 3x3 convolutions: 0 (the official code's) needs images of at least "
-        "33x33 (Tiny-ImageNet's 64x64); 1 fits 28x28 and 32x32 images")})
+    padding: int = field(
+        default=0,
+        metadata={
+            "choices": (0, 1),
+            "help": (
+                "padding of the depthwise 3x3 convolutions: 0 (the official code's) needs images of at least "
+                "33x33 (Tiny-ImageNet's 64x64); 1 fits 28x28 and 32x32 images"
+            ),
+        },
+    )
 
 
 @dataclass(frozen=True)
 class FedSoftCNNParams(ModelParams):
     norm: str = _norm_field("none", ("none", "batch", "group"), "the official code's CNN has none")
     groups: int = _groups_field()
-    init: str = field(default="fedsoft", metadata={"choices": ("fedsoft", "default"), "help": (
-        "fedsoft: the official code's (Kaiming-uniform convolution, Xavier-normal linear weights); "
-        "default: PyTorch's")})
+    init: str = field(
+        default="fedsoft",
+        metadata={
+            "choices": ("fedsoft", "default"),
+            "help": (
+                "fedsoft: the official code's (Kaiming-uniform convolution, Xavier-normal linear weights); "
+                "default: PyTorch's"
+            ),
+        },
+    )
 
 
 @dataclass(frozen=True)
 class SqueezeNetParams(ModelParams):
-    version: str = field(default="1_1", metadata={"choices": ("1_1", "1_0"), "help": "torchvision's SqueezeNet version"})
-    classifier: str = field(default="linear", metadata={"choices": ("linear", "conv"), "help": (
-        "linear: pooled features -> fc to the classes (a linear head, as simplex heads need); conv: "
-        "torchvision's 1x1 convolution -> ReLU -> pool")})
+    version: str = field(
+        default="1_1", metadata={"choices": ("1_1", "1_0"), "help": "torchvision's SqueezeNet version"}
+    )
+    classifier: str = field(
+        default="linear",
+        metadata={
+            "choices": ("linear", "conv"),
+            "help": (
+                "linear: pooled features -> fc to the classes (a linear head, as simplex heads need); conv: "
+                "torchvision's 1x1 convolution -> ReLU -> pool"
+            ),
+        },
+    )
     dropout: float = field(default=0.5, metadata={"min": 0.0, "lt": 1.0, "help": "dropout before the classifier"})
-    weights: str = field(default="", metadata={
-        "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"})
+    weights: str = field(
+        default="",
+        metadata={
+            "help": "a local state-dict file (e.g. torchvision's ImageNet weights), loaded with weights_only; empty: random init"
+        },
+    )
 
 
 def vgg9(params: VGG9Params, input_shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -322,8 +427,7 @@ def fedsoft_cnn(params: FedSoftCNNParams, input_shape: tuple[int, ...], classes:
 
 def squeezenet(params: SqueezeNetParams, input_shape: tuple[int, ...], classes: int) -> nn.Module:
     """torchvision's SqueezeNet as SosicFL uses it (``raysim.models.vision.squeezenet``)."""
-    return vision.squeezenet(input_shape, classes, params.version, params.classifier, params.dropout,
-                             params.weights)
+    return vision.squeezenet(input_shape, classes, params.version, params.classifier, params.dropout, params.weights)
 
 
 @dataclass(frozen=True)
@@ -337,10 +441,10 @@ class ModelSpec:
     run's initial weights, so it must draw them from torch's global generator."""
 
     name: str
-    summary: str                  # one line for `raysim list`
+    summary: str  # one line for `raysim list`
     Params: type
     build: Callable[..., nn.Module]
-    inputs: str = "features"      # the FederatedSource.input_kind it takes
+    inputs: str = "features"  # the FederatedSource.input_kind it takes
 
 
 def spec(name: str) -> ModelSpec:
@@ -368,33 +472,82 @@ def build(name: str, params, source) -> nn.Module:
 
 
 MODELS: dict[str, ModelSpec] = {
-    s.name: s for s in (
+    s.name: s
+    for s in (
         ModelSpec("linear", "multinomial logistic regression (flatten -> linear)", LinearParams, linear),
         ModelSpec("mlp", "fully connected ReLU network (hidden widths configurable)", MLPParams, mlp),
         ModelSpec("twonn", "SuPerFed's TwoNN: 3 hidden layers of 200, bias-free, Xavier init", TwoNNParams, twonn),
-        ModelSpec("twocnn", "SuPerFed's TwoCNN: 2 conv5x5 + pool, fc 200-200, bias-free (Cx28x28 or Cx32x32 inputs)",
-                  TwoNNParams, twocnn),
-        ModelSpec("simplecnn", "SosicFL's/Floco's SimpleCNN: 3 conv + pool, fc 128 (CxHxW images, e.g. 32x32 or 28x28)",
-                  SimpleCNNParams, simplecnn),
-        ModelSpec("femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)",
-                  CNNParams, femnist_cnn),
-        ModelSpec("vgg9", "SuPerFed's VGG-9: 6 conv3x3 (16-512), 4 pools, fc 256, no norm (CxHxW images, the "
-                  "paper's 1x28x28)", VGG9Params, vgg9),
-        ModelSpec("resnet9", "SuPerFed's ResNet-9: 4 basic blocks (64-512), fc 256, batch norm (CxHxW images, the "
-                  "paper's 3x28x28)", ResNet9Params, resnet9),
-        ModelSpec("mobilenet", "SuPerFed's MobileNet: 4 depthwise-separable blocks (32-512), fc 256, batch norm "
-                  "(CxHxW images of at least 33x33, the paper's 3x64x64)", MobileNetParams, mobilenet),
-        ModelSpec("fedsoft_cnn", "FedSoft's CIFAR-10 CNN: 6 conv3x3 (32-256), 3 pools, fc 1024-512 (CxHxW images, "
-                  "the paper's 3x32x32)", FedSoftCNNParams, fedsoft_cnn),
-        ModelSpec("squeezenet", "SosicFL's SqueezeNet: torchvision's squeezenet1_1, linear classifier; weights from "
-                  "a local file (3xHxW images, the paper's CIFAR-10 3x32x32)", SqueezeNetParams, squeezenet),
-        ModelSpec("mobilenet_v2", "torchvision's MobileNetV2 (FedEM's CIFAR model), GroupNorm; weights from a local "
-                  "file", TorchvisionParams, mobilenet_v2),
-        ModelSpec("resnet18", "torchvision's ResNet-18, GroupNorm; weights from a local file", TorchvisionParams, resnet18),
-        ModelSpec("next_char_lstm", "LEAF/FedEM stacked LSTM: embed 8, 2 x LSTM 256, linear to the vocabulary "
-                  "(character windows: shakespeare, leaf_shakespeare)", LSTMParams, next_char_lstm, "tokens"),
-        ModelSpec("lstm_classifier", "LEAF's Sent140 LSTM: embed 100, 2 x LSTM 100, linear 128, classes "
-                  "(word ids: leaf_sent140)", LSTMClassifierParams, lstm_classifier, "tokens"),
+        ModelSpec(
+            "twocnn",
+            "SuPerFed's TwoCNN: 2 conv5x5 + pool, fc 200-200, bias-free (Cx28x28 or Cx32x32 inputs)",
+            TwoNNParams,
+            twocnn,
+        ),
+        ModelSpec(
+            "simplecnn",
+            "SosicFL's/Floco's SimpleCNN: 3 conv + pool, fc 128 (CxHxW images, e.g. 32x32 or 28x28)",
+            SimpleCNNParams,
+            simplecnn,
+        ),
+        ModelSpec(
+            "femnist_cnn", "LEAF/FedEM FEMNIST CNN: 2 conv5x5 + pool, fc 2048 (1x28x28 inputs)", CNNParams, femnist_cnn
+        ),
+        ModelSpec(
+            "vgg9",
+            "SuPerFed's VGG-9: 6 conv3x3 (16-512), 4 pools, fc 256, no norm (CxHxW images, the paper's 1x28x28)",
+            VGG9Params,
+            vgg9,
+        ),
+        ModelSpec(
+            "resnet9",
+            "SuPerFed's ResNet-9: 4 basic blocks (64-512), fc 256, batch norm (CxHxW images, the paper's 3x28x28)",
+            ResNet9Params,
+            resnet9,
+        ),
+        ModelSpec(
+            "mobilenet",
+            "SuPerFed's MobileNet: 4 depthwise-separable blocks (32-512), fc 256, batch norm "
+            "(CxHxW images of at least 33x33, the paper's 3x64x64)",
+            MobileNetParams,
+            mobilenet,
+        ),
+        ModelSpec(
+            "fedsoft_cnn",
+            "FedSoft's CIFAR-10 CNN: 6 conv3x3 (32-256), 3 pools, fc 1024-512 (CxHxW images, the paper's 3x32x32)",
+            FedSoftCNNParams,
+            fedsoft_cnn,
+        ),
+        ModelSpec(
+            "squeezenet",
+            "SosicFL's SqueezeNet: torchvision's squeezenet1_1, linear classifier; weights from "
+            "a local file (3xHxW images, the paper's CIFAR-10 3x32x32)",
+            SqueezeNetParams,
+            squeezenet,
+        ),
+        ModelSpec(
+            "mobilenet_v2",
+            "torchvision's MobileNetV2 (FedEM's CIFAR model), GroupNorm; weights from a local file",
+            TorchvisionParams,
+            mobilenet_v2,
+        ),
+        ModelSpec(
+            "resnet18", "torchvision's ResNet-18, GroupNorm; weights from a local file", TorchvisionParams, resnet18
+        ),
+        ModelSpec(
+            "next_char_lstm",
+            "LEAF/FedEM stacked LSTM: embed 8, 2 x LSTM 256, linear to the vocabulary "
+            "(character windows: shakespeare, leaf_shakespeare)",
+            LSTMParams,
+            next_char_lstm,
+            "tokens",
+        ),
+        ModelSpec(
+            "lstm_classifier",
+            "LEAF's Sent140 LSTM: embed 100, 2 x LSTM 100, linear 128, classes (word ids: leaf_sent140)",
+            LSTMClassifierParams,
+            lstm_classifier,
+            "tokens",
+        ),
     )
 }
 

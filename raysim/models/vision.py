@@ -26,6 +26,7 @@ Normalization (``norm``):
 The SuPerFed models are bias-free, with Xavier-normal convolution and linear weights and
 normalization weights 1, biases 0, as the official code builds them.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,6 +63,7 @@ def load_weights(model: nn.Module, path: str, name: str) -> nn.Module:
     model's (a classifier for another number of classes, and batch-norm running statistics,
     are left out); ValueError when the file cannot be read or nothing matches."""
     import pickle
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
@@ -71,7 +73,9 @@ def load_weights(model: nn.Module, path: str, name: str) -> nn.Module:
     own = model.state_dict()
     matched = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape)}
     if not matched:
-        raise ValueError(f"{name}: no tensor of {path} matches the model's names and shapes; is it a {name} state dict?")
+        raise ValueError(
+            f"{name}: no tensor of {path} matches the model's names and shapes; is it a {name} state dict?"
+        )
     model.load_state_dict(matched, strict=False)
     return model
 
@@ -87,16 +91,29 @@ def _xavier(model: nn.Module) -> nn.Module:
 
 def _image(name: str, input_shape: tuple[int, ...], min_side: int) -> tuple[int, int, int]:
     if len(input_shape) != 3 or min(input_shape[1:]) < min_side:
-        raise ValueError(f"{name} needs C x H x W images of at least {min_side}x{min_side}, "
-                         f"the dataset gives {tuple(input_shape)}")
+        raise ValueError(
+            f"{name} needs C x H x W images of at least {min_side}x{min_side}, the dataset gives {tuple(input_shape)}"
+        )
     return tuple(int(s) for s in input_shape)
 
 
-def _conv_norm_relu(name: str, cin: int, cout: int, norm: str, groups: int, *, k: int = 3, stride: int = 1,
-                    padding: int = 1, depthwise: bool = False, bias: bool = False) -> list[tuple[str, nn.Module]]:
+def _conv_norm_relu(
+    name: str,
+    cin: int,
+    cout: int,
+    norm: str,
+    groups: int,
+    *,
+    k: int = 3,
+    stride: int = 1,
+    padding: int = 1,
+    depthwise: bool = False,
+    bias: bool = False,
+) -> list[tuple[str, nn.Module]]:
     """[conv<name>, norm<name> (left out for ``none``), relu<name>]."""
-    out: list[tuple[str, nn.Module]] = [(f"conv{name}", nn.Conv2d(cin, cout, k, stride, padding, bias=bias,
-                                                                  groups=cin if depthwise else 1))]
+    out: list[tuple[str, nn.Module]] = [
+        (f"conv{name}", nn.Conv2d(cin, cout, k, stride, padding, bias=bias, groups=cin if depthwise else 1))
+    ]
     if norm != "none":
         out.append((f"norm{name}", norm2d(norm, cout, groups)))
     out.append((f"relu{name}", nn.ReLU()))
@@ -107,8 +124,12 @@ def _superfed_classifier(width: int, classes: int, pool: bool) -> nn.Sequential:
     """SuPerFed's two-layer classifier (its personalized head): [global average pool] ->
     flatten -> fc1 (width -> 256) -> ReLU -> fc2 (256 -> classes), bias-free."""
     parts: list[tuple[str, nn.Module]] = [("pool", nn.AdaptiveAvgPool2d(1))] if pool else []
-    parts += [("flatten", nn.Flatten()), ("fc1", nn.Linear(width, 256, bias=False)), ("relu", nn.ReLU()),
-              ("fc2", nn.Linear(256, classes, bias=False))]
+    parts += [
+        ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(width, 256, bias=False)),
+        ("relu", nn.ReLU()),
+        ("fc2", nn.Linear(256, classes, bias=False)),
+    ]
     return nn.Sequential(OrderedDict(parts))
 
 
@@ -143,8 +164,12 @@ def vgg9(input_shape: tuple[int, ...], classes: int, norm: str = "none", groups:
             parts.append((f"pool{pools}", nn.MaxPool2d(2, 2)))
             h, w = h // 2, w // 2
         cin = cout
-    model = nn.Sequential(OrderedDict(features=nn.Sequential(OrderedDict(parts)),
-                                      classifier=_superfed_classifier(512 * h * w, classes, pool=False)))
+    model = nn.Sequential(
+        OrderedDict(
+            features=nn.Sequential(OrderedDict(parts)),
+            classifier=_superfed_classifier(512 * h * w, classes, pool=False),
+        )
+    )
     return _with_head(_xavier(model), ("classifier",))
 
 
@@ -158,9 +183,13 @@ class BasicBlock(nn.Module):
         self.norm1 = norm2d(norm, cout, groups)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.norm2 = norm2d(norm, cout, groups)
-        self.downsample = (nn.Sequential(OrderedDict(conv=nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                                     norm=norm2d(norm, cout, groups)))
-                           if stride != 1 or cin != cout else None)
+        self.downsample = (
+            nn.Sequential(
+                OrderedDict(conv=nn.Conv2d(cin, cout, 1, stride, bias=False), norm=norm2d(norm, cout, groups))
+            )
+            if stride != 1 or cin != cout
+            else None
+        )
 
     def forward(self, x):
         out = self.norm2(self.conv2(torch.relu(self.norm1(self.conv1(x)))))
@@ -182,16 +211,23 @@ def resnet9(input_shape: tuple[int, ...], classes: int, norm: str = "batch", gro
     Default head: ``classifier`` (fc1 and fc2), the official code's personalized head."""
     c, _, _ = _image("resnet9", input_shape, 1)
     stem = nn.Sequential(OrderedDict(_conv_norm_relu("", c, 64, norm, groups, stride=2)))
-    features = nn.Sequential(OrderedDict(
-        stem=stem, pool=nn.MaxPool2d(3, 2, 1),
-        layer1=BasicBlock(64, 64, 1, norm, groups), layer2=BasicBlock(64, 128, 1, norm, groups),
-        layer3=BasicBlock(128, 256, 2, norm, groups), layer4=BasicBlock(256, 512, 2, norm, groups)))
+    features = nn.Sequential(
+        OrderedDict(
+            stem=stem,
+            pool=nn.MaxPool2d(3, 2, 1),
+            layer1=BasicBlock(64, 64, 1, norm, groups),
+            layer2=BasicBlock(64, 128, 1, norm, groups),
+            layer3=BasicBlock(128, 256, 2, norm, groups),
+            layer4=BasicBlock(256, 512, 2, norm, groups),
+        )
+    )
     model = nn.Sequential(OrderedDict(features=features, classifier=_superfed_classifier(512, classes, pool=True)))
     return _with_head(_xavier(model), ("classifier",))
 
 
-def mobilenet(input_shape: tuple[int, ...], classes: int, norm: str = "batch", groups: int = 2,
-              padding: int = 0) -> nn.Module:
+def mobilenet(
+    input_shape: tuple[int, ...], classes: int, norm: str = "batch", groups: int = 2, padding: int = 0
+) -> nn.Module:
     """SuPerFed's MobileNet (its Tiny-ImageNet model, a small MobileNet v1): stem conv3x3·32
     stride 2 (padding 1) -> norm -> ReLU; four depthwise-separable blocks 32 -> 64 (stride 1),
     -> 128 (stride 2), -> 256 (stride 2), -> 512 (stride 1), each a depthwise conv3x3 (padding
@@ -208,26 +244,34 @@ def mobilenet(input_shape: tuple[int, ...], classes: int, norm: str = "batch", g
     Default head: ``classifier`` (fc1 and fc2), the official code's personalized head."""
     c, h, w = _image("mobilenet", input_shape, 1)
     size = min(h, w)
-    size = (size - 1) // 2 + 1                                 # the stem
+    size = (size - 1) // 2 + 1  # the stem
     for stride in (1, 2, 2, 1):
         size = (size + 2 * padding - 3) // stride + 1
     if size < 1:
-        raise ValueError(f"mobilenet with padding {padding} needs larger images than {tuple(input_shape)} "
-                         f"(at least 33x33); set model.padding: 1 for 28x28 or 32x32 images")
-    parts: list[tuple[str, nn.Module]] = [("stem", nn.Sequential(OrderedDict(
-        _conv_norm_relu("", c, 32, norm, groups, stride=2))))]
+        raise ValueError(
+            f"mobilenet with padding {padding} needs larger images than {tuple(input_shape)} "
+            f"(at least 33x33); set model.padding: 1 for 28x28 or 32x32 images"
+        )
+    parts: list[tuple[str, nn.Module]] = [
+        ("stem", nn.Sequential(OrderedDict(_conv_norm_relu("", c, 32, norm, groups, stride=2))))
+    ]
     for i, (cin, cout, stride) in enumerate(((32, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 1)), 1):
-        block = (_conv_norm_relu("_dw", cin, cin, norm, groups, stride=stride, padding=padding, depthwise=True)
-                 + _conv_norm_relu("_pw", cin, cout, norm, groups, k=1, padding=0))
+        block = _conv_norm_relu(
+            "_dw", cin, cin, norm, groups, stride=stride, padding=padding, depthwise=True
+        ) + _conv_norm_relu("_pw", cin, cout, norm, groups, k=1, padding=0)
         parts.append((f"block{i}", nn.Sequential(OrderedDict(block))))
-    model = nn.Sequential(OrderedDict(features=nn.Sequential(OrderedDict(parts)),
-                                      classifier=_superfed_classifier(512, classes, pool=True)))
+    model = nn.Sequential(
+        OrderedDict(
+            features=nn.Sequential(OrderedDict(parts)), classifier=_superfed_classifier(512, classes, pool=True)
+        )
+    )
     return _with_head(_xavier(model), ("classifier",))
 
 
 # -- FedSoft (Ruan & Joe-Wong, AAAI 2022) -----------------------------------------------------------
-def fedsoft_cnn(input_shape: tuple[int, ...], classes: int, norm: str = "none", groups: int = 2,
-                init: str = "fedsoft") -> nn.Module:
+def fedsoft_cnn(
+    input_shape: tuple[int, ...], classes: int, norm: str = "none", groups: int = 2, init: str = "fedsoft"
+) -> nn.Module:
     """FedSoft's CIFAR-10 CNN (official code): six 3x3 convolutions (padding 1, with biases) of
     32, 64, 128, 128, 256, 256 channels, each followed by ReLU, a 2x2 max pool after every second;
     then the classifier: flatten -> fc 1024 -> ReLU -> fc 512 -> ReLU -> fc classes. For 32x32
@@ -250,11 +294,21 @@ def fedsoft_cnn(input_shape: tuple[int, ...], classes: int, norm: str = "none", 
             parts.append((f"pool{i // 2}", nn.MaxPool2d(2, 2)))
             h, w = h // 2, w // 2
         cin = cout
-    model = nn.Sequential(OrderedDict(
-        features=nn.Sequential(OrderedDict(parts)),
-        classifier=nn.Sequential(OrderedDict(
-            flatten=nn.Flatten(), fc1=nn.Linear(256 * h * w, 1024), relu1=nn.ReLU(),
-            fc2=nn.Linear(1024, 512), relu2=nn.ReLU(), fc3=nn.Linear(512, classes)))))
+    model = nn.Sequential(
+        OrderedDict(
+            features=nn.Sequential(OrderedDict(parts)),
+            classifier=nn.Sequential(
+                OrderedDict(
+                    flatten=nn.Flatten(),
+                    fc1=nn.Linear(256 * h * w, 1024),
+                    relu1=nn.ReLU(),
+                    fc2=nn.Linear(1024, 512),
+                    relu2=nn.ReLU(),
+                    fc3=nn.Linear(512, classes),
+                )
+            ),
+        )
+    )
     if init == "fedsoft":
         for m in model.modules():
             if isinstance(m, nn.Conv2d):
@@ -265,8 +319,14 @@ def fedsoft_cnn(input_shape: tuple[int, ...], classes: int, norm: str = "none", 
 
 
 # -- SqueezeNet (SosicFL, Grinwald et al. 2024, after Nguyen et al. 2022) ------------------------------
-def squeezenet(input_shape: tuple[int, ...], classes: int, version: str = "1_1", classifier: str = "linear",
-               dropout: float = 0.5, weights: str = "") -> nn.Module:
+def squeezenet(
+    input_shape: tuple[int, ...],
+    classes: int,
+    version: str = "1_1",
+    classifier: str = "linear",
+    dropout: float = 0.5,
+    weights: str = "",
+) -> nn.Module:
     """torchvision's SqueezeNet (``version`` 1_0 or 1_1, built with ``weights=None``), the CIFAR-10
     model SosicFL fine-tunes from ImageNet weights (``weights``: a local state-dict file such as
     torchvision's, loaded where names and shapes match: the features).
@@ -285,16 +345,20 @@ def squeezenet(input_shape: tuple[int, ...], classes: int, version: str = "1_1",
 
     Default head: the classifier's layer with parameters (``classifier.fc`` or ``classifier.1``)."""
     import torchvision
+
     least = {"1_0": 21, "1_1": 17}[version]
     if len(input_shape) != 3 or input_shape[0] != 3 or min(input_shape[1:]) < least:
-        raise ValueError(f"squeezenet{version} needs 3 x H x W images of at least {least}x{least}, "
-                         f"the dataset gives {tuple(input_shape)}")
+        raise ValueError(
+            f"squeezenet{version} needs 3 x H x W images of at least {least}x{least}, "
+            f"the dataset gives {tuple(input_shape)}"
+        )
     builder = {"1_0": torchvision.models.squeezenet1_0, "1_1": torchvision.models.squeezenet1_1}[version]
     model = builder(weights=None, num_classes=classes, dropout=dropout)
     if classifier == "linear":
         fc = nn.Linear(512, classes)
         nn.init.normal_(fc.weight, 0.0, 0.01)
         nn.init.zeros_(fc.bias)
-        model.classifier = nn.Sequential(OrderedDict(
-            dropout=nn.Dropout(dropout), pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten(), fc=fc))
+        model.classifier = nn.Sequential(
+            OrderedDict(dropout=nn.Dropout(dropout), pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten(), fc=fc)
+        )
     return load_weights(model, weights, f"squeezenet{version}") if weights else model

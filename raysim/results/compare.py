@@ -26,6 +26,7 @@ column a dataset, or a dataset and its partition (``fashion_mnist (shards)``, ``
 cell (a run repeated with the same seed counts once more; the CSV lists every run id). Values
 are the last evaluation's, read from the runs' metrics; accuracies are shown in %.
 """
+
 from __future__ import annotations
 
 import csv
@@ -50,9 +51,9 @@ class Row:
     bottom: float | None
     client_std: float | None = None
     algorithm: str = ""
-    variant: str | None = None          # the sweep variant, None for a run of no sweep
-    partition: str = ""                 # data.partition.kind
-    seconds: float | None = None        # the run's wall time in MLflow (end - start)
+    variant: str | None = None  # the sweep variant, None for a run of no sweep
+    partition: str = ""  # data.partition.kind
+    seconds: float | None = None  # the run's wall time in MLflow (end - start)
 
 
 OVER = ("seeds", "clients")
@@ -66,6 +67,7 @@ def select(client, run_ids: list[str], experiment: str | None) -> list:
     """The runs to compare: the given ones (a parent expanded to its finished children) and
     every finished run of ``experiment`` that is not a parent."""
     from raysim.results.report import ReportError, expand
+
     try:
         runs = [r for r in expand(client, run_ids) if r.info.status == "FINISHED" or r.info.run_id in run_ids]
     except ReportError as e:
@@ -75,9 +77,16 @@ def select(client, run_ids: list[str], experiment: str | None) -> list:
         if exp is None:
             names = ", ".join(e.name for e in client.search_experiments())
             raise CompareError(f"no experiment {experiment!r} in {client.tracking_uri} (it has: {names or 'none'})")
-        runs += [r for r in client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
-                                               max_results=50000, order_by=["attributes.start_time ASC"])
-                 if r.data.tags.get("raysim.parent") != "1"]
+        runs += [
+            r
+            for r in client.search_runs(
+                [exp.experiment_id],
+                "attributes.status = 'FINISHED'",
+                max_results=50000,
+                order_by=["attributes.start_time ASC"],
+            )
+            if r.data.tags.get("raysim.parent") != "1"
+        ]
     seen, out = set(), []
     for r in runs:
         if r.info.run_id not in seen:
@@ -101,7 +110,7 @@ def rows(runs, metrics: list[str] | None = None) -> list[Row]:
         m = r.data.metrics
         primary = "accuracy" if "accuracy" in m else "mse" if "mse" in m else None
         if primary is None:
-            continue                      # never evaluated
+            continue  # never evaluated
         tags = r.data.tags
         algorithm, variant = method_name(tags.get("algorithm", "?"), r.data.params), tags.get("variant")
         method = algorithm + (f" [{variant}]" if variant and variant != algorithm else "")
@@ -109,14 +118,27 @@ def rows(runs, metrics: list[str] | None = None) -> list[Row]:
             if metric not in m:
                 continue
             get = lambda k: float(m[k]) if k in m else None  # noqa: E731, B023 - used in this pass only
-            out.append(Row(r.info.run_id, method, tags.get("dataset", "?"),
-                           tags.get("seed", r.data.params.get("seed", "?")), metric, float(m[metric]),
-                           get(bottom_decile(metric)), get(f"{metric}_std"), algorithm, variant,
-                           r.data.params.get("data.partition.kind", ""), wall_seconds(r)))
+            out.append(
+                Row(
+                    r.info.run_id,
+                    method,
+                    tags.get("dataset", "?"),
+                    tags.get("seed", r.data.params.get("seed", "?")),
+                    metric,
+                    float(m[metric]),
+                    get(bottom_decile(metric)),
+                    get(f"{metric}_std"),
+                    algorithm,
+                    variant,
+                    r.data.params.get("data.partition.kind", ""),
+                    wall_seconds(r),
+                )
+            )
     if not out:
         if metrics and any(r.data.metrics for r in runs):
-            have = sorted({k for r in runs for k in r.data.metrics if "bottom_decile_" not in k
-                           and not k.endswith("_std")})
+            have = sorted(
+                {k for r in runs for k in r.data.metrics if "bottom_decile_" not in k and not k.endswith("_std")}
+            )
             raise CompareError(f"none of the chosen runs logged {', '.join(metrics)} (they have: {', '.join(have)})")
         raise CompareError("none of the chosen runs has an evaluation to compare")
     return by_partition(out)
@@ -129,8 +151,10 @@ def by_partition(found: list[Row]) -> list[Row]:
     kinds: dict[str, set[str]] = {}
     for r in found:
         kinds.setdefault(r.dataset, set()).add(r.partition)
-    return [dataclasses.replace(r, dataset=f"{r.dataset} ({r.partition or 'default'})")
-            if len(kinds[r.dataset]) > 1 else r for r in found]
+    return [
+        dataclasses.replace(r, dataset=f"{r.dataset} ({r.partition or 'default'})") if len(kinds[r.dataset]) > 1 else r
+        for r in found
+    ]
 
 
 def wall_seconds(run) -> float | None:
@@ -159,16 +183,17 @@ class Cell:
     n: int
     seeds: list[str]
     run_ids: list[str]
-    variant: str | None = None          # with select: the variant chosen
+    variant: str | None = None  # with select: the variant chosen
     selected_by: str | None = None
     selection_mean: float | None = None
-    seconds: float | None = None        # the mean wall seconds per run (None where none recorded)
+    seconds: float | None = None  # the mean wall seconds per run (None where none recorded)
 
 
 @dataclass
 class Choice:
     """The variant a method gets on a dataset (``pick_variants``) and every candidate's mean
     of the selection metric over its seeds: [(variant, mean, n)], in the runs' order."""
+
     method: str
     variant: str
     mean: float
@@ -189,6 +214,7 @@ def pick_variants(found: list[Row], metric: str) -> dict[tuple[str, str], Choice
     a variant run at more seeds once it was chosen (``raysim run --best-of``) is compared with
     the others on the seeds they were all tuned at."""
     from raysim.core.tasks import lower_is_better
+
     sign = 1.0 if lower_is_better(metric) else -1.0
     groups: dict[tuple[str, str], dict[str, list[Row]]] = {}
     for r in found:
@@ -201,8 +227,9 @@ def pick_variants(found: list[Row], metric: str) -> dict[tuple[str, str], Choice
         means = [(m, float(np.mean([r.value for r in rs])), len(rs)) for m, rs in scored.items()]
         best = min(range(len(means)), key=lambda i: (sign * means[i][1], i))
         label = lambda m: by_method[m][0].variant or by_method[m][0].algorithm  # noqa: E731, B023 - used in this pass only
-        out[key] = Choice(means[best][0], label(means[best][0]), means[best][1],
-                          [(label(m), v, n) for m, v, n in means])
+        out[key] = Choice(
+            means[best][0], label(means[best][0]), means[best][1], [(label(m), v, n) for m, v, n in means]
+        )
     return out
 
 
@@ -210,19 +237,30 @@ def chosen_rows(runs, metrics: list[str] | None, select: str) -> tuple[list[Row]
     """The rows of the variants ``pick_variants`` chooses by ``select``, each under its
     algorithm's name, and the choices."""
     if not validation_metric(select):
-        raise CompareError(f"--select {select}: not a validation metric; choose a variant by one the runs "
-                           f"scored on their validation split, e.g. val_accuracy, val_mse or best_val_accuracy "
-                           f"(choosing by a test score reports the best of the grid on test data)")
+        raise CompareError(
+            f"--select {select}: not a validation metric; choose a variant by one the runs "
+            f"scored on their validation split, e.g. val_accuracy, val_mse or best_val_accuracy "
+            f"(choosing by a test score reports the best of the grid on test data)"
+        )
     try:
         sel = rows(runs, [select])
     except CompareError as e:
         scored = any(k.startswith("val_") for r in runs for k in r.data.metrics)
-        hint = "" if scored else ("; no run scored a validation split: a run does when its clients have one "
-                                  "(data.splits.val > 0) and eval.validation is not false")
+        hint = (
+            ""
+            if scored
+            else (
+                "; no run scored a validation split: a run does when its clients have one "
+                "(data.splits.val > 0) and eval.validation is not false"
+            )
+        )
         raise CompareError(f"--select {select}: {e}{hint}") from None
     choices = pick_variants(sel, select)
-    found = [dataclasses.replace(r, method=r.algorithm) for r in rows(runs, metrics)
-             if (c := choices.get((r.algorithm, r.dataset))) is not None and c.method == r.method]
+    found = [
+        dataclasses.replace(r, method=r.algorithm)
+        for r in rows(runs, metrics)
+        if (c := choices.get((r.algorithm, r.dataset))) is not None and c.method == r.method
+    ]
     # the methods in the order they first come among the runs compared (a sweep's order), not in
     # that of their chosen variants' runs (a method whose first grid point lost would sink)
     first = {a: i for i, a in enumerate(dict.fromkeys(r.algorithm for r in sel))}
@@ -236,13 +274,16 @@ def best_variants(uri: str | None, parent_ids: list[str]) -> dict[str, set[str]]
     validation score), by ``val_accuracy`` where the runs logged it, else ``val_mse``: what
     ``raysim run --best-of`` runs at its seeds; each with the seeds it ran at there."""
     from raysim.results.report import client_for
+
     _, client = client_for(uri)
     runs = select(client, parent_ids, None)
     logged = {k for r in runs for k in r.data.metrics}
     metric = next((m for m in ("val_accuracy", "val_mse") if m in logged), None)
     if metric is None:
-        raise CompareError(f"--best-of {' '.join(parent_ids)}: no finished run scored a validation split "
-                           f"(val_accuracy or val_mse) to choose by")
+        raise CompareError(
+            f"--best-of {' '.join(parent_ids)}: no finished run scored a validation split "
+            f"(val_accuracy or val_mse) to choose by"
+        )
     _, choices = chosen_rows(runs, None, metric)
     seeds: dict[str, set[str]] = {}
     for r in runs:
@@ -251,8 +292,9 @@ def best_variants(uri: str | None, parent_ids: list[str]) -> dict[str, set[str]]
     names = [c.variant for c in choices.values()]
     untagged = [n for n in names if n not in seeds]
     if untagged:
-        raise CompareError(f"--best-of {' '.join(parent_ids)}: {', '.join(untagged)} is no sweep variant; "
-                           f"give the parent of a sweep")
+        raise CompareError(
+            f"--best-of {' '.join(parent_ids)}: {', '.join(untagged)} is no sweep variant; give the parent of a sweep"
+        )
     return {n: seeds[n] for n in names}
 
 
@@ -265,7 +307,7 @@ def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[
         raise CompareError(f"--over {over!r}: choose {' or '.join(OVER)}")
     methods = list(dict.fromkeys(r.method for r in found))
     columns = list(dict.fromkeys((r.dataset, r.metric) for r in found))
-    sd = lambda a: float(np.std(a, ddof=1)) if len(a) > 1 else 0.0     # noqa: E731
+    sd = lambda a: float(np.std(a, ddof=1)) if len(a) > 1 else 0.0  # noqa: E731
     table = {}
     for m in methods:
         for d, metric in columns:
@@ -280,10 +322,17 @@ def cells(found: list[Row], over: str = "seeds") -> tuple[list[str], list[tuple[
                 c = [r.client_std for r in group if r.client_std is not None]
                 std = float(np.mean(c)) if len(c) == len(group) else None
             t = [r.seconds for r in group if r.seconds is not None]
-            table[m, d, metric] = Cell(metric, float(v.mean()), std, float(np.mean(b)) if b else None,
-                                       sd(np.array(b)) if b and over == "seeds" else None, len(group),
-                                       [r.seed for r in group],
-                                       [r.run_id for r in group], seconds=float(np.mean(t)) if t else None)
+            table[m, d, metric] = Cell(
+                metric,
+                float(v.mean()),
+                std,
+                float(np.mean(b)) if b else None,
+                sd(np.array(b)) if b and over == "seeds" else None,
+                len(group),
+                [r.seed for r in group],
+                [r.run_id for r in group],
+                seconds=float(np.mean(t)) if t else None,
+            )
     return methods, columns, table
 
 
@@ -302,29 +351,38 @@ def _fmt(metric: str, mean: float | None, std: float | None) -> str:
 
 def markdown(methods, columns, table, over: str = "seeds", choices: dict | None = None) -> str:
     one = len({metric for _, metric in columns}) == 1
-    head = "| method | " + " | ".join(f"{d}{'' if one else ' ' + metric} (avg / bottom decile)"
-                                      for d, metric in columns) + " |"
+    head = (
+        "| method | "
+        + " | ".join(f"{d}{'' if one else ' ' + metric} (avg / bottom decile)" for d, metric in columns)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (len(columns) + 1)]
     for m in methods:
         row = []
         for d, metric in columns:
             c = table.get((m, d, metric))
-            row.append("-" if c is None else f"{_fmt(c.metric, c.mean, c.std)} / "
-                       f"{_fmt(c.metric, c.bottom_mean, c.bottom_std)} (n={c.n}"
-                       + ("" if c.variant is None else f"; {c.variant}")
-                       + ("" if c.variant is None or c.seconds is None else f"; {_seconds(c.seconds)}/run")
-                       + ")")
+            row.append(
+                "-"
+                if c is None
+                else f"{_fmt(c.metric, c.mean, c.std)} / "
+                f"{_fmt(c.metric, c.bottom_mean, c.bottom_std)} (n={c.n}"
+                + ("" if c.variant is None else f"; {c.variant}")
+                + ("" if c.variant is None or c.seconds is None else f"; {_seconds(c.seconds)}/run")
+                + ")"
+            )
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     metric = {c.metric for c in table.values()}
     shown = sorted(x for x in metric if percent(x))
     unit = (("accuracy" if shown == ["accuracy"] else ", ".join(shown)) + " in %") if shown else ""
     unit = "; ".join(u for u in (unit, ", ".join(sorted(metric - set(shown)))) if u)
     lines.append("")
-    what = ("Mean ± std over seeds (n runs per cell)" if over == "seeds" else
-            "Mean ± std over clients (weighted by test size) and bottom decile, each averaged over the n runs "
-            "(seeds) of a cell")
-    lines.append(f"{what}; {unit}; bottom decile: the 10th percentile of "
-                 "the clients' scores (90th for an error).")
+    what = (
+        "Mean ± std over seeds (n runs per cell)"
+        if over == "seeds"
+        else "Mean ± std over clients (weighted by test size) and bottom decile, each averaged over the n runs "
+        "(seeds) of a cell"
+    )
+    lines.append(f"{what}; {unit}; bottom decile: the 10th percentile of the clients' scores (90th for an error).")
     if choices:
         lines += _selection(choices)
     return "\n".join(lines)
@@ -332,18 +390,30 @@ def markdown(methods, columns, table, over: str = "seeds", choices: dict | None 
 
 def _seconds(s: float) -> str:
     """Wall time as a cell shows it: 4.2 s, 95 s, 12.5 min, 3.1 h."""
-    return f"{s:.2g} s" if s < 10 else f"{s:.0f} s" if s < 600 else f"{s / 60:.1f} min" if s < 7200 \
+    return (
+        f"{s:.2g} s"
+        if s < 10
+        else f"{s:.0f} s"
+        if s < 600
+        else f"{s / 60:.1f} min"
+        if s < 7200
         else f"{s / 3600:.1f} h"
+    )
 
 
 def _selection(choices: dict) -> list[str]:
     """The Markdown under a table with ``select``: how each cell's variant was chosen."""
     metric = next(iter(choices.values())).selected_by
-    lines = ["", f"Each cell is the variant (named in it) whose mean {metric} over its seeds is the "
-             f"{'lowest' if _lower(metric) else 'highest'} among the method's variants on that dataset; "
-             f"the table shows its test metrics, and the mean wall time of its runs (MLflow's end minus "
-             f"start: start-up, data, training and evaluation).", "",
-             f"| method | dataset | variant | {metric} (mean over seeds) | n |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Each cell is the variant (named in it) whose mean {metric} over its seeds is the "
+        f"{'lowest' if _lower(metric) else 'highest'} among the method's variants on that dataset; "
+        f"the table shows its test metrics, and the mean wall time of its runs (MLflow's end minus "
+        f"start: start-up, data, training and evaluation).",
+        "",
+        f"| method | dataset | variant | {metric} (mean over seeds) | n |",
+        "|---|---|---|---|---|",
+    ]
     for (algorithm, dataset), c in choices.items():
         for variant, mean, n in c.candidates:
             mark = f"**{variant}** (chosen)" if variant == c.variant else variant
@@ -353,24 +423,55 @@ def _selection(choices: dict) -> list[str]:
 
 def _lower(metric: str) -> bool:
     from raysim.core.tasks import lower_is_better
+
     return lower_is_better(metric)
 
 
 def write_csv(path: Path, methods, columns, table, over: str = "seeds") -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "dataset", "metric", "mean", "std", "bottom_decile_mean", "bottom_decile_std",
-                    "n", "seeds", "run_ids", "std_over", "variant", "selected_by", "selection_mean",
-                    "seconds_per_run"])
+        w.writerow(
+            [
+                "method",
+                "dataset",
+                "metric",
+                "mean",
+                "std",
+                "bottom_decile_mean",
+                "bottom_decile_std",
+                "n",
+                "seeds",
+                "run_ids",
+                "std_over",
+                "variant",
+                "selected_by",
+                "selection_mean",
+                "seconds_per_run",
+            ]
+        )
         for m in methods:
             for d, metric in columns:
                 c = table.get((m, d, metric))
                 if c is not None:
-                    w.writerow([m, d, c.metric, c.mean, "" if c.std is None else c.std, c.bottom_mean,
-                                c.bottom_std, c.n, " ".join(c.seeds), " ".join(c.run_ids), over,
-                                c.variant or "", c.selected_by or "",
-                                "" if c.selection_mean is None else c.selection_mean,
-                                "" if c.seconds is None else c.seconds])
+                    w.writerow(
+                        [
+                            m,
+                            d,
+                            c.metric,
+                            c.mean,
+                            "" if c.std is None else c.std,
+                            c.bottom_mean,
+                            c.bottom_std,
+                            c.n,
+                            " ".join(c.seeds),
+                            " ".join(c.run_ids),
+                            over,
+                            c.variant or "",
+                            c.selected_by or "",
+                            "" if c.selection_mean is None else c.selection_mean,
+                            "" if c.seconds is None else c.seconds,
+                        ]
+                    )
 
 
 def ranked(found: tuple, metric: str) -> tuple:
@@ -386,11 +487,19 @@ def ranked(found: tuple, metric: str) -> tuple:
     def key(method):
         vals = [c.mean for (m, _, k), c in table.items() if m == method and k == metric and c.mean is not None]
         return (0, sign * float(np.mean(vals))) if vals else (1, 0.0)
+
     return sorted(methods, key=key), columns, table
 
 
-def table(client, run_ids: list[str], experiment: str | None = None, metrics: list[str] | None = None,
-          over: str = "seeds", select_by: str | None = None, rank: str | None = None) -> tuple[str, tuple]:
+def table(
+    client,
+    run_ids: list[str],
+    experiment: str | None = None,
+    metrics: list[str] | None = None,
+    over: str = "seeds",
+    select_by: str | None = None,
+    rank: str | None = None,
+) -> tuple[str, tuple]:
     """(the Markdown table, (methods, columns, cells)) of the chosen runs; with ``select_by``
     (a validation metric) one variant per method and dataset (``pick_variants``), each cell
     naming it (``Cell.variant``, ``selected_by``, ``selection_mean``); with ``rank`` the
@@ -427,19 +536,29 @@ def sweep_progress(client, run_id: str) -> str | None:
         return None
     running = status.count("RUNNING")
     stopped = len(status) - done - running
-    return (f"Sweep {run_id} ({run.data.tags.get('scenario', '?')}): {done} of {total} runs finished, "
-            f"{running} running, {stopped} failed or stopped, {max(0, total - len(status))} not started; the "
-            f"table holds the finished ones (`raysim run {run.data.tags.get('scenario', 'FILE')} --resume {run_id}`, "
-            "with the sweep's other options, continues it).")
+    return (
+        f"Sweep {run_id} ({run.data.tags.get('scenario', '?')}): {done} of {total} runs finished, "
+        f"{running} running, {stopped} failed or stopped, {max(0, total - len(status))} not started; the "
+        f"table holds the finished ones (`raysim run {run.data.tags.get('scenario', 'FILE')} --resume {run_id}`, "
+        "with the sweep's other options, continues it)."
+    )
 
 
-def compare(run_ids: list[str], experiment: str | None = None, uri: str | None = None,
-            out: str | Path = "report", metrics: list[str] | None = None,
-            over: str = "seeds", select_by: str | None = None, rank: str | None = None) -> tuple[str, Path, Path]:
+def compare(
+    run_ids: list[str],
+    experiment: str | None = None,
+    uri: str | None = None,
+    out: str | Path = "report",
+    metrics: list[str] | None = None,
+    over: str = "seeds",
+    select_by: str | None = None,
+    rank: str | None = None,
+) -> tuple[str, Path, Path]:
     """The table as Markdown, and the paths of ``compare.md`` and ``compare.csv`` in ``out``;
     ``select_by``: one variant per method and dataset, chosen by this validation metric;
     ``rank``: the methods ordered best first by this metric (e.g. ``target_virtual_hours``)."""
     from raysim.results.report import client_for
+
     if not run_ids and experiment is None:
         raise CompareError("give run ids (a sweep's parent stands for its runs) or --experiment NAME")
     if over not in OVER:

@@ -23,6 +23,7 @@ With several runs, ``compare_accuracy.png`` draws their curves together: one per
 (name, method, sweep variant and every other key that changes results), the mean over its
 seeds with a ±std band; ``compare_accuracy.csv`` holds the numbers drawn.
 """
+
 from __future__ import annotations
 
 import csv
@@ -37,14 +38,16 @@ import numpy as np
 
 from raysim.errors import BadInput
 
-_ROWS = 200          # clients drawn at most in a heat map
-_NODES = 300         # graph nodes drawn at most
+_ROWS = 200  # clients drawn at most in a heat map
+_NODES = 300  # graph nodes drawn at most
 
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -78,8 +81,11 @@ def accuracy_figure(summary: dict, out: Path) -> Path | None:
         bx, by = _evaluated(summary, key)
         if bx:
             ax.plot(bx, by, style, marker=".", label=key.replace("_", " "))
-    ax.set(xlabel="round", ylabel=m, title=f"{summary.get('name', '')}: {summary.get('algorithm', '')} on "
-           f"{summary.get('dataset', '')}")
+    ax.set(
+        xlabel="round",
+        ylabel=m,
+        title=f"{summary.get('name', '')}: {summary.get('algorithm', '')} on {summary.get('dataset', '')}",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, out / "accuracy.png")
@@ -88,8 +94,11 @@ def accuracy_figure(summary: dict, out: Path) -> Path | None:
 def clients_figure(summary: dict, out: Path) -> Path | None:
     m = metric_of(summary)
     final = summary.get("final", {})
-    groups = [(name, np.array(list(final[key].values()), dtype=float)) for name, key in
-              (("clients", f"client_{m}"), ("unseen clients", f"unseen_client_{m}")) if final.get(key)]
+    groups = [
+        (name, np.array(list(final[key].values()), dtype=float))
+        for name, key in (("clients", f"client_{m}"), ("unseen clients", f"unseen_client_{m}"))
+        if final.get(key)
+    ]
     if not groups:
         return None
     plt = _plt()
@@ -127,8 +136,9 @@ def fleet_figure(summary: dict, out: Path) -> Path | None:
     scores, secs, part = final.get(f"client_{m}", {}), final.get("device_seconds", {}), final.get("participation", {})
     ids = [c for c in scores if c in secs]
     if ids:
-        sc = b.scatter([secs[c] for c in ids], [scores[c] for c in ids], c=[part.get(c, 0) for c in ids],
-                       cmap="viridis", s=14)
+        sc = b.scatter(
+            [secs[c] for c in ids], [scores[c] for c in ids], c=[part.get(c, 0) for c in ids], cmap="viridis", s=14
+        )
         fig.colorbar(sc, ax=b, label="rounds taken part in")
         b.set_xscale("log")
         b.set(xlabel="device seconds for a round (log)", ylabel=f"final {m}", title="per client")
@@ -158,8 +168,9 @@ def mixture_figure(summary: dict, out: Path) -> Path | None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 6))
     im = ax.imshow(w[order], aspect="auto", interpolation="nearest", cmap="magma", vmin=0, vmax=1)
-    ax.set(xlabel="component m", ylabel=f"client (sorted; {len(order)} of {len(cids)})",
-           title="FedEM mixture weights π")
+    ax.set(
+        xlabel="component m", ylabel=f"client (sorted; {len(order)} of {len(cids)})", title="FedEM mixture weights π"
+    )
     ax.set_xticks(range(w.shape[1]))
     fig.colorbar(im, ax=ax, label="π_m")
     return _save(fig, out / "mixture_weights.png")
@@ -183,8 +194,11 @@ def clusters_figure(summary: dict, out: Path) -> Path | None:
         cids, w = got
         counts = np.bincount(w.argmax(1), minlength=w.shape[1])
         axes[0][i].bar(range(len(counts)), counts, color="#4c72b0")
-        axes[0][i].set(xlabel="cluster (a client's largest weight)", ylabel="clients",
-                       title=f"cluster assignments ({len(cids)} clients)")
+        axes[0][i].set(
+            xlabel="cluster (a client's largest weight)",
+            ylabel="clients",
+            title=f"cluster assignments ({len(cids)} clients)",
+        )
         axes[0][i].set_xticks(range(len(counts)))
         i += 1
     if table is not None:
@@ -219,9 +233,11 @@ def graph_figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]
     if scenario and scenario.get("topology"):
         from raysim.federation import topology
         from raysim.scenario import config
+
         sc = config.validate(dict(scenario), "resolved.json", check_data=False)
         g = topology.scenario_graph(sc.topology, sc.data.clients, sc.seed, 0)
         import networkx as nx
+
         shown = g if g.number_of_nodes() <= _NODES else g.subgraph(range(_NODES))
         plt = _plt()
         fig, ax = plt.subplots(figsize=(6, 6))
@@ -243,6 +259,7 @@ def lambda_figure(summary: dict, out: Path) -> Path | None:
     if not curve:
         return None
     from raysim.results.tracking import write_curve
+
     with tempfile.TemporaryDirectory() as tmp:
         _, png = write_curve(tmp, "lambda_curve", curve, final.get("lambda_curve_std"), summary.get("name", ""))
         target = out / "lambda_curve.png"
@@ -275,13 +292,22 @@ def simplex_figure(summary: dict, out: Path) -> Path | None:
         ax.annotate(f"e{k}", v * 1.08, ha="center", va="center")
     pts = alpha @ V
     colours = plt.get_cmap("tab10")
-    ax.scatter(pts[:, 0], pts[:, 1], c=[colours(int(g) % 10) for g in cluster], s=18, label="client α (colour: cluster)")
+    ax.scatter(
+        pts[:, 0], pts[:, 1], c=[colours(int(g) % 10) for g in cluster], s=18, label="client α (colour: cluster)"
+    )
     if len(centres):
         cp = centres @ V
-        ax.scatter(cp[:, 0], cp[:, 1], marker="*", s=250, c=[colours(k % 10) for k in range(len(cp))], ec="k",
-                   label="cluster centres")
+        ax.scatter(
+            cp[:, 0],
+            cp[:, 1],
+            marker="*",
+            s=250,
+            c=[colours(k % 10) for k in range(len(cp))],
+            ec="k",
+            label="cluster centres",
+        )
         eta = float(s.get("eta") or 0)
-        scale = float(np.linalg.norm(V[0] - V[1]) / math.sqrt(2))       # |e_i - e_j| = √2 on the simplex
+        scale = float(np.linalg.norm(V[0] - V[1]) / math.sqrt(2))  # |e_i - e_j| = √2 on the simplex
         for c in cp:
             ax.add_patch(plt.Circle(c, eta * scale, fill=False, ls="--", ec="k"))
     ax.set_xlim(-1.25, 1.25)
@@ -296,9 +322,16 @@ def simplex_figure(summary: dict, out: Path) -> Path | None:
 def figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]:
     """Every figure this run has data for, written into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    made = [accuracy_figure(summary, out), clients_figure(summary, out), mixture_figure(summary, out),
-            clusters_figure(summary, out), *graph_figures(summary, scenario, out), lambda_figure(summary, out),
-            simplex_figure(summary, out), fleet_figure(summary, out)]
+    made = [
+        accuracy_figure(summary, out),
+        clients_figure(summary, out),
+        mixture_figure(summary, out),
+        clusters_figure(summary, out),
+        *graph_figures(summary, scenario, out),
+        lambda_figure(summary, out),
+        simplex_figure(summary, out),
+        fleet_figure(summary, out),
+    ]
     return [p for p in made if p is not None]
 
 
@@ -306,6 +339,7 @@ def figures(summary: dict, scenario: dict | None, out: Path) -> list[Path]:
 class Compared:
     """One run to compare: its summary, its recorded scenario (``scenario/resolved.json``, or
     None) and its MLflow tags."""
+
     summary: dict
     scenario: dict | None = None
     tags: dict = field(default_factory=dict)
@@ -316,6 +350,7 @@ class Curve:
     """One configuration's curve of ``compare_accuracy.png``: the mean over its runs (its
     seeds) of ``key`` at the rounds every run evaluated, with the std over them (ddof 1; 0 for
     one run)."""
+
     label: str
     key: str
     rounds: list[int]
@@ -333,8 +368,7 @@ def _configuration(run: Compared) -> str:
     """What tells two runs' configurations apart: their recorded scenario but for the seed and
     the keys that change no result; without one, the name, method and sweep variant."""
     if isinstance(run.scenario, dict):
-        return json.dumps({k: v for k, v in run.scenario.items() if k not in _NOT_CONFIG}, sort_keys=True,
-                          default=str)
+        return json.dumps({k: v for k, v in run.scenario.items() if k not in _NOT_CONFIG}, sort_keys=True, default=str)
     s = run.summary
     return json.dumps([s.get("name"), s.get("algorithm"), run.tags.get("variant")])
 
@@ -361,20 +395,25 @@ def compare_groups(runs: list[Compared]) -> list[tuple[str, list[Compared]]]:
         if variant and not name.endswith(f"-{variant}"):
             parts.append(f"variant {variant}")
         return f"{name} ({', '.join(parts)}"
+
     labels = {key: base(members) for key, members in groups.items()}
     for label in set(labels.values()):
         same = [key for key in groups if labels[key] == label]
         if len(same) < 2:
             continue
-        flats = {key: _flat({k: v for k, v in (groups[key][0].scenario or {}).items() if k not in _NOT_CONFIG})
-                 for key in same}
+        flats = {
+            key: _flat({k: v for k, v in (groups[key][0].scenario or {}).items() if k not in _NOT_CONFIG})
+            for key in same
+        }
         keys = sorted({k for f in flats.values() for k in f})
         differ = [k for k in keys if len({f.get(k) for f in flats.values()}) > 1]
         for key in same:
             shown = ", ".join(f"{k}={flats[key][k] if k in flats[key] else '-'}" for k in differ[:3])
             labels[key] = f"{label}, {shown or 'run ' + groups[key][0].summary.get('mlflow_run_id', '?')[:8]}"
-    return [(f"{labels[key]}, {len(members)} run{'s' if len(members) > 1 else ''})", members)
-            for key, members in groups.items()]
+    return [
+        (f"{labels[key]}, {len(members)} run{'s' if len(members) > 1 else ''})", members)
+        for key, members in groups.items()
+    ]
 
 
 def compare_curves(runs: list[Compared]) -> list[Curve]:
@@ -389,8 +428,16 @@ def compare_curves(runs: list[Compared]) -> list[Curve]:
                 continue
             ys = np.array([[p[x] for x in xs] for p in points])
             std = ys.std(0, ddof=1) if len(members) > 1 else np.zeros(len(xs))
-            curves.append(Curve(label, key, xs, ys.mean(0).tolist(), std.tolist(),
-                                [r.summary.get("mlflow_run_id", "") for r in members]))
+            curves.append(
+                Curve(
+                    label,
+                    key,
+                    xs,
+                    ys.mean(0).tolist(),
+                    std.tolist(),
+                    [r.summary.get("mlflow_run_id", "") for r in members],
+                )
+            )
     return curves
 
 
@@ -406,12 +453,19 @@ def compare_figure(runs: list[Compared], out: Path) -> Path | None:
     colors: dict[str, str] = {}
     for c in curves:
         bottom = c.key.startswith("bottom_decile_")
-        line, = ax.plot(c.rounds, c.mean, "--" if bottom else "-", marker=None if bottom else ".",
-                        label=None if bottom else c.label, color=colors.get(c.label))
+        (line,) = ax.plot(
+            c.rounds,
+            c.mean,
+            "--" if bottom else "-",
+            marker=None if bottom else ".",
+            label=None if bottom else c.label,
+            color=colors.get(c.label),
+        )
         colors.setdefault(c.label, line.get_color())
         if len(c.runs) > 1:
-            ax.fill_between(c.rounds, np.subtract(c.mean, c.std), np.add(c.mean, c.std), color=colors[c.label],
-                            alpha=0.15)
+            ax.fill_between(
+                c.rounds, np.subtract(c.mean, c.std), np.add(c.mean, c.std), color=colors[c.label], alpha=0.15
+            )
     ax.set(xlabel="round", ylabel="metric (dashed: bottom decile; band: ±std over seeds)", title="runs compared")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
@@ -420,8 +474,9 @@ def compare_figure(runs: list[Compared], out: Path) -> Path | None:
         w = csv.writer(f)
         w.writerow(["label", "metric", "round", "mean", "std", "n", "run_ids"])
         for c in curves:
-            w.writerows([c.label, c.key, r, m, sd, len(c.runs), " ".join(c.runs)]
-                        for r, m, sd in zip(c.rounds, c.mean, c.std))
+            w.writerows(
+                [c.label, c.key, r, m, sd, len(c.runs), " ".join(c.runs)] for r, m, sd in zip(c.rounds, c.mean, c.std)
+            )
     return _save(fig, out / "compare_accuracy.png")
 
 
@@ -430,18 +485,30 @@ def time_curves(runs: list[Compared]) -> list[tuple[str, list[float], list[float
     configuration's (label, virtual hours, metric), the mean over its seeds of both at the
     rounds every seed evaluated; None where some run has no clock."""
     groups = compare_groups(runs)
-    if not groups or not all(any("virtual_time_s" in h for h in r.summary.get("history", []))
-                             for _, members in groups for r in members):
+    if not groups or not all(
+        any("virtual_time_s" in h for h in r.summary.get("history", [])) for _, members in groups for r in members
+    ):
         return None
     m = metric_of(groups[0][1][0].summary)
     out = []
     for label, members in groups:
-        points = [{int(h["round"]): (h["virtual_time_s"] / 3600, h[m]) for h in r.summary["history"]
-                   if "virtual_time_s" in h and isinstance(h.get(m), (int, float))} for r in members]
+        points = [
+            {
+                int(h["round"]): (h["virtual_time_s"] / 3600, h[m])
+                for h in r.summary["history"]
+                if "virtual_time_s" in h and isinstance(h.get(m), (int, float))
+            }
+            for r in members
+        ]
         xs = sorted(set.intersection(*(set(p) for p in points)))
         if xs:
-            out.append((label, [float(np.mean([p[x][0] for p in points])) for x in xs],
-                        [float(np.mean([p[x][1] for p in points])) for x in xs]))
+            out.append(
+                (
+                    label,
+                    [float(np.mean([p[x][0] for p in points])) for x in xs],
+                    [float(np.mean([p[x][1] for p in points])) for x in xs],
+                )
+            )
     return out
 
 
@@ -472,6 +539,7 @@ def client_for(uri: str | None):
     from mlflow.tracking import MlflowClient
 
     from raysim.results.tracking import resolve_uri
+
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = resolve_uri(uri)
     return uri, MlflowClient(uri)
@@ -481,7 +549,7 @@ class ReportError(BadInput):
     """A run that cannot be reported (unknown, or without its summary); one line."""
 
 
-INDEX_TAG = "raysim.index"      # a sweep's run: its place in the sweep (variant-major, then seed)
+INDEX_TAG = "raysim.index"  # a sweep's run: its place in the sweep (variant-major, then seed)
 
 
 def expand(client, run_ids: list[str]) -> list:
@@ -490,15 +558,20 @@ def expand(client, run_ids: list[str]) -> list:
     order), else in start order."""
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
+
     out = []
     for rid in run_ids:
         try:
             run = client.get_run(rid)
         except MlflowException:
             raise ReportError(f"no run {rid} in the tracking store {client.tracking_uri}") from None
-        kids = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{rid}'",
-                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=50000,
-                                  order_by=["attributes.start_time ASC"])
+        kids = client.search_runs(
+            [run.info.experiment_id],
+            f"tags.mlflow.parentRunId = '{rid}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=50000,
+            order_by=["attributes.start_time ASC"],
+        )
         if kids and all(INDEX_TAG in k.data.tags for k in kids):
             kids = sorted(kids, key=lambda k: int(k.data.tags[INDEX_TAG]))
         out += kids if kids else [run]
@@ -508,6 +581,7 @@ def expand(client, run_ids: list[str]) -> list:
 def load(client, run_id: str) -> tuple[dict, dict | None]:
     """(the run's summary, its resolved scenario or None), read from its artifacts."""
     from mlflow.exceptions import MlflowException
+
     try:
         client.get_run(run_id)
     except MlflowException:
@@ -516,8 +590,10 @@ def load(client, run_id: str) -> tuple[dict, dict | None]:
         try:
             path = client.download_artifacts(run_id, "summary.json", tmp)
         except (MlflowException, OSError):
-            raise ReportError(f"run {run_id} has no summary.json (it did not finish an evaluation; a failed "
-                              "or killed run can be resumed with --resume)") from None
+            raise ReportError(
+                f"run {run_id} has no summary.json (it did not finish an evaluation; a failed "
+                "or killed run can be resumed with --resume)"
+            ) from None
         summary = json.loads(Path(path).read_text())
         scenario = None
         try:
@@ -527,8 +603,9 @@ def load(client, run_id: str) -> tuple[dict, dict | None]:
     return summary, scenario
 
 
-def report(run_ids: list[str], uri: str | None = None, out: str | Path = "report",
-           log: bool = True) -> dict[str, list[Path]]:
+def report(
+    run_ids: list[str], uri: str | None = None, out: str | Path = "report", log: bool = True
+) -> dict[str, list[Path]]:
     """Write each run's figures to ``out/<run id>/`` (and log them to the run under
     ``report/``); with several runs also ``out/compare_accuracy.png`` and ``.csv``. A parent run (a sweep,
     seeded runs) stands for its children."""

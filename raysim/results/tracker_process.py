@@ -22,6 +22,7 @@ leaving the MLflow run RUNNING with the run's own pid as its driver, for the nex
 store to mark FAILED (``Tracker.reap``). What the helper prints (``reap``'s lines) comes back
 to the run's standard error.
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -49,26 +50,35 @@ _REPLIES = {"flush", "note_checkpoint", "log_summary", "finish"}
 NICE = 10
 
 
-def _serve(conn, spec: RunSpec, resume: str | None, verbose: bool, tags: dict | None, driver_pid: int,
-           resume_command: str | None) -> None:
+def _serve(
+    conn,
+    spec: RunSpec,
+    resume: str | None,
+    verbose: bool,
+    tags: dict | None,
+    driver_pid: int,
+    resume_command: str | None,
+) -> None:
     """The helper: a Tracker, then its calls from the pipe until ``finish`` or the pipe closes."""
     import contextlib
     import io
+
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
             from raysim.results.tracking import Tracker
+
             tracker = Tracker(spec, resume, verbose, tags, driver_pid=driver_pid)
             if resume_command:
                 tracker.note_resume(resume_command.format(run_id=tracker.run_id))
-    except BaseException as e:      # noqa: BLE001 - raised in the run's process
+    except BaseException as e:  # noqa: BLE001 - raised in the run's process
         _send(conn, "error", e, said.getvalue())
         return
     _send(conn, "ok", (tracker.run_id, tracker.uri), said.getvalue())
     while True:
         try:
             op, args = conn.recv()
-        except (EOFError, OSError):      # the run's process is gone
+        except (EOFError, OSError):  # the run's process is gone
             return
         try:
             out = getattr(tracker, op)(*args)
@@ -121,11 +131,12 @@ def _send(conn, kind: str, value: Any, said: str) -> None:
     the run would get a TypeError instead), goes as a RuntimeError with its text. A copy is
     made as unpickling makes one (the class called with ``args``), so it tells."""
     import copy
+
     try:
         if isinstance(value, BaseException):
             copy.copy(value)
         conn.send((kind, value, said))
-    except Exception:               # noqa: BLE001
+    except Exception:  # noqa: BLE001
         conn.send((kind, RuntimeError(f"{type(value).__name__}: {value}"), said))
 
 
@@ -134,10 +145,14 @@ def _start_helper() -> tuple[Connection, subprocess.Popen]:
     command of its own (``python -m raysim.results.tracker_process FD``), not multiprocessing's spawn,
     which would run the caller's main script again in the helper."""
     conn, child = Pipe()
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # raysim importable there too
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # raysim importable there too
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.results.tracker_process", str(child.fileno())],
-                            pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raysim.results.tracker_process", str(child.fileno())],
+        pass_fds=[child.fileno()],
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
     child.close()
     return conn, proc
 
@@ -153,6 +168,7 @@ def prestart() -> None:
     global _PRESTARTED
     if _PRESTARTED is None and wanted():
         import atexit
+
         _PRESTARTED = _start_helper()
         atexit.register(discard)
 
@@ -172,13 +188,19 @@ def discard() -> None:
 class TrackerProcess:
     """A ``Tracker`` in a helper process, with its methods; ``ready()`` waits for the run."""
 
-    def __init__(self, sc, resume: str | None = None, verbose: bool = False, tags: dict | None = None,
-                 resume_command: str | None = None):
+    def __init__(
+        self,
+        sc,
+        resume: str | None = None,
+        verbose: bool = False,
+        tags: dict | None = None,
+        resume_command: str | None = None,
+    ):
         global _PRESTARTED
         (self._conn, self._proc), _PRESTARTED = _PRESTARTED or _start_helper(), None
         self._conn.send((RunSpec.of(sc), resume, verbose, tags, os.getpid(), resume_command))
         self._run: tuple[str, str] | None = None
-        self.failed: BaseException | None = None       # the helper's error creating the run
+        self.failed: BaseException | None = None  # the helper's error creating the run
 
     @property
     def run_id(self) -> str:
@@ -193,8 +215,9 @@ class TrackerProcess:
         try:
             kind, value, said = self._conn.recv()
         except (EOFError, OSError):
-            raise RuntimeError(f"the MLflow tracking process ended unexpectedly (exit code "
-                               f"{self._proc.poll()})") from None
+            raise RuntimeError(
+                f"the MLflow tracking process ended unexpectedly (exit code {self._proc.poll()})"
+            ) from None
         if said:
             sys.stderr.write(said)
             sys.stderr.flush()
@@ -229,13 +252,14 @@ class TrackerProcess:
     def _call(self, op: str, *args) -> Any:
         try:
             self._conn.send((op, args))
-        except OSError:                  # BrokenPipeError: the helper is gone (its reason first)
+        except OSError:  # BrokenPipeError: the helper is gone (its reason first)
             if self._run is None:
                 self.ready()
-            raise RuntimeError(f"the MLflow tracking process ended unexpectedly (exit code "
-                               f"{self._proc.poll()})") from None
+            raise RuntimeError(
+                f"the MLflow tracking process ended unexpectedly (exit code {self._proc.poll()})"
+            ) from None
         if op in _REPLIES:
-            self.ready()                 # the run's answer comes first in the pipe
+            self.ready()  # the run's answer comes first in the pipe
             return self._reply()
         return None
 
@@ -271,14 +295,15 @@ class TrackerProcess:
 
 if __name__ == "__main__":
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the run decides (see above)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run decides (see above)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(os, "nice"):
-        os.nice(NICE)       # behind the run's own processes (see NICE)
-    import_tracking()           # MLflow imported while the run loads; then its run
+        os.nice(NICE)  # behind the run's own processes (see NICE)
+    import_tracking()  # MLflow imported while the run loads; then its run
     _conn = Connection(int(sys.argv[1]))
     try:
         _init = _conn.recv()
-    except (EOFError, OSError):     # not taken (discard, or the run's process ended first)
+    except (EOFError, OSError):  # not taken (discard, or the run's process ended first)
         sys.exit(0)
     _serve(_conn, *_init)

@@ -9,6 +9,7 @@ node) cannot mark its run, so every later ``raysim run`` on the same experiment 
 RUNNING runs whose driver is gone FAILED: its process is no longer alive (same host) or its
 heartbeat is older than ``STALE_S`` (any host), and says how to resume them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,7 +44,7 @@ STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0
 STALE_S = 600.0
 DRIVER_TAG, BEAT_TAG, RESUME_TAG = "raysim.driver", "raysim.heartbeat", "raysim.resume"
-CHECKPOINT_TAG = "raysim.checkpoint"        # the folder of a run's checkpoints, once it has written one
+CHECKPOINT_TAG = "raysim.checkpoint"  # the folder of a run's checkpoints, once it has written one
 
 
 def _alive(pid: int) -> bool:
@@ -60,7 +61,7 @@ def _alive(pid: int) -> bool:
             cmdline = f.read()
         return b"raysim" in cmdline or cmdline.startswith(b"ray::")
     except OSError:
-        return True                 # no /proc: trust the signal check
+        return True  # no /proc: trust the signal check
 
 
 def driver_gone(tags: dict, now: float) -> str | None:
@@ -82,21 +83,26 @@ def resumable_run(client: MlflowClient, run_id: str, uri: str):
     is) when there is no such run, when it is FINISHED (its record is complete: resuming would
     only rewrite it), or when its driver still runs it."""
     from mlflow.exceptions import MlflowException
+
     try:
         run = client.get_run(run_id)
     except MlflowException:
         raise ScenarioError(f"--resume {run_id}: no such MLflow run in {uri}") from None
     status = run.info.status
     if status == "FINISHED":
-        raise ScenarioError(f"--resume {run_id}: the run is FINISHED, nothing to continue (its record is left "
-                            "as it is); start a new run without --resume")
+        raise ScenarioError(
+            f"--resume {run_id}: the run is FINISHED, nothing to continue (its record is left "
+            "as it is); start a new run without --resume"
+        )
     if status == "RUNNING" and DRIVER_TAG in run.data.tags and driver_gone(run.data.tags, time.time()) is None:
-        raise ScenarioError(f"--resume {run_id}: the run is still RUNNING (driver {run.data.tags[DRIVER_TAG]}); "
-                            "stop it first (Ctrl-C or SIGTERM)")
+        raise ScenarioError(
+            f"--resume {run_id}: the run is still RUNNING (driver {run.data.tags[DRIVER_TAG]}); "
+            "stop it first (Ctrl-C or SIGTERM)"
+        )
     return run
 
 
-GIVEN, RESOLVED = "given.json", "resolved.json"      # a run's scenario artifacts (under scenario/)
+GIVEN, RESOLVED = "given.json", "resolved.json"  # a run's scenario artifacts (under scenario/)
 VERSION_TAG, COMMIT_TAG, DIRTY_TAG = "raysim.version", "raysim.git_commit", "raysim.git_dirty"
 
 
@@ -107,6 +113,7 @@ def provenance() -> dict[str, str]:
     the commit is "unknown" elsewhere (an installed wheel) or when git cannot tell (no git,
     another user's checkout), without failing."""
     import raysim
+
     return {VERSION_TAG: raysim.__version__, **source_commit(Path(raysim.__file__).resolve().parent.parent)}
 
 
@@ -122,11 +129,17 @@ def source_commit(root: Path) -> dict[str, str]:
 
     def git(*args: str) -> str | None:
         try:
-            proc = subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, text=True, env=env,
-                                  timeout=10)
+            proc = subprocess.run(
+                ["git", "--no-optional-locks", "-C", str(root), *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return proc.stdout if proc.returncode == 0 else None
+
     commit = (git("rev-parse", "--verify", "HEAD") or "").strip()
     if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
         tags[COMMIT_TAG] = commit
@@ -143,7 +156,8 @@ def run_record(sc: Scenario, run_id: str) -> tuple[dict | None, str | None]:
     checkpoints were written to or None if it never wrote one). The same refusals as any
     ``--resume`` (``resumable_run``)."""
     from mlflow.exceptions import MlflowException
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")     # no bar for one small file
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no bar for one small file
     uri = resolve_uri(sc.tracking.uri)
     client = MlflowClient(uri)
     run = resumable_run(client, run_id, uri)
@@ -170,7 +184,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
 
 def sqlite_file(uri: str) -> str | None:
     """The database file of a SQLite tracking URI; None for another store or an in-memory one."""
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
     return path if path and path != ":memory:" else None
 
 
@@ -241,12 +255,12 @@ def seed_store(uri: str) -> bool:
             template.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=template.parent) as tmp:
                 db = Path(tmp) / "store.db"
-                MlflowClient(f"sqlite:///{db}").search_experiments()      # MLflow makes and migrates it
+                MlflowClient(f"sqlite:///{db}").search_experiments()  # MLflow makes and migrates it
                 with contextlib.closing(sqlite3.connect(db)) as con:
                     con.execute("DELETE FROM experiments")
                     con.commit()
                     con.execute("VACUUM")
-                os.replace(db, template)                                   # whole or not at all
+                os.replace(db, template)  # whole or not at all
         part = f"{path}.{os.getpid()}.part"
         try:
             shutil.copyfile(template, part)
@@ -254,7 +268,7 @@ def seed_store(uri: str) -> bool:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(part)
-    except Exception:       # noqa: BLE001 - any failure leaves the store to MLflow, which says its own error
+    except Exception:  # noqa: BLE001 - any failure leaves the store to MLflow, which says its own error
         return False
     return True
 
@@ -267,40 +281,57 @@ def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
     with store_lock(uri):
         seed_store(uri)
         client = MlflowClient(uri)
-        exp = client.get_experiment_by_name(sc.tracking.experiment)     # creates a new store
+        exp = client.get_experiment_by_name(sc.tracking.experiment)  # creates a new store
         if create and exp is None:
             exp = client.get_experiment(client.create_experiment(sc.tracking.experiment, artifact_root(uri)))
     return uri, client, exp
 
 
 class Tracker:
-    def __init__(self, sc, resume_run_id: str | None = None, verbose: bool = False,
-                 tags: dict[str, str] | None = None, driver_pid: int | None = None):
+    def __init__(
+        self,
+        sc,
+        resume_run_id: str | None = None,
+        verbose: bool = False,
+        tags: dict[str, str] | None = None,
+        driver_pid: int | None = None,
+    ):
         """A new run (or ``resume_run_id`` reopened) for ``sc``: a Scenario, or its
         ``config.RunSpec`` (what tracking needs of it, for a process without the
         methods' modules). ``driver_pid``: the process that runs the rounds (default: this)."""
         sc = sc if isinstance(sc, RunSpec) else RunSpec.of(sc)
         self.sc = sc
         self._driver_pid = driver_pid or os.getpid()
-        self._queue: queue.Queue = queue.Queue()   # rounds' metrics for the writer thread
+        self._queue: queue.Queue = queue.Queue()  # rounds' metrics for the writer thread
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self.uri, self.client, exp = open_store(sc, verbose, create=not resume_run_id)
-        self._logged: set[tuple[str, int]] = set()     # (metric, round) already in the store
+        self._logged: set[tuple[str, int]] = set()  # (metric, round) already in the store
         if resume_run_id:
             run = resumable_run(self.client, resume_run_id, self.uri)
             self.run_id = run.info.run_id
-            self._logged = {(key, m.step) for key in run.data.metrics
-                            for m in self.client.get_metric_history(self.run_id, key)}
+            self._logged = {
+                (key, m.step) for key in run.data.metrics for m in self.client.get_metric_history(self.run_id, key)
+            }
             self.client.update_run(self.run_id, status="RUNNING")
             self._start_heartbeat()
             if exp is not None:
                 self.reap(exp.experiment_id)
             return
         self.reap(exp.experiment_id)
-        run = self.client.create_run(exp.experiment_id, run_name=sc.name, tags={
-            "algorithm": sc.algorithm, "dataset": sc.dataset, "model": sc.model,
-            "scenario": os.path.basename(sc.path), "seed": str(sc.seed), **provenance(), **(tags or {})})
+        run = self.client.create_run(
+            exp.experiment_id,
+            run_name=sc.name,
+            tags={
+                "algorithm": sc.algorithm,
+                "dataset": sc.dataset,
+                "model": sc.model,
+                "scenario": os.path.basename(sc.path),
+                "seed": str(sc.seed),
+                **provenance(),
+                **(tags or {}),
+            },
+        )
         self.run_id = run.info.run_id
         self._start_heartbeat()
         self._record_scenario(sc)
@@ -313,8 +344,8 @@ class Tracker:
         scenario)."""
         full = sc.resolved
         items = [mlflow.entities.Param(k, v[:6000]) for k, v in sorted(flatten(full).items())]
-        for i in range(0, len(items), 100):            # MLflow takes at most 100 params a batch
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
         if os.path.isfile(sc.path):
             self.client.log_artifact(self.run_id, sc.path, "scenario")
         with tempfile.TemporaryDirectory() as tmp:
@@ -336,9 +367,11 @@ class Tracker:
         store already has it."""
         step = int(record["round"])
         now = int(time.time() * 1000)
-        metrics = [mlflow.entities.Metric(k, float(v), now, step) for k, v in record.items()
-                   if k != "round" and isinstance(v, (int, float)) and math.isfinite(v)
-                   and (k, step) not in self._logged]
+        metrics = [
+            mlflow.entities.Metric(k, float(v), now, step)
+            for k, v in record.items()
+            if k != "round" and isinstance(v, (int, float)) and math.isfinite(v) and (k, step) not in self._logged
+        ]
         self._logged.update((m.key, step) for m in metrics)
         if self._writer is None:
             self._writer = threading.Thread(target=self._write, name="raysim-mlflow-writer", daemon=True)
@@ -361,8 +394,8 @@ class Tracker:
             metrics = [m for ms in batch if ms is not None for m in ms]
             try:
                 for i in range(0, len(metrics), 1000):
-                    self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
-            except Exception as e:          # noqa: BLE001 - raised by flush, in the run's thread
+                    self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+            except Exception as e:  # noqa: BLE001 - raised by flush, in the run's thread
                 self._error = self._error or e
 
     def flush(self) -> None:
@@ -386,8 +419,12 @@ class Tracker:
         ``target_seconds``) are logged as metrics at the last round's step."""
         final = summary.get("final", {})
         if summary.get("history"):
-            self.log_round({"round": summary["history"][-1]["round"],
-                            **{k: v for k, v in final.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}})
+            self.log_round(
+                {
+                    "round": summary["history"][-1]["round"],
+                    **{k: v for k, v in final.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+                }
+            )
         self.flush()
         with tempfile.TemporaryDirectory() as tmp:
             p = os.path.join(tmp, "summary.json")
@@ -410,8 +447,7 @@ class Tracker:
                 tw = len(next(iter(true.values()))) if true else 0
                 with open(p, "w", newline="") as f:
                     w = csv.writer(f)
-                    w.writerow(["client", *[f"estimated{c}" for c in range(width)],
-                                *[f"true{s}" for s in range(tw)]])
+                    w.writerow(["client", *[f"estimated{c}" for c in range(width)], *[f"true{s}" for s in range(tw)]])
                     w.writerows([[c, *v, *true.get(c, [])] for c, v in imp.items()])
                 self.client.log_artifact(self.run_id, p, "clusters")
 
@@ -433,8 +469,9 @@ class Tracker:
             while not self._stop.wait(HEARTBEAT_S):
                 try:
                     self._beat()
-                except Exception:          # noqa: BLE001 - a missed beat is not a failure
+                except Exception:  # noqa: BLE001 - a missed beat is not a failure
                     pass
+
         self._thread = threading.Thread(target=loop, name="raysim-heartbeat", daemon=True)
         self._thread.start()
 
@@ -443,18 +480,23 @@ class Tracker:
         one line each with the way to resume it. Returns their ids."""
         gone = []
         now = time.time()
-        for run in self.client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
-                                           max_results=1000):
+        for run in self.client.search_runs(
+            [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000
+        ):
             rid, tags = run.info.run_id, run.data.tags
             why = driver_gone(tags, now)
             if rid == getattr(self, "run_id", None) or why is None:
                 continue
             self.client.set_tag(rid, "raysim.failure", why)
             self.client.set_terminated(rid, status="FAILED")
-            command = tags.get(RESUME_TAG) or (f"raysim run {tags.get('scenario', 'SCENARIO.yaml')} --resume {rid} "
-                                               "(the same file and --set options)")
-            print(f"raysim: MLflow run {rid} ({run.info.run_name}) was left RUNNING: {why}; marked FAILED. "
-                  f"Continue it with: {command}", file=sys.stderr)
+            command = tags.get(RESUME_TAG) or (
+                f"raysim run {tags.get('scenario', 'SCENARIO.yaml')} --resume {rid} (the same file and --set options)"
+            )
+            print(
+                f"raysim: MLflow run {rid} ({run.info.run_name}) was left RUNNING: {why}; marked FAILED. "
+                f"Continue it with: {command}",
+                file=sys.stderr,
+            )
             gone.append(rid)
         return gone
 
@@ -490,12 +532,20 @@ def start_parent(sc: Scenario, name: str, runs: list[tuple[str | None, int]]) ->
     ``mlflow.parentRunId``, so the MLflow UI nests them and ``raysim compare``/``report`` of
     the parent read its children)."""
     _, client, exp = open_store(sc)
-    run = client.create_run(exp.experiment_id, run_name=name, tags={
-        "raysim.parent": "1", "scenario": os.path.basename(sc.path), "algorithm": "sweep", **provenance()})
+    run = client.create_run(
+        exp.experiment_id,
+        run_name=name,
+        tags={"raysim.parent": "1", "scenario": os.path.basename(sc.path), "algorithm": "sweep", **provenance()},
+    )
     variants, seeds = sweep_params(runs)
-    client.log_batch(run.info.run_id, params=[
-        mlflow.entities.Param("variants", variants), mlflow.entities.Param("seeds", seeds),
-        mlflow.entities.Param("runs", str(len(runs)))])
+    client.log_batch(
+        run.info.run_id,
+        params=[
+            mlflow.entities.Param("variants", variants),
+            mlflow.entities.Param("seeds", seeds),
+            mlflow.entities.Param("runs", str(len(runs))),
+        ],
+    )
     return client, run.info.run_id
 
 
@@ -514,23 +564,33 @@ def reopen_parent(sc: Scenario, parent_id: str, file: str, runs: list[tuple[str 
     uri = resolve_uri(sc.tracking.uri)
     parent = resumable_run(client, parent_id, uri)
     if parent.data.tags.get("raysim.parent") != "1":
-        raise ScenarioError(f"{file}: --resume {parent_id}: not a sweep's parent run; to continue one run of a "
-                            "sweep add --variant NAME (and --seeds SEED)")
+        raise ScenarioError(
+            f"{file}: --resume {parent_id}: not a sweep's parent run; to continue one run of a "
+            "sweep add --variant NAME (and --seeds SEED)"
+        )
     was = (parent.data.params.get("variants"), parent.data.params.get("seeds"))
     now = sweep_params(runs)
     if was != now:
-        raise ScenarioError(f"{file}: --resume {parent_id}: the sweep ran variants {was[0]} with seeds {was[1]}; "
-                            f"this command makes variants {now[0]} with seeds {now[1]}: resume with the same file, "
-                            "--set and --seeds")
-    kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'",
-                              max_results=50000)
+        raise ScenarioError(
+            f"{file}: --resume {parent_id}: the sweep ran variants {was[0]} with seeds {was[1]}; "
+            f"this command makes variants {now[0]} with seeds {now[1]}: resume with the same file, "
+            "--set and --seeds"
+        )
+    kids = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=50000
+    )
     for kid in kids:
-        if (kid.info.status == "RUNNING" and DRIVER_TAG in kid.data.tags
-                and driver_gone(kid.data.tags, time.time()) is None):
-            raise ScenarioError(f"{file}: --resume {parent_id}: its run {kid.info.run_id} is still RUNNING "
-                                f"(driver {kid.data.tags[DRIVER_TAG]}); stop the sweep first (Ctrl-C or SIGTERM)")
+        if (
+            kid.info.status == "RUNNING"
+            and DRIVER_TAG in kid.data.tags
+            and driver_gone(kid.data.tags, time.time()) is None
+        ):
+            raise ScenarioError(
+                f"{file}: --resume {parent_id}: its run {kid.info.run_id} is still RUNNING "
+                f"(driver {kid.data.tags[DRIVER_TAG]}); stop the sweep first (Ctrl-C or SIGTERM)"
+            )
     by = {}
-    for kid in sorted(kids, key=lambda k: k.info.start_time or 0):    # a variant run twice: the latest
+    for kid in sorted(kids, key=lambda k: k.info.start_time or 0):  # a variant run twice: the latest
         by[(kid.data.tags.get("variant"), int(kid.data.tags.get("seed", sc.seed)))] = kid
     client.update_run(parent_id, status="RUNNING")
     return client, parent_id, by
@@ -542,15 +602,17 @@ def write_curve(folder: str, key: str, curve: dict, std: dict | None, title: str
     xs = list(curve)
     ys = [float(curve[x]) for x in xs]
     sd = [float(std[x]) for x in xs] if std else None
-    name = key[:-len("_curve")]
+    name = key[: -len("_curve")]
     csv_path = os.path.join(folder, f"{key}.csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow([name, "mean", *(["std"] if sd else [])])
         w.writerows([[x, y, *([s] if sd else [])] for x, y, s in zip(xs, ys, sd or ys)])
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
     try:
         pos = [float(x) for x in xs]

@@ -5,6 +5,7 @@ dataset's, model's and partitioner's own options load into that component's own 
 its defaults come from one place. Every problem is reported as ONE line
 ``FILE: KEY.PATH: what is wrong; what is allowed`` through ScenarioError.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,24 @@ from raysim.scenario.sections import (  # noqa: F401
     TrackingCfg,
 )
 
-TOP_KEYS = ("name", "seed", "rounds", "data", "model", "algorithm", "sampling", "eval",
-            "resources", "tracking", "checkpoint", "topology", "server", "systems", "privacy", "communication")
+TOP_KEYS = (
+    "name",
+    "seed",
+    "rounds",
+    "data",
+    "model",
+    "algorithm",
+    "sampling",
+    "eval",
+    "resources",
+    "tracking",
+    "checkpoint",
+    "topology",
+    "server",
+    "systems",
+    "privacy",
+    "communication",
+)
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -67,7 +84,7 @@ def set_key(raw: dict, key: str, value, file: str) -> None:
         elif isinstance(nxt, str) and part in ("model", "algorithm"):
             nxt = node[part] = {"name": nxt}
         if not isinstance(nxt, dict):
-            raise ScenarioError(f"{file}: {'.'.join(parts[:i + 1])}: is not a mapping, cannot set {key}")
+            raise ScenarioError(f"{file}: {'.'.join(parts[: i + 1])}: is not a mapping, cannot set {key}")
         node = nxt
     node[parts[-1]] = value
 
@@ -96,7 +113,9 @@ def read_yaml(path: str | Path) -> dict:
         problem = getattr(e, "problem", None) or "invalid YAML"
         raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
     if doc is None:
-        raise ScenarioError(f"{path}: empty file (only comments); expected a YAML mapping with {', '.join(TOP_KEYS[:4])}, ...")
+        raise ScenarioError(
+            f"{path}: empty file (only comments); expected a YAML mapping with {', '.join(TOP_KEYS[:4])}, ..."
+        )
     if not isinstance(doc, dict):
         raise ScenarioError(f"{path}: the document is {type(doc).__name__}, expected a YAML mapping of sections")
     return doc
@@ -112,8 +131,10 @@ def seeds_of(path: str | Path, cli: str | None = None) -> list[int] | None:
     items = value.split(",") if isinstance(value, str) else value
     ctx = Ctx(where)
     try:
-        seeds = [coerce(ctx, "", int, v.strip() if isinstance(v, str) else v)
-                 for v in (items if isinstance(items, list) else [items])]
+        seeds = [
+            coerce(ctx, "", int, v.strip() if isinstance(v, str) else v)
+            for v in (items if isinstance(items, list) else [items])
+        ]
     except ScenarioError:
         raise ScenarioError(f"{where}: {value!r} is not a list of integers, e.g. 0,1,2") from None
     if not seeds or len(set(seeds)) != len(seeds):
@@ -130,16 +151,20 @@ def load(path: str | Path, overrides: list[str] = (), check_data: bool = True) -
     raw.pop("seeds", None)
     for key in ("sweep", "grid"):
         if key in raw:
-            raise ScenarioError(f"{path}: {key}: this file is a sweep; run it with `raysim run`, or pick one "
-                                f"variant with --variant NAME")
+            raise ScenarioError(
+                f"{path}: {key}: this file is a sweep; run it with `raysim run`, or pick one "
+                f"variant with --variant NAME"
+            )
     for item in overrides:
         apply_override(raw, item, str(path))
     return validate(raw, str(path), check_data=check_data)
 
 
 GRID_EXAMPLE = "e.g. {algorithm.lr: [0.01, 0.1], algorithm.mu: [0.1, 1.0]}"
-NOT_GRID = {"seed": "list the seeds in seeds: [0, 1, 2] (or --seeds 0,1,2): every variant runs once per seed",
-            "name": "a grid variant's runs are named NAME-VARIANT already"}
+NOT_GRID = {
+    "seed": "list the seeds in seeds: [0, 1, 2] (or --seeds 0,1,2): every variant runs once per seed",
+    "name": "a grid variant's runs are named NAME-VARIANT already",
+}
 
 
 def grid_value(value) -> str:
@@ -151,6 +176,7 @@ def grid_value(value) -> str:
         return "null"
     if isinstance(value, (list, dict)):
         import json
+
         return json.dumps(value, separators=(",", ":"), default=str)
     return str(value)
 
@@ -162,6 +188,7 @@ def expand_grid(path: str | Path, sweep: dict | None, grid) -> dict[str, dict]:
     one of its variants at every combination (``fedprox,lr=0.01``): its own changes, then the
     grid's."""
     import itertools
+
     where = f"{path}: grid"
     if not isinstance(grid, dict) or not grid:
         raise ScenarioError(f"{where}: expected a mapping of dotted keys to lists of values, {GRID_EXAMPLE}")
@@ -175,11 +202,13 @@ def expand_grid(path: str | Path, sweep: dict | None, grid) -> dict[str, dict]:
         twice = next((v for i, v in enumerate(shown) if v in shown[:i]), None)
         if twice is not None:
             raise ScenarioError(f"{where}.{key}: {twice} is listed twice; list each value once")
-        set_key({}, key, None, where)           # a well-formed dotted key
+        set_key({}, key, None, where)  # a well-formed dotted key
     last = [k.rsplit(".", 1)[-1] for k in keys]
     short = [part if last.count(part) == 1 else k for k, part in zip(keys, last)]
-    points = [(",".join(f"{n}={grid_value(v)}" for n, v in zip(short, combo)), dict(zip(keys, combo)))
-              for combo in itertools.product(*grid.values())]
+    points = [
+        (",".join(f"{n}={grid_value(v)}" for n, v in zip(short, combo)), dict(zip(keys, combo)))
+        for combo in itertools.product(*grid.values())
+    ]
     if not sweep:
         return dict(points)
     out = {}
@@ -192,8 +221,13 @@ def expand_grid(path: str | Path, sweep: dict | None, grid) -> dict[str, dict]:
     return out
 
 
-def load_variants(path: str | Path, overrides: list[str] = (), only: str | None = None,
-                  check_data: bool = True, seeds: list[int] | None = None) -> list[tuple[str | None, Scenario]]:
+def load_variants(
+    path: str | Path,
+    overrides: list[str] = (),
+    only: str | None = None,
+    check_data: bool = True,
+    seeds: list[int] | None = None,
+) -> list[tuple[str | None, Scenario]]:
     """A scenario, or each variant of a sweep file: ``sweep: {NAME: {dotted.key: value, ...}}``
     applies each variant's overrides (then the command line's) to the same base scenario;
     ``grid: {dotted.key: [values], ...}`` adds one variant per combination of values
@@ -245,6 +279,7 @@ def pick_variants(path: str | Path, only: str, names: list) -> set:
     """The variants ``--variant`` names: the one of that name, else every one its shell-style
     pattern matches (``'*-shards,lr=0.01'``: ``*``, ``?``, ``[...]``)."""
     import fnmatch
+
     names = [str(n) for n in names]
     if only in names:
         return {only}
@@ -264,8 +299,10 @@ def name_list(names) -> str:
 
 def _check_sweep(path: str | Path, sweep) -> None:
     if not isinstance(sweep, dict) or not sweep or not all(isinstance(v, dict) for v in sweep.values()):
-        raise ScenarioError(f"{path}: sweep: expected a mapping of variant names to mappings of "
-                            "dotted keys, e.g. {ring: {topology.kind: ring}}")
+        raise ScenarioError(
+            f"{path}: sweep: expected a mapping of variant names to mappings of "
+            "dotted keys, e.g. {ring: {topology.kind: ring}}"
+        )
 
 
 def resolved(sc: Scenario) -> dict:
@@ -273,6 +310,7 @@ def resolved(sc: Scenario) -> dict:
     filled in, each component's name beside its own options, relative paths made absolute.
     A mapping of plain values (JSON-ready) that ``validate`` turns back into the same scenario;
     a run logs it as ``scenario/resolved.json`` and, flattened, as its MLflow parameters."""
+
     def plain(value):
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -284,19 +322,22 @@ def resolved(sc: Scenario) -> dict:
 
     def named_options(c, key: str) -> dict:
         return {key: c.name, **plain(c.params)}
+
     d = sc.data
     out = {}
     for key in TOP_KEYS:
         if key == "data":
-            out[key] = {**named_options(d.dataset, "dataset"), "clients": d.clients,
-                        "partition": named_options(d.partition, "kind") if d.partition is not None else None,
-                        "splits": plain(d.splits)}
+            out[key] = {
+                **named_options(d.dataset, "dataset"),
+                "clients": d.clients,
+                "partition": named_options(d.partition, "kind") if d.partition is not None else None,
+                "splits": plain(d.splits),
+            }
         elif key in ("model", "algorithm"):
             out[key] = named_options(getattr(sc, key), "name")
         else:
             out[key] = plain(getattr(sc, key))
     return out
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,8 +363,17 @@ class RunSpec:
 
     @classmethod
     def of(cls, sc) -> RunSpec:
-        return cls(sc.name, sc.algorithm.name, sc.data.dataset.name, sc.model.name, str(sc.path), sc.seed,
-                   TrackingRef(sc.tracking.uri, sc.tracking.experiment), sc.raw, resolved(sc))
+        return cls(
+            sc.name,
+            sc.algorithm.name,
+            sc.data.dataset.name,
+            sc.model.name,
+            str(sc.path),
+            sc.seed,
+            TrackingRef(sc.tracking.uri, sc.tracking.experiment),
+            sc.raw,
+            resolved(sc),
+        )
 
 
 def named(ctx: Ctx, path: str, mapping, key: str, builtins: dict, lookup, params_of, default=None):
@@ -365,38 +415,58 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if not isinstance(d, dict):
         ctx.fail("data", f"expected a mapping, got {type(d).__name__}")
     data_keys = ("dataset", "clients", "partition", "splits")
-    dataset = named(ctx, "data", {k: v for k, v in d.items() if k not in data_keys[1:]},
-                    "dataset", DATASETS, datasets.dataset, lambda s: s.Params)
+    dataset = named(
+        ctx,
+        "data",
+        {k: v for k, v in d.items() if k not in data_keys[1:]},
+        "dataset",
+        DATASETS,
+        datasets.dataset,
+        lambda s: s.Params,
+    )
     if "clients" not in d:
         ctx.fail("data.clients", "missing; give the number of clients (an integer >= 1)")
     clients = coerce(ctx, "data.clients", int, d["clients"])
     check_range(ctx, "data.clients", {"min": 1}, clients)
     allowed = partitions_of(dataset.name)
     partition = None
-    if datasets.dataset(dataset.name).pooled:       # any partitioner, a plugin's too
-        partition = named(ctx, "data.partition", d.get("partition"), "kind", PARTITIONERS,
-                          datasets.partitioner, lambda s: s.Params, default=allowed[0])
+    if datasets.dataset(dataset.name).pooled:  # any partitioner, a plugin's too
+        partition = named(
+            ctx,
+            "data.partition",
+            d.get("partition"),
+            "kind",
+            PARTITIONERS,
+            datasets.partitioner,
+            lambda s: s.Params,
+            default=allowed[0],
+        )
     elif allowed:
         try:
             choices = {k: datasets.partitioner(k) for k in allowed}
         except plugins.PluginError as e:
             ctx.fail("data.partition.kind", f"dataset '{dataset.name}' takes {', '.join(allowed)}: {e}")
-        partition = component(ctx, "data.partition", d.get("partition"), "kind", choices, lambda s: s.Params,
-                              default=allowed[0])
+        partition = component(
+            ctx, "data.partition", d.get("partition"), "kind", choices, lambda s: s.Params, default=allowed[0]
+        )
     if partition is not None and partition.name == "mixture":
         bad = mixture_problem(partition.params)
         if bad is not None:
             ctx.fail(f"data.partition.{bad[0]}", bad[1])
     if partition is None and d.get("partition") is not None:
-        ctx.fail("data.partition", f"dataset '{dataset.name}' has its own client split; "
-                 f"partition applies only to {', '.join(n for n in DATASETS if partitions_of(n))}")
+        ctx.fail(
+            "data.partition",
+            f"dataset '{dataset.name}' has its own client split; "
+            f"partition applies only to {', '.join(n for n in DATASETS if partitions_of(n))}",
+        )
     splits = load_dataclass(ctx, "data.splits", SplitsCfg, d.get("splits"))
     if abs(splits.train + splits.val + splits.test - 1.0) > 1e-6:
         ctx.fail("data.splits", f"train + val + test = {splits.train + splits.val + splits.test:g}; they must sum to 1")
 
     model = named(ctx, "model", raw["model"], "name", MODELS, models.spec, lambda s: s.Params)
-    algorithm = named(ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY, algorithms.resolve,
-                      lambda a: a.Hyper)
+    algorithm = named(
+        ctx, "algorithm", raw["algorithm"], "name", algorithms.REGISTRY, algorithms.resolve, lambda a: a.Hyper
+    )
     method = algorithms.resolve(algorithm.name)
     sampling = load_dataclass(ctx, "sampling", SamplingCfg, raw.get("sampling"))
     if sampling.fraction is not None and sampling.count is not None:
@@ -405,16 +475,25 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         sampling = SamplingCfg(fraction=1.0)
     ev_raw = raw.get("eval")
     nested = isinstance(ev_raw, dict)
-    ev = load_dataclass(ctx, "eval", EvalCfg, {k: v for k, v in ev_raw.items() if k != "finetune"} if nested else ev_raw)
-    ev = replace(ev, finetune=load_dataclass(ctx, "eval.finetune", FinetuneCfg,
-                                             ev_raw.get("finetune") if nested else None))
+    ev = load_dataclass(
+        ctx, "eval", EvalCfg, {k: v for k, v in ev_raw.items() if k != "finetune"} if nested else ev_raw
+    )
+    ev = replace(
+        ev, finetune=load_dataclass(ctx, "eval.finetune", FinetuneCfg, ev_raw.get("finetune") if nested else None)
+    )
     if ev.finetune.epochs and not method.has_global_model():
         with_global = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_global_model())
-        ctx.fail("eval.finetune", f"'{algorithm.name}' has no global model to update locally; leave "
-                 f"eval.finetune out (or epochs: 0), or choose one of {with_global}")
+        ctx.fail(
+            "eval.finetune",
+            f"'{algorithm.name}' has no global model to update locally; leave "
+            f"eval.finetune out (or epochs: 0), or choose one of {with_global}",
+        )
     if ev.validation is True and splits.val <= 0:
-        ctx.fail("eval.validation", "true, but data.splits.val is 0: there is no validation split to score; "
-                 "carve one, e.g. data.splits: {train: 0.7, val: 0.1, test: 0.2}, or use auto")
+        ctx.fail(
+            "eval.validation",
+            "true, but data.splits.val is 0: there is no validation split to score; "
+            "carve one, e.g. data.splits: {train: 0.7, val: 0.1, test: 0.2}, or use auto",
+        )
     train_clients = clients - int(round(ev.unseen_fraction * clients))
     if train_clients < 1:
         ctx.fail("eval.unseen_fraction", f"{ev.unseen_fraction} leaves no training client out of {clients}")
@@ -422,15 +501,18 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         ctx.fail("sampling.count", f"{sampling.count} is more than the {train_clients} training clients")
     resources = load_dataclass(ctx, "resources", ResourcesCfg, raw.get("resources"))
     if resources.hosts > clients and "hosts" not in (raw.get("resources") or {}):
-        resources = replace(resources, hosts=clients)     # the default on fewer clients
+        resources = replace(resources, hosts=clients)  # the default on fewer clients
     if resources.hosts > clients:
-        ctx.fail("resources.hosts", f"{resources.hosts} hosts for {clients} clients; give at most {clients} "
-                 "(a host holds one client or more)")
+        ctx.fail(
+            "resources.hosts",
+            f"{resources.hosts} hosts for {clients} clients; give at most {clients} (a host holds one client or more)",
+        )
     tracking = load_dataclass(ctx, "tracking", TrackingCfg, raw.get("tracking"))
     if not tracking.experiment.strip():
         ctx.fail("tracking.experiment", "empty; give the MLflow experiment's name, e.g. raysim")
     if tracking.uri:
         from raysim.scenario.stores import unknown_store
+
         if unknown := unknown_store(tracking.uri):
             ctx.fail("tracking.uri", unknown)
     checkpoint = load_dataclass(ctx, "checkpoint", CheckpointCfg, raw.get("checkpoint"))
@@ -442,11 +524,16 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         gossip = [n for n, a in algorithms.REGISTRY.items() if a.decentralized]
         if not method.decentralized:
             why = f" ({method.no_gossip})" if method.no_gossip else ""
-            ctx.fail("algorithm.name", f"'{algorithm.name}' has no decentralized form{why}; with a topology "
-                     f"choose one of {', '.join(gossip)}")
+            ctx.fail(
+                "algorithm.name",
+                f"'{algorithm.name}' has no decentralized form{why}; with a topology choose one of {', '.join(gossip)}",
+            )
         if (topology.link_failure or topology.node_failure) and topology.mixing != "metropolis":
-            ctx.fail("topology.mixing", f"'{topology.mixing}' is solved once for a fixed graph; with link or node "
-                     "failures W is rebuilt every round: use metropolis")
+            ctx.fail(
+                "topology.mixing",
+                f"'{topology.mixing}' is solved once for a fixed graph; with link or node "
+                "failures W is rebuilt every round: use metropolis",
+            )
         if topology.kind == "edges" and not topology.edges:
             ctx.fail("topology.edges", "kind 'edges' needs the path of an edge-list file")
         if topology.edges and not Path(topology.edges).is_file():
@@ -460,8 +547,10 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     if server.optimizer != "none":
         if not method.has_server_params():
             stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_server_params())
-            ctx.fail("server.optimizer", f"'{algorithm.name}' has no global model for a server optimizer to "
-                     f"step; use none, or one of {stepped}")
+            ctx.fail(
+                "server.optimizer",
+                f"'{algorithm.name}' has no global model for a server optimizer to step; use none, or one of {stepped}",
+            )
         if topology is not None:
             ctx.fail("server.optimizer", "a server optimizer needs a server; use none with a topology")
 
@@ -475,19 +564,28 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
             if not method.has_async():
                 stepped = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.has_async())
                 why = method.not_asynchronous or "it has no global model"
-                ctx.fail("systems.aggregation", f"{systems.aggregation} steps a global model with each reply; "
-                         f"'{algorithm.name}' cannot run so ({why}); use sync, or one of {stepped}")
+                ctx.fail(
+                    "systems.aggregation",
+                    f"{systems.aggregation} steps a global model with each reply; "
+                    f"'{algorithm.name}' cannot run so ({why}); use sync, or one of {stepped}",
+                )
             for key, neutral in (("deadline_s", None), ("over_selection", 1.0)):
                 if getattr(systems, key) != neutral:
-                    ctx.fail(f"systems.{key}", f"a synchronous round's; {systems.aggregation} has no rounds to wait "
-                             f"for (leave it out)")
+                    ctx.fail(
+                        f"systems.{key}",
+                        f"a synchronous round's; {systems.aggregation} has no rounds to wait for (leave it out)",
+                    )
             if server.optimizer != "none":
                 ctx.fail("server.optimizer", f"{systems.aggregation} steps the model itself; use none with it")
-            concurrency = (sampling.count if sampling.count is not None
-                           else max(1, int(round(sampling.fraction * train_clients))))
+            concurrency = (
+                sampling.count if sampling.count is not None else max(1, int(round(sampling.fraction * train_clients)))
+            )
             if systems.aggregation == "fedbuff" and systems.buffer > concurrency:
-                ctx.fail("systems.buffer", f"{systems.buffer} replies a step, but only {concurrency} clients train at "
-                         f"once (the sampling section's count or fraction); give at most {concurrency}")
+                ctx.fail(
+                    "systems.buffer",
+                    f"{systems.buffer} replies a step, but only {concurrency} clients train at "
+                    f"once (the sampling section's count or fraction); give at most {concurrency}",
+                )
 
     privacy = None
     if raw.get("privacy") is not None:
@@ -499,8 +597,26 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
 
     dataset, checkpoint, tracking, topology = _absolute_paths(dataset, checkpoint, tracking, topology)
     model = _absolute_model_paths(model)
-    sc = Scenario(file, name, seed, rounds, DataCfg(dataset, clients, partition, splits), model,
-                  algorithm, sampling, ev, resources, tracking, checkpoint, topology, raw, server, systems, privacy, communication)
+    sc = Scenario(
+        file,
+        name,
+        seed,
+        rounds,
+        DataCfg(dataset, clients, partition, splits),
+        model,
+        algorithm,
+        sampling,
+        ev,
+        resources,
+        tracking,
+        checkpoint,
+        topology,
+        raw,
+        server,
+        systems,
+        privacy,
+        communication,
+    )
     if systems is not None and systems.availability == "trace":
         _someone_online(ctx, sc)
     if check_data:
@@ -512,18 +628,21 @@ def _someone_online(ctx: Ctx, sc: Scenario) -> None:
     """The availability trace read (a bad row stops the run before it starts), and some
     training client given a window in it: without one, no round would train anyone."""
     from raysim.federation import fleet
+
     cfg = sc.systems
     try:
-        trace = fleet.read_windows(cfg.availability_trace, sc.data.clients,
-                                     cfg.period_s if cfg.trace_repeats else None)
+        trace = fleet.read_windows(cfg.availability_trace, sc.data.clients, cfg.period_s if cfg.trace_repeats else None)
     except fleet.TraceError as e:
         ctx.fail("systems.availability_trace", str(e))
     train, _ = split_unseen(sc)
     opens = trace.openings()
     if not any(opens[c] for c in train.tolist()):
         unseen = " (the unseen clients do not train)" if len(train) < sc.data.clients else ""
-        ctx.fail("systems.availability_trace", f"{cfg.availability_trace} gives none of the {len(train)} training "
-                 f"clients of ids 0 to {sc.data.clients - 1} a window that opens{unseen}: no round could train anyone")
+        ctx.fail(
+            "systems.availability_trace",
+            f"{cfg.availability_trace} gives none of the {len(train)} training "
+            f"clients of ids 0 to {sc.data.clients - 1} a window that opens{unseen}: no round could train anyone",
+        )
 
 
 def _upload_section(ctx: Ctx, key: str, cls, mapping, method, algorithm, what: str):
@@ -531,16 +650,22 @@ def _upload_section(ctx: Ctx, key: str, cls, mapping, method, algorithm, what: s
     options, and the one kind of method it applies to, whose reply is the one model the server
     averages (``Algorithm.averages_one_model``)."""
     import raysim.algorithms as algorithms
+
     if not isinstance(mapping, dict):
         ctx.fail(key, f"expected a mapping of options, got {type(mapping).__name__}")
     cfg = load_dataclass(ctx, key, cls, mapping)
     if not method.averages_one_model():
         fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.averages_one_model())
-        ctx.fail("algorithm.name", f"'{algorithm.name}' does not reply with the one model the server averages, "
-                 f"which {what} apply to; with {key} use one of {fits}")
+        ctx.fail(
+            "algorithm.name",
+            f"'{algorithm.name}' does not reply with the one model the server averages, "
+            f"which {what} apply to; with {key} use one of {fits}",
+        )
     if getattr(algorithm.params, "track_variance", False):
-        ctx.fail("algorithm.track_variance", f"measures the clients' raw updates, which {key} changes before the "
-                 "server sees them; leave it false")
+        ctx.fail(
+            "algorithm.track_variance",
+            f"measures the clients' raw updates, which {key} changes before the server sees them; leave it false",
+        )
     return cfg
 
 
@@ -548,6 +673,7 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int, ev
     """The ``privacy`` section, and the runs it applies to: a server averaging one model from
     uniformly sampled clients."""
     from raysim.federation import privacy
+
     if isinstance(mapping, dict) and mapping.get("level") == "sample":
         return _sample_privacy(ctx, mapping, method, algorithm, topology, systems, ev)
     cfg = _upload_section(ctx, "privacy", PrivacyCfg, mapping, method, algorithm, "DP-FedAvg's clipping and noise")
@@ -556,11 +682,16 @@ def _privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, k: int, ev
     if cfg.batches is not None:
         ctx.fail("privacy.batches", "is how DP-SGD forms its batches (level sample); leave it out with level client")
     if topology is not None:
-        ctx.fail("privacy", "client-level DP here bounds what a server learns from its clients' updates; "
-                 "leave the topology out")
+        ctx.fail(
+            "privacy",
+            "client-level DP here bounds what a server learns from its clients' updates; leave the topology out",
+        )
     if systems is not None:
-        ctx.fail("privacy", "the accountant assumes clients sampled uniformly at random each round, which "
-                 "availability, dropouts, deadlines and asynchrony change; leave systems out")
+        ctx.fail(
+            "privacy",
+            "the accountant assumes clients sampled uniformly at random each round, which "
+            "availability, dropouts, deadlines and asynchrony change; leave systems out",
+        )
     try:
         privacy.update_multiplier(cfg, k)
     except ValueError as e:
@@ -574,54 +705,81 @@ def _outside_dp_sgd(ctx: Ctx, method, algorithm, ev) -> None:
     the local update before evaluation (``eval.finetune``, fedavg+'s by default) trains without
     DP-SGD, and an unseen client that personalizes by training runs steps no round counts."""
     from raysim.algorithms import Algorithm
-    probe = method.__new__(method)            # the method's default local update, from its options
+
+    probe = method.__new__(method)  # the method's default local update, from its options
     probe.hp = algorithm.params
     epochs = ev.finetune.epochs if ev.finetune.epochs is not None else probe.default_finetune_epochs()
     if epochs:
-        ctx.fail("eval.finetune", f"the local update before evaluation trains on each client's data outside "
-                 f"DP-SGD ({epochs} epoch{'s' * (epochs > 1)}), which privacy.level sample does not count; "
-                 f"set eval.finetune.epochs: 0, or use fedavg, fedprox or ditto")
+        ctx.fail(
+            "eval.finetune",
+            f"the local update before evaluation trains on each client's data outside "
+            f"DP-SGD ({epochs} epoch{'s' * (epochs > 1)}), which privacy.level sample does not count; "
+            f"set eval.finetune.epochs: 0, or use fedavg, fedprox or ditto",
+        )
     if ev.unseen_fraction > 0 and method.personalize is not Algorithm.personalize:
-        ctx.fail("eval.unseen_fraction", f"'{algorithm.name}' personalizes unseen clients by training on their data, "
-                 f"which privacy.level sample does not count; leave eval.unseen_fraction at 0")
+        ctx.fail(
+            "eval.unseen_fraction",
+            f"'{algorithm.name}' personalizes unseen clients by training on their data, "
+            f"which privacy.level sample does not count; leave eval.unseen_fraction at 0",
+        )
 
 
 def _check_noise(ctx: Ctx, cfg: PrivacyCfg) -> None:
     """z is 0 (clipping alone) or at least ``privacy.MIN_NOISE``: the accountant has no finite
     answer much below it, and what it gives there is no guarantee."""
     from raysim.federation.privacy import MIN_NOISE
+
     if 0 < cfg.noise_multiplier < MIN_NOISE:
-        ctx.fail("privacy.noise_multiplier", f"{cfg.noise_multiplier:g} is 0 (clipping only) or at least {MIN_NOISE:g} "
-                 f"(below it ε exceeds 10^5 and the accountant overflows)")
+        ctx.fail(
+            "privacy.noise_multiplier",
+            f"{cfg.noise_multiplier:g} is 0 (clipping only) or at least {MIN_NOISE:g} "
+            f"(below it ε exceeds 10^5 and the accountant overflows)",
+        )
 
 
 def _sample_privacy(ctx: Ctx, mapping, method, algorithm, topology, systems, ev) -> PrivacyCfg:
     """``privacy`` with ``level: sample``: DP-SGD in every local step of a method whose only use
     of a client's training data that leaves it is that training (``trains_with_dp_sgd``)."""
     import raysim.algorithms as algorithms
+
     cfg = load_dataclass(ctx, "privacy", PrivacyCfg, mapping)
     _check_noise(ctx, cfg)
     if not method.trains_with_dp_sgd():
         fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.trains_with_dp_sgd())
-        ctx.fail("algorithm.name", f"'{algorithm.name}' uses its clients' data beyond DP-SGD's steps on the task's "
-                 f"loss (its own objective, or what it sends); with privacy.level sample use one of {fits}")
+        ctx.fail(
+            "algorithm.name",
+            f"'{algorithm.name}' uses its clients' data beyond DP-SGD's steps on the task's "
+            f"loss (its own objective, or what it sends); with privacy.level sample use one of {fits}",
+        )
     _outside_dp_sgd(ctx, method, algorithm, ev)
     if topology is not None:
-        ctx.fail("privacy.level", "sample-level DP here runs on the star (its accountant counts a client's local "
-                 "steps); leave the topology out")
+        ctx.fail(
+            "privacy.level",
+            "sample-level DP here runs on the star (its accountant counts a client's local "
+            "steps); leave the topology out",
+        )
     if systems is not None and systems.aggregation != "sync":
-        ctx.fail("privacy.level", f"sample-level DP counts the rounds each client trains in, in synchronous rounds; "
-                 f"use systems.aggregation: sync (not {systems.aggregation})")
+        ctx.fail(
+            "privacy.level",
+            f"sample-level DP counts the rounds each client trains in, in synchronous rounds; "
+            f"use systems.aggregation: sync (not {systems.aggregation})",
+        )
     for key in ("target_quantile", "count_noise"):
         if getattr(cfg, key) is not None:
-            ctx.fail(f"privacy.{key}", "is adaptive clipping of client updates (level client); leave it out with "
-                     "level sample")
+            ctx.fail(
+                f"privacy.{key}",
+                "is adaptive clipping of client updates (level client); leave it out with level sample",
+            )
     if cfg.clip_lr != PrivacyCfg.__dataclass_fields__["clip_lr"].default:
-        ctx.fail("privacy.clip_lr", "is adaptive clipping of client updates (level client); leave it out with level "
-                 "sample")
+        ctx.fail(
+            "privacy.clip_lr", "is adaptive clipping of client updates (level client); leave it out with level sample"
+        )
     if cfg.accounting == "sampled":
-        ctx.fail("privacy.accounting", "level sample counts each batch as Poisson-sampled (poisson, or leave it out); "
-                 "sampled is the clients' sampling of level client")
+        ctx.fail(
+            "privacy.accounting",
+            "level sample counts each batch as Poisson-sampled (poisson, or leave it out); "
+            "sampled is the clients' sampling of level client",
+        )
     return dataclasses.replace(cfg, accounting="poisson", batches=cfg.batches or "shuffle")
 
 
@@ -632,17 +790,28 @@ def _communication(ctx: Ctx, mapping, method, algorithm, topology, systems, priv
         return _gossip_communication(ctx, mapping)
     cfg = _upload_section(ctx, "communication", CommunicationCfg, mapping, method, algorithm, "compressors")
     if cfg.gossip_step is not None:
-        ctx.fail("communication.gossip_step", "is CHOCO-gossip's consensus step, for decentralized runs (a "
-                 "topology); leave it out here")
+        ctx.fail(
+            "communication.gossip_step",
+            "is CHOCO-gossip's consensus step, for decentralized runs (a topology); leave it out here",
+        )
     if systems is not None and systems.aggregation != "sync":
-        ctx.fail("communication", f"compressed uploads are averaged in synchronous rounds; use systems.aggregation: "
-                 f"sync (not {systems.aggregation})")
+        ctx.fail(
+            "communication",
+            f"compressed uploads are averaged in synchronous rounds; use systems.aggregation: "
+            f"sync (not {systems.aggregation})",
+        )
     if privacy is not None and privacy.level == "client":
-        ctx.fail("communication", "a compressed update may be longer than privacy.clip (randk scales it up, "
-                 "error feedback adds earlier rounds), which would void the guarantee; use one of the two sections")
+        ctx.fail(
+            "communication",
+            "a compressed update may be longer than privacy.clip (randk scales it up, "
+            "error feedback adds earlier rounds), which would void the guarantee; use one of the two sections",
+        )
     if cfg.error_feedback and cfg.compress not in ("topk", "randk"):
-        ctx.fail("communication.error_feedback", f"is for the sparsifiers topk and randk; {cfg.compress} sends "
-                 f"{'the update whole' if cfg.compress == 'none' else 'an unbiased quantization'}: leave it false")
+        ctx.fail(
+            "communication.error_feedback",
+            f"is for the sparsifiers topk and randk; {cfg.compress} sends "
+            f"{'the update whole' if cfg.compress == 'none' else 'an unbiased quantization'}: leave it false",
+        )
     return cfg
 
 
@@ -653,11 +822,16 @@ def _gossip_communication(ctx: Ctx, mapping) -> CommunicationCfg:
         ctx.fail("communication", f"expected a mapping of options, got {type(mapping).__name__}")
     cfg = load_dataclass(ctx, "communication", CommunicationCfg, mapping)
     if cfg.gossip_step is None:
-        ctx.fail("communication.gossip_step", "CHOCO-gossip's consensus step γ is needed with a topology: 1 with "
-                 "compress none is plain gossip; the paper tunes it per compressor (e.g. 0.1 to 0.5 for topk 10%)")
+        ctx.fail(
+            "communication.gossip_step",
+            "CHOCO-gossip's consensus step γ is needed with a topology: 1 with "
+            "compress none is plain gossip; the paper tunes it per compressor (e.g. 0.1 to 0.5 for topk 10%)",
+        )
     if cfg.error_feedback:
-        ctx.fail("communication.error_feedback", "is for uploads to a server; CHOCO-gossip's public copies keep what "
-                 "a compressor drops: leave it false")
+        ctx.fail(
+            "communication.error_feedback",
+            "is for uploads to a server; CHOCO-gossip's public copies keep what a compressor drops: leave it false",
+        )
     return cfg
 
 
@@ -669,15 +843,18 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
     if not isinstance(mapping, dict):
         ctx.fail("systems", f"expected a mapping of options, got {type(mapping).__name__}")
     if decentralized:
-        ctx.fail("systems", "the virtual clock drives a server's rounds; it is not simulated with a topology yet "
-                 "(leave systems out, or the topology)")
+        ctx.fail(
+            "systems",
+            "the virtual clock drives a server's rounds; it is not simulated with a topology yet "
+            "(leave systems out, or the topology)",
+        )
     cfg = load_dataclass(ctx, "systems", SystemsCfg, {k: v for k, v in mapping.items() if k not in DISTS}, skip=DISTS)
     dists = {}
     for key in DISTS:
         if key not in mapping:
             continue
         given = mapping[key]
-        if isinstance(given, dict):           # over the section's default for this key (speed: 100, ...)
+        if isinstance(given, dict):  # over the section's default for this key (speed: 100, ...)
             given = {**dataclasses.asdict(getattr(SystemsCfg(), key)), **given}
         d = load_dataclass(ctx, f"systems.{key}", DistCfg, given)
         if d.dist == "uniform" and not d.low < d.high:
@@ -694,8 +871,9 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
             if not Path(path).is_file():
                 ctx.fail(f"systems.{key}", f"no such file {path}")
             cfg = replace(cfg, **{key: os.path.abspath(path)})
-            if key == "device_trace":            # the file read now, so a bad row stops the run before it starts
+            if key == "device_trace":  # the file read now, so a bad row stops the run before it starts
                 from raysim.federation import fleet  # (the availability trace: with the training clients, below)
+
                 try:
                     fleet.read_devices(path, clients)
                 except fleet.TraceError as e:
@@ -708,6 +886,7 @@ def _systems(ctx: Ctx, mapping, decentralized: bool, clients: int) -> SystemsCfg
 def _absolute_model_paths(model):
     """A model's weights file made absolute at the driver (hosts build the model elsewhere)."""
     import dataclasses
+
     p = model.params
     if dataclasses.is_dataclass(p) and isinstance(getattr(p, "weights", None), str) and p.weights:
         return dataclasses.replace(model, params=dataclasses.replace(p, weights=os.path.abspath(p.weights)))
@@ -718,6 +897,7 @@ def _absolute_paths(dataset, checkpoint, tracking, topology):
     """Relative paths made absolute here, at the driver: host actors may run on
     other nodes, in other working directories (``raw``, the user's text, is unchanged)."""
     import dataclasses
+
     params = dataset.params
     if dataclasses.is_dataclass(params) and isinstance(getattr(params, "root", None), str) and params.root:
         params = dataclasses.replace(params, root=os.path.abspath(params.root))
@@ -734,13 +914,14 @@ def absolute_uri(uri: str) -> str:
     """A SQLite tracking URI with a relative path made absolute (here, at the driver); any
     other URI as it is."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
-        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
     return uri
 
 
 def make_source(sc: Scenario):
     """The scenario's federated data source (cheap: files are read on first use)."""
     from raysim.data import PartitionCfg, Splits, build_source
+
     d = sc.data
     part = PartitionCfg(d.partition.name, d.partition.params) if d.partition is not None else None
     splits = Splits(d.splits.train, d.splits.val, d.splits.test)
@@ -757,6 +938,7 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
 
     if sc.topology is not None:
         from raysim.federation import topology  # networkx and scipy: only a decentralized run needs them
+
         try:
             topology.check_scenario(sc.topology, sc.data.clients, sc.seed)
         except topology.TopologyError as e:
@@ -773,34 +955,48 @@ def _check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
         model = build_model(sc.model.name, sc.model.params, source)
     except ValueError as e:
         ctx.fail("model.name", str(e))
-    except (RuntimeError, MemoryError) as e:        # torch's allocator refused it
+    except (RuntimeError, MemoryError) as e:  # torch's allocator refused it
         ctx.fail("model", f"cannot be built ({str(e).splitlines()[0]}); lower its sizes")
     try:
         groups = groups_of(model)
     except ValueError as e:
         ctx.fail("model.head", str(e).removeprefix("model.head: "))
-    if sc.privacy is not None and sc.privacy.level == "sample":     # DP-SGD needs per-sample gradients
+    if sc.privacy is not None and sc.privacy.level == "sample":  # DP-SGD needs per-sample gradients
         from raysim.federation.privacy import per_sample_problem
+
         decode = getattr(source, "pixels", None) or (lambda x: x)
         why = per_sample_problem(model, decode(first.train_x[:4]) if first.num_train >= 2 else None)
         if why:
-            ctx.fail("model.name", f"privacy.level sample needs each sample's own gradient, and '{sc.model.name}' {why} "
-                     f"(use group or layer norm and no dropout, or another model)")
+            ctx.fail(
+                "model.name",
+                f"privacy.level sample needs each sample's own gradient, and '{sc.model.name}' {why} "
+                f"(use group or layer norm and no dropout, or another model)",
+            )
     cls = algorithms.resolve(sc.algorithm.name)
     if sc.eval.unseen_fraction > 0 and not cls.unseen:
-        ctx.fail("eval.unseen_fraction", f"{sc.algorithm.name} has no model for a client that never trained; "
-                                         f"use 0 (its default)")
-    try:           # a method's own refusals of this model or task (e.g. MOCHA: linear models only)
+        ctx.fail(
+            "eval.unseen_fraction",
+            f"{sc.algorithm.name} has no model for a client that never trained; use 0 (its default)",
+        )
+    try:  # a method's own refusals of this model or task (e.g. MOCHA: linear models only)
         from raysim.core.tasks import TASKS
-        cls(sc.algorithm.params, lambda variant=0: build_model(sc.model.name, sc.model.params, source),
-            sc.rounds, TASKS[source.task])
+
+        cls(
+            sc.algorithm.params,
+            lambda variant=0: build_model(sc.model.name, sc.model.params, source),
+            sc.rounds,
+            TASKS[source.task],
+        )
     except ValueError as e:
         ctx.fail("algorithm.name", str(e).splitlines()[0])
     if cls.split and not (groups.head and any(i not in groups.stats for i in groups.body)):
-        ctx.fail("model.head", f"{sc.algorithm.name} keeps part of the model local and shares the rest, so the model "
-                               f"needs a head and a body; {sc.model.name}'s layers with parameters are "
-                               f"{', '.join(k or '(the model itself)' for k in groups.layers)} and its head is "
-                               f"{', '.join(groups.names[i] for i in groups.head)} (set model.head or pick a deeper model)")
+        ctx.fail(
+            "model.head",
+            f"{sc.algorithm.name} keeps part of the model local and shares the rest, so the model "
+            f"needs a head and a body; {sc.model.name}'s layers with parameters are "
+            f"{', '.join(k or '(the model itself)' for k in groups.layers)} and its head is "
+            f"{', '.join(groups.names[i] for i in groups.head)} (set model.head or pick a deeper model)",
+        )
 
 
 def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
@@ -808,4 +1004,4 @@ def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
     n = sc.data.clients
     k = int(round(sc.eval.unseen_fraction * n))
     perm = rng.generator(sc.seed, "unseen").permutation(n)
-    return np.sort(perm[: n - k]), np.sort(perm[n - k:])
+    return np.sort(perm[: n - k]), np.sort(perm[n - k :])

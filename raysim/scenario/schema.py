@@ -9,6 +9,7 @@ sign) as a string, so a number field takes a string written as a number (ASCII d
 integer field takes a float with an integral value. Beyond their own bounds, integers must fit
 int64 (numpy's and torch's index type) and floats float32 (what the models compute in).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,8 @@ from typing import Any
 from raysim.errors import ScenarioError  # noqa: F401 - the scenario's error, raised and re-exported here
 from raysim.rng import SEED  # noqa: F401 - the seeds' range, checked here
 
-INT_MIN, INT_MAX = -2**63, 2**63 - 1                    # int64
-FLOAT_MAX = 3.4028234663852886e+38                      # float32's largest
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # int64
+FLOAT_MAX = 3.4028234663852886e38  # float32's largest
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
@@ -33,6 +34,7 @@ _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 @dataclass(frozen=True)
 class Component:
     """A named component with its own options dataclass (dataset, model, algorithm, partition)."""
+
     name: str
     params: Any
 
@@ -51,8 +53,9 @@ def _type_name(t) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(t))
     if origin is tuple:
         return f"a list of {_type_name(typing.get_args(t)[0])}"
-    return {int: "an integer", float: "a number", bool: "true/false", str: "a string",
-            type(None): "null"}.get(t, getattr(t, "__name__", str(t)))
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string", type(None): "null"}.get(
+        t, getattr(t, "__name__", str(t))
+    )
 
 
 def coerce(ctx: Ctx, path: str, t, value):
@@ -90,7 +93,7 @@ def coerce(ctx: Ctx, path: str, t, value):
         if t is float:
             try:
                 return float(number)
-            except OverflowError:            # an integer beyond even float64
+            except OverflowError:  # an integer beyond even float64
                 ctx.fail(path, f"{_show(number)} is out of range; it must be within ±{FLOAT_MAX}")
         if isinstance(number, float) and not number.is_integer():
             ctx.fail(path, f"{value!r} is not an integer")

@@ -2,6 +2,7 @@
 imported yet (a run's MLflow loads in a helper process, ``raysim.results.tracker_process``, and its
 import costs a second or two before Ray starts): a tracking URI of a scheme MLflow cannot open
 is refused at validation (one ScenarioError line, exit 2), not after the run's training."""
+
 from __future__ import annotations
 
 import sys
@@ -11,9 +12,9 @@ import urllib.parse
 # a path or file:, Databricks (databricks-uc and uc: MLflow's own refusal), an HTTP(S) server, and
 # the SQL databases when SQLAlchemy is installed
 _MLFLOW_STORES = ("", "file", "databricks", "databricks-uc", "uc", "http", "https")
-_WHOLE_URIS = ("databricks", "databricks-uc", "uc")      # MLflow reads these URIs whole as schemes
+_WHOLE_URIS = ("databricks", "databricks-uc", "uc")  # MLflow reads these URIs whole as schemes
 _DATABASES = ("postgresql", "mysql", "sqlite", "mssql")
-_PLUGIN_STORES = "mlflow.tracking_store"                 # the entry points of MLflow's store plugins
+_PLUGIN_STORES = "mlflow.tracking_store"  # the entry points of MLflow's store plugins
 
 
 def store_scheme(uri: str) -> str:
@@ -26,7 +27,7 @@ def store_scheme(uri: str) -> str:
     base = scheme.split("+", 1)[0]
     if base in _DATABASES:
         return base
-    return "" if len(scheme) == 1 else scheme            # a Windows drive letter is a path
+    return "" if len(scheme) == 1 else scheme  # a Windows drive letter is a path
 
 
 def tracking_schemes() -> set[str]:
@@ -35,17 +36,20 @@ def tracking_schemes() -> set[str]:
     loads: its own stores, and the plugins' entry points."""
     if "mlflow" in sys.modules:
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
         return set(_tracking_store_registry._registry)
     return _schemes_mlflow_loads()
 
 
 def _schemes_mlflow_loads() -> set[str]:
     import importlib.metadata
+
     return {*_own_stores(), *(ep.name for ep in importlib.metadata.entry_points(group=_PLUGIN_STORES))}
 
 
 def _own_stores() -> tuple[str, ...]:
     import importlib.util
+
     return _MLFLOW_STORES + (_DATABASES if importlib.util.find_spec("sqlalchemy") else ())
 
 
@@ -59,5 +63,7 @@ def unknown_store(uri: str) -> str | None:
     schemes = tracking_schemes()
     if scheme in schemes:
         return None
-    return (f"{uri}: MLflow has no tracking store for the scheme {scheme!r}; give a file path or a URI of "
-            f"scheme {', '.join(sorted(schemes - {''}))} (a plugin's scheme: install its package)")
+    return (
+        f"{uri}: MLflow has no tracking store for the scheme {scheme!r}; give a file path or a URI of "
+        f"scheme {', '.join(sorted(schemes - {''}))} (a plugin's scheme: install its package)"
+    )
