@@ -1,7 +1,8 @@
 """MkDocs hook (``hooks:`` in mkdocs.yml): the generated reference pages.
 
 At every build, ``on_files`` writes three pages from the code itself, so they cannot drift
-from it; none of them is committed:
+from it, and the architecture page's two figures (``docs/gen_figures.py``); none of them is
+committed:
 
 - ``reference/scenario.md``: every scenario key, from the section dataclasses
   (``raysim.scenario.sections``) and the components' own options dataclasses (the algorithms'
@@ -55,7 +56,20 @@ def on_files(files, config):
             )
             files.remove(old)
         files.append(File.generated(config, uri, content=make()))
+    figures = _figures()
+    for uri, make in figures.FIGURES.items():
+        files.append(File.generated(config, uri, content=make()))
     return files
+
+
+def _figures():
+    """docs/gen_figures.py (the architecture page's figures), loaded by path: docs/ is no package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_figures", ROOT / "docs" / "gen_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def on_serve(server, config, builder):
