@@ -1,7 +1,11 @@
 """The scenario: what a YAML file means, checked before anything runs.
 
 - ``config``: load a scenario file (overrides, sweeps, seeds) and validate it into a frozen
-  ``Scenario``; every refusal is one ``FILE: KEY: what is wrong; what is allowed`` line.
+  ``Scenario``; every refusal is one ``FILE: KEY: what is wrong; what is allowed`` line. The
+  public names of the three modules below are re-exported there: callers import from config.
+- ``validation``: ``validate``, the checks in order, one step a section.
+- ``federation_checks``: the systems, privacy and communication sections' checks.
+- ``probe``: what a scenario names, opened before the run (data, model, method, traces).
 - ``schema``: the vocabulary those checks are written in (coercion, ranges, components).
 - ``sections``: the dataclasses of the scenario's sections (privacy, systems, resources, ...).
 - ``build``: turns a validated scenario into its parts (the model factory, the algorithm).
