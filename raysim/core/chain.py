@@ -162,12 +162,29 @@ class Chain:
         z of the layer whose weight is parameter i (MOON's representation) joins the data's,
         fn(z) giving its gradient at z (K, B, ...), added to the error passed down there."""
         k, b = x.shape[0], x.shape[1]
-        c, d = terms.c, terms.d
         fuse = opt is not None and opt.fusable()
-        slot = {i: j for j, i in enumerate(i for i, t in enumerate(train_mask) if t)}
         inputs, seqs, weights = self._forward_pass(params, x.reshape(k, b, -1))
         out = seqs[-1][-1]
         data_sum, delta = _output_error(task, out if offset is None else out + offset, y, weight, valid)
+        grads = self._backward(
+            params, inputs, seqs, weights, delta, terms, train_mask, opt if fuse else None, lo, hi, hidden
+        )
+        if fuse:
+            return data_sum, None
+        got = [grads[i] for i, t in enumerate(train_mask) if t]
+        if terms.c is not None:  # the objective's terms c·w + d
+            c = terms.c
+            trained = [p for p, t in zip(params, train_mask) if t]
+            torch._foreach_add_(got, [p * c.view(-1, *([1] * (p.dim() - 1))) for p in trained])
+        if terms.d is not None:
+            torch._foreach_add_(got, terms.d)
+        return (data_sum, got, out) if outputs else (data_sum, got)
+
+    def _backward(self, params, inputs, seqs, weights, delta, terms, train_mask, opt, lo, hi, hidden) -> dict:
+        """The backward pass from the output error ``delta``, layer by layer down to the lowest
+        trained parameter: each trained parameter's data gradient, stepped by ``opt`` (fused:
+        ``opt.fused``) or kept in the dict returned (parameter index -> gradient)."""
+        slot = {i: j for j, i in enumerate(i for i, t in enumerate(train_mask) if t)}
         # the earliest parameter that trains: no gradient flows below its layer
         lowest = next((i for i, t in enumerate(train_mask) if t), len(train_mask))
         grads: dict[int, torch.Tensor] = {}
@@ -182,32 +199,13 @@ class Chain:
             if below and hidden is not None and hidden[0] == p:
                 prev = prev + hidden[1](inputs[li])
             if train_mask[p]:
-                self._apply(
-                    p,
-                    slot,
-                    params,
-                    terms,
-                    grads,
-                    opt if fuse else None,
-                    lo,
-                    hi,
-                    ga=delta.transpose(1, 2),
-                    gb=inputs[li],
-                )
+                self._apply(p, slot, params, terms, grads, opt, lo, hi, ga=delta.transpose(1, 2), gb=inputs[li])
             if has_bias and train_mask[p + 1]:
-                self._apply(p + 1, slot, params, terms, grads, opt if fuse else None, lo, hi, g=delta.sum(1))
+                self._apply(p + 1, slot, params, terms, grads, opt, lo, hi, g=delta.sum(1))
             if not below:
                 break
             delta = prev
-        if fuse:
-            return data_sum, None
-        got = [grads[i] for i, t in enumerate(train_mask) if t]
-        if c is not None:
-            trained = [p for p, t in zip(params, train_mask) if t]
-            torch._foreach_add_(got, [p * c.view(-1, *([1] * (p.dim() - 1))) for p in trained])
-        if d is not None:
-            torch._foreach_add_(got, d)
-        return (data_sum, got, out) if outputs else (data_sum, got)
+        return grads
 
     def private_step(
         self,

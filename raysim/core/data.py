@@ -144,7 +144,7 @@ ALIGN = 64  # bytes: where each client's rows start in a packed tensor (a cache 
 def pack(shards: list[ClientData]) -> list[ClientData]:
     """The shards with their train splits as row blocks of one tensor of inputs and one of
     targets (the same values): the loop then trains many clients straight from that storage
-    instead of concatenating their data at every pass (loop._pool).
+    instead of concatenating their data at every pass (``batches.pool``).
 
     Each client's block starts at a multiple of ``ALIGN`` bytes (zero rows in between, never
     read): the CPU's matrix kernels (MKL's, oneDNN's) take different paths for differently

@@ -10,7 +10,7 @@ one set at a time.
 Batched matrix products compute each matrix on its own, so with conv-free models a set's
 numbers do not depend on which other sets share the pass (tests check this bitwise). Grouped
 convolutions do not have that property (the kernel depends on the group count), so models with
-convolutions are stacked only within one client (``Trainer``, loop.py), never across clients.
+convolutions are stacked only within one client (``Trainer``, trainer.py), never across clients.
 """
 
 from __future__ import annotations
