@@ -50,16 +50,31 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="raysim", description="Federated-learning simulator on Ray.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(sub)
+    _add_validate(sub)
+    _add_list(sub)
+    _add_data(sub)
+    _add_report(sub)
+    _add_compare(sub)
+    return p
+
+
+def _add_overrides(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--set KEY=VALUE``, repeatable (run, validate, data info)."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help_text)
+
+
+def _add_tracking_uri(parser: argparse.ArgumentParser) -> None:
+    """``--tracking-uri`` of the commands that read finished runs (report, compare)."""
+    parser.add_argument(
+        "--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
+
+
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="run a scenario end to end")
     r.add_argument("file", help="scenario YAML")
-    r.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario key, e.g. --set algorithm.lr=0.01 --set rounds=5",
-    )
+    _add_overrides(r, "override a scenario key, e.g. --set algorithm.lr=0.01 --set rounds=5")
     r.add_argument(
         "--address", default=None, help="join a Ray cluster ('auto' or HOST:PORT); default: start a local Ray"
     )
@@ -78,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the MLflow run RUN_ID from its last checkpoint; with a sweep (or --seeds), RUN_ID "
         "is its parent run: finished runs are kept, the others continue, the unstarted start",
     )
+    _add_run_sweep_options(r)
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
+
+
+def _add_run_sweep_options(r: argparse.ArgumentParser) -> None:
+    """``run``'s options that choose and pace the runs of a sweep or of seeds."""
     r.add_argument(
         "--variant",
         default=None,
@@ -110,31 +132,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="a sweep's or seeds' runs at once, side by side on Ray Tune (default: as many as the "
         "cluster holds; 1: one after another in this process)",
     )
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    r.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and tracebacks")
+
+
+def _add_validate(sub) -> None:
     v = sub.add_parser("validate", help="check a scenario without running it")
     v.add_argument("file", help="scenario YAML (a sweep file: each of its variants is checked)")
-    v.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario key before checking, as run's --set, e.g. --set data.clients=100",
-    )
+    _add_overrides(v, "override a scenario key before checking, as run's --set, e.g. --set data.clients=100")
     v.add_argument(
         "--variant",
         default=None,
         metavar="NAME",
         help="check only this variant of a sweep file (default: every variant)",
     )
+
+
+def _add_list(sub) -> None:
     sub.add_parser(
         "list",
         help="algorithms, datasets, models and partitioners, each with its source "
         "(built-in, or the plugin's distribution)",
     )
+
+
+def _add_data(sub) -> None:
     d = sub.add_parser("data", help="look at a scenario's data")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    _add_data_fedscale(dsub)
+    _add_data_info(dsub)
+
+
+def _add_data_fedscale(dsub) -> None:
     fs = dsub.add_parser(
         "fedscale",
         help="FedScale's device and availability traces (pickles, read as plain data, "
@@ -152,16 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         "finish_time (windows.csv's period_s column); global: every trace repeats with the "
         "scenario's systems.period_s",
     )
+
+
+def _add_data_info(dsub) -> None:
     i = dsub.add_parser("info", help="clients, split sizes and label histograms of a scenario's data")
     i.add_argument("file", help="scenario YAML (a sweep file: each of its variants' data in turn)")
-    i.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario key first, as run's --set, e.g. --set data.partition.alpha=0.1",
-    )
+    _add_overrides(i, "override a scenario key first, as run's --set, e.g. --set data.partition.alpha=0.1")
     i.add_argument(
         "--variant", default=None, metavar="NAME", help="only this variant of a sweep file (default: every variant)"
     )
@@ -174,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw sizes and label distributions into PNG (default: <scenario name>-data.png)",
     )
     i.add_argument("--show", type=int, default=10, metavar="N", help="clients listed one per line (default 10)")
+
+
+def _add_report(sub) -> None:
     rp = sub.add_parser("report", help="figures of finished runs, written to a folder and logged to MLflow")
     rp.add_argument(
         "run_ids",
@@ -182,19 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="finished MLflow runs (a parent, of a sweep or of seeds, stands for its runs; several "
         "also get a comparison figure)",
     )
-    rp.add_argument(
-        "--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
-    )
+    _add_tracking_uri(rp)
     rp.add_argument("--out", default="report", help="folder for the figures (default ./report; one subfolder per run)")
     rp.add_argument("--no-log", action="store_true", help="do not log the figures to the runs")
+
+
+def _add_compare(sub) -> None:
     cp = sub.add_parser(
         "compare", help="finished runs as one table (method x dataset, mean ± std over seeds or clients)"
     )
     cp.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs (a sweep's parent stands for its runs)")
     cp.add_argument("--experiment", default=None, metavar="NAME", help="every finished run of this MLflow experiment")
-    cp.add_argument(
-        "--tracking-uri", default=None, help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
-    )
+    _add_tracking_uri(cp)
     cp.add_argument("--out", default="report", help="folder for compare.md and compare.csv (default ./report)")
     cp.add_argument(
         "--metrics",
@@ -225,7 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
         "target_virtual_hours: time-to-accuracy on a simulated fleet, lowest first; a method "
         "that never reached the target last)",
     )
-    return p
 
 
 def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
@@ -249,17 +273,26 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
 
 
 def _dispatch(args, early_ray: bool = False) -> int:
+    """The command's handler; ``run`` first checks its scenario and gets MLflow and Ray going."""
     if args.command == "run":
-        from raysim.experiment.preflight import check_run
+        _prepare_run(args, early_ray)
+    return _COMMANDS[args.command](args)
 
-        actors = check_run(args.file, args.overrides, args.summary, args.resume)
-        # MLflow imported by a helper while this one loads: a serial run, or a local Ray's (whose
-        # host 0 runs in this process, resources.driver_host)
-        if args.engine == "serial" or args.address is None:
-            from raysim.results import tracker_process
 
-            tracker_process.prestart()
-    if early_ray and args.command == "run" and args.engine == "ray":
+def _prepare_run(args, early_ray: bool) -> None:
+    """``run`` before its scenario is loaded: the quick checks (``preflight``), MLflow's
+    helper process started while the rest loads, and with ``early_ray`` Ray started in the
+    background."""
+    from raysim.experiment.preflight import check_run
+
+    actors = check_run(args.file, args.overrides, args.summary, args.resume)
+    # MLflow imported by a helper while this one loads: a serial run, or a local Ray's (whose
+    # host 0 runs in this process, resources.driver_host)
+    if args.engine == "serial" or args.address is None:
+        from raysim.results import tracker_process
+
+        tracker_process.prestart()
+    if early_ray and args.engine == "ray":
         from raysim.engine import ray_start
 
         print(
@@ -268,64 +301,13 @@ def _dispatch(args, early_ray: bool = False) -> int:
             flush=True,
         )
         ray_start.start_in_background(args.address, args.verbose, actors if args.address is None else 0)
+
+
+def _cmd_run(args) -> int:
     from raysim.scenario import config
 
-    if args.command == "list":
-        from raysim.scenario.build import describe_registries
-
-        sections = describe_registries()
-        width = max(len(n) for _, items in sections for n, _, _ in items)
-        origin = max(len(w) for _, items in sections for _, w, _ in items)
-        for section, items in sections:
-            print(f"{section}:")
-            for name, where, summary in items:
-                print(f"  {name:<{width}}  {where:<{origin}}  {summary}")
-        return EXIT_OK
-    if args.command in ("report", "compare") and args.tracking_uri is not None:
-        from raysim.scenario.stores import unknown_store
-
-        if unknown := unknown_store(args.tracking_uri):
-            raise config.ScenarioError(f"{args.command} --tracking-uri: {unknown}")
-    if args.command == "report":
-        from raysim.results.report import report
-
-        made = report(args.run_ids, args.tracking_uri, args.out, log=not args.no_log)
-        for run_id, paths in made.items():
-            print(f"{run_id}: {', '.join(str(p) for p in paths) or 'no figure (nothing evaluated)'}")
-        return EXIT_OK
-    if args.command == "compare":
-        from raysim.results.compare import compare
-
-        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-        text, md, cv = compare(
-            args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over, args.select, args.rank
-        )
-        print(text)
-        print(f"written to {md} and {cv}")
-        return EXIT_OK
-    if args.command == "data" and args.data_command == "fedscale":
-        return _fedscale(args)
-    seeds = config.seeds_of(args.file, getattr(args, "seeds", None)) if args.command == "run" else None
+    seeds = config.seeds_of(args.file, args.seeds)
     variants = config.load_variants(args.file, args.overrides, args.variant, seeds=seeds)
-    if args.command == "data":
-        from raysim.data import info
-
-        for _, sc in variants:
-            found = info.describe(sc.data.dataset.name, config.make_source(sc))
-            print(info.text(found, args.show))
-            if args.plot is not None:
-                path = args.plot or f"{sc.name}-data.png"
-                info.plot(found, path)
-                print(f"figure written to {path}")
-        return EXIT_OK
-    if args.command == "validate":
-        for variant, sc in variants:
-            label = f" [{variant}]" if variant else ""
-            print(
-                f"{args.file}{label}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
-                f"{sc.data.clients} clients, {sc.rounds} rounds)"
-            )
-        return EXIT_OK
     from raysim.experiment.sweep import best_of, run_command
 
     if args.best_of:
@@ -346,6 +328,94 @@ def _dispatch(args, early_ray: bool = False) -> int:
         tuned_by=args.best_of,
     )
     return EXIT_OK
+
+
+def _cmd_validate(args) -> int:
+    from raysim.scenario import config
+
+    for variant, sc in config.load_variants(args.file, args.overrides, args.variant, seeds=None):
+        label = f" [{variant}]" if variant else ""
+        print(
+            f"{args.file}{label}: ok ({sc.algorithm.name} on {sc.data.dataset.name}, "
+            f"{sc.data.clients} clients, {sc.rounds} rounds)"
+        )
+    return EXIT_OK
+
+
+def _cmd_list(args) -> int:
+    from raysim.scenario.build import describe_registries
+
+    sections = describe_registries()
+    width = max(len(n) for _, items in sections for n, _, _ in items)
+    origin = max(len(w) for _, items in sections for _, w, _ in items)
+    for section, items in sections:
+        print(f"{section}:")
+        for name, where, summary in items:
+            print(f"  {name:<{width}}  {where:<{origin}}  {summary}")
+    return EXIT_OK
+
+
+def _cmd_data(args) -> int:
+    return _fedscale(args) if args.data_command == "fedscale" else _data_info(args)
+
+
+def _data_info(args) -> int:
+    from raysim.data import info
+    from raysim.scenario import config
+
+    variants = config.load_variants(args.file, args.overrides, args.variant, seeds=None)
+    for _, sc in variants:
+        found = info.describe(sc.data.dataset.name, config.make_source(sc))
+        print(info.text(found, args.show))
+        if args.plot is not None:
+            path = args.plot or f"{sc.name}-data.png"
+            info.plot(found, path)
+            print(f"figure written to {path}")
+    return EXIT_OK
+
+
+def _check_tracking_uri(args) -> None:
+    """``report`` and ``compare``: a ``--tracking-uri`` MLflow cannot open is refused first."""
+    if args.tracking_uri is None:
+        return
+    from raysim.scenario.config import ScenarioError
+    from raysim.scenario.stores import unknown_store
+
+    if unknown := unknown_store(args.tracking_uri):
+        raise ScenarioError(f"{args.command} --tracking-uri: {unknown}")
+
+
+def _cmd_report(args) -> int:
+    _check_tracking_uri(args)
+    from raysim.results.report import report
+
+    made = report(args.run_ids, args.tracking_uri, args.out, log=not args.no_log)
+    for run_id, paths in made.items():
+        print(f"{run_id}: {', '.join(str(p) for p in paths) or 'no figure (nothing evaluated)'}")
+    return EXIT_OK
+
+
+def _cmd_compare(args) -> int:
+    _check_tracking_uri(args)
+    from raysim.results.compare import compare
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    text, md, cv = compare(
+        args.run_ids, args.experiment, args.tracking_uri, args.out, metrics, args.over, args.select, args.rank
+    )
+    print(text)
+    print(f"written to {md} and {cv}")
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "run": _cmd_run,
+    "validate": _cmd_validate,
+    "list": _cmd_list,
+    "data": _cmd_data,
+    "report": _cmd_report,
+    "compare": _cmd_compare,
+}
 
 
 def _fedscale(args) -> int:

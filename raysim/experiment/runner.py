@@ -110,64 +110,15 @@ def run(
     """Run the scenario; return the summary dict. Marks the MLflow run FAILED/KILLED on error
     and prints its id, its last checkpoint and ``resume_command`` (``{run_id}`` filled in).
     ``tags`` are set on a new MLflow run (a sweep's ``mlflow.parentRunId``, ``variant``)."""
-    ckpt_path = None
-    if resume:
-        ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
-        if checkpoint.exists(ckpt_path):
-            checkpoint.verify(ckpt_path)  # every file, before a run or host is touched
-            _check_same(sc, resume, checkpoint.server_part(ckpt_path).get("scenario"))
-        else:  # a run that failed before its first checkpoint starts again from round 1
-            _check_restart(sc, resume, ckpt_path)
-            ckpt_path = None
+    ckpt_path = _checkpoint_to_resume(sc, resume)
     t0 = time.perf_counter()
-    pending = None
-    from raysim.results import tracker_process
-
-    # a run whose process builds hosts (the serial engine's, or Ray's host 0 in the driver's
-    # process) tracks through a helper process while MLflow is not imported yet
-    helper = tracker_process.wanted() and (engine != "ray" or _driver_hosts(sc, address))
-    if engine == "ray":
-        # MLflow is imported while Ray starts (or in the helper); its store is opened (a new
-        # database migrated) and the run created while the hosts boot, once the scenario fits
-        # (a refused run leaves no store behind)
-        if not helper:
-            threading.Thread(target=_import_tracking, daemon=True).start()
-        pending = _start_ray_server(sc, address, verbose)
-    boot_error = None
-    local = None
-    # the MLflow run is created in a thread while this one waits for the hosts to boot (Ray) or
-    # builds them (serial: data, partition, host state); a boot failure is raised below, once
-    # the run exists to be marked FAILED. A run that builds hosts here (serial, or Ray's host 0)
-    # in a process without MLflow yet tracks through a helper process instead, so MLflow's
-    # imports and store run on another core rather than against the hosts for the GIL
-    # (tracker_process)
-    if helper:
-        helper = tracker_process.TrackerProcess(sc, resume, verbose, tags, resume_command)
-        # a resumed run is checked (still resumable, the same scenario) before any round; a new
-        # one starts its rounds while the helper creates it (``check`` after each round)
-        tracker_ready = helper.ready if resume else helper.started
-    else:
-        tracker_process.discard()  # a helper the command started that this run does not need
-        tracker_ready = _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
-    try:
-        if pending is not None:
-            pending.wait()
-        else:
-            from raysim.engine.serial import serial_driver
-
-            local = serial_driver(sc)
-    except BaseException as e:  # noqa: BLE001 - raised again below
-        boot_error = e
-    try:
-        tracker = tracker_ready()
-    except BaseException:
-        if pending is not None:
-            pending.close()
-        raise
+    helper = _tracks_in_helper(sc, engine, address)
+    pending = _start_ray_hosts(sc, address, verbose, import_tracking=not helper) if engine == "ray" else None
+    tracker_ready = _start_tracker(sc, helper, resume, verbose, resume_command, tags)
+    local, boot_error = _boot(sc, pending)
+    tracker = _tracker_or_close(tracker_ready, pending)
     outcome = "failed"
     bar = None
-    # a finished run's hosts may serve the next run of a sequence (ray_engine.reuse_hosts)
-    close = (lambda: pending.close(keep=outcome == "ok")) if pending is not None else (lambda: None)
     stop = DeferredInterrupt()
     try:
         stop.install()
@@ -175,81 +126,10 @@ def run(
             raise boot_error
         server = pending if pending is not None else local
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
-
-        def run_path() -> Path:  # the run's checkpoint folder, named by its MLflow id
-            return checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
-
-        check_tracking = getattr(tracker, "check", lambda: None)
-        bar = tqdm(
-            total=sc.rounds,
-            initial=start,
-            unit="round",
-            desc=sc.name,
-            file=sys.stderr,
-            disable=not progress,
-            dynamic_ncols=True,
-        )
-        history = list(server.history) if start else []
-        shown: dict[str, str] = {}
-        losses = 0
-        while len(history) < sc.rounds:
-            done = len(history)
-            try:
-                record = server.step()
-                r = int(record["round"])
-                history.append(record)
-                tracker.log_round(record)  # a round redone after a loss is not logged again
-                check_tracking()  # the helper's error, if it has one, now
-                every = sc.checkpoint.every
-                if (every and r % every == 0) or r == sc.rounds or stop.requested:
-                    # the rounds a checkpoint covers are in the store before it is committed:
-                    # a driver killed just after it loses no round's metrics
-                    tracker.flush()
-                    _save(server, run_path(), sc)
-                    tracker.note_checkpoint(run_path())
-            except HostLost as err:
-                if stop.requested:  # a SIGTERM to the whole job took the hosts too
-                    raise KeyboardInterrupt from err
-                while True:  # start over on fresh hosts (they may be lost too)
-                    losses += 1
-                    why = str(getattr(err, "cause", err))
-                    if losses > sc.resources.max_host_losses:
-                        raise HostLost(
-                            f"{why} (host loss {losses}, beyond resources.max_host_losses "
-                            f"= {sc.resources.max_host_losses})"
-                        ) from None
-                    try:
-                        back = server.recover(str(run_path()) if checkpoint.exists(run_path()) else None)
-                        break
-                    except HostLost as again:
-                        err = again
-                history = list(server.history) if back else []
-                redo = f"round {done + 1} is" if back == done else f"rounds {back + 1}..{done + 1} are"
-                tqdm.write(
-                    f"raysim: {why}; new hosts started; going on from the "
-                    f"{'checkpoint of round ' + str(back) if back else 'start'} ({redo} redone)",
-                    file=sys.stderr,
-                )
-                if progress:
-                    bar.n = back
-                    bar.refresh()
-                continue
-            except Exception as err:
-                if stop.requested:  # the round is abandoned; the last checkpoint stands
-                    raise KeyboardInterrupt from err
-                raise
-            shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
-            bar.set_postfix(shown, refresh=False)
-            bar.update(1)
-            if stop.requested:
-                raise KeyboardInterrupt
-            faults.after_round(r)
+        bar = _progress_bar(sc, start, progress)
+        history = _play_rounds(sc, server, tracker, stop, bar, start, progress)
         bar.close()
-        summary = make_summary(sc, history, time.perf_counter() - t0, tracker, server.report())
-        if summary_path:
-            Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(summary_path).write_text(json.dumps(summary, indent=2))
-        tracker.log_summary(summary)
+        summary = _write_summary(sc, history, time.perf_counter() - t0, tracker, server, summary_path)
         outcome = "ok"
         return summary
     except KeyboardInterrupt:
@@ -259,12 +139,200 @@ def run(
         stop.restore()
         if bar is not None:
             bar.close()
+        _end(sc, pending, tracker, outcome, resume_command)
+
+
+def _checkpoint_to_resume(sc: Scenario, resume: str | None) -> Path | None:
+    """``--resume``: the run's checkpoint folder, verified and stamped with this scenario;
+    None for a new run, or for one that failed before its first checkpoint (it starts again
+    from round 1, once ``_check_restart`` allows it)."""
+    if not resume:
+        return None
+    ckpt_path = checkpoint.run_dir(sc.checkpoint.dir, resume)
+    if checkpoint.exists(ckpt_path):
+        checkpoint.verify(ckpt_path)  # every file, before a run or host is touched
+        _check_same(sc, resume, checkpoint.server_part(ckpt_path).get("scenario"))
+        return ckpt_path
+    _check_restart(sc, resume, ckpt_path)
+    return None
+
+
+def _tracks_in_helper(sc: Scenario, engine: str, address: str | None) -> bool:
+    """Whether the run tracks through a helper process (``tracker_process``): a run whose
+    process builds hosts (the serial engine's, or Ray's host 0 in the driver's process) does
+    while MLflow is not imported yet, so MLflow's imports and store run on another core rather
+    than against the hosts for the GIL."""
+    from raysim.results import tracker_process
+
+    return tracker_process.wanted() and (engine != "ray" or _driver_hosts(sc, address))
+
+
+def _start_ray_hosts(sc: Scenario, address: str | None, verbose: bool, import_tracking: bool):
+    """Ray's hosts started, not waited for. MLflow is imported while Ray starts (here, in a
+    thread, or in the helper); its store is opened (a new database migrated) and the run
+    created while the hosts boot, once the scenario fits (a refused run leaves no store
+    behind)."""
+    if import_tracking:
+        threading.Thread(target=_import_tracking, daemon=True).start()
+    return _start_ray_server(sc, address, verbose)
+
+
+def _start_tracker(sc: Scenario, helper: bool, resume, verbose, resume_command, tags):
+    """The MLflow run created beside the hosts' boot (in a thread, or in the helper process);
+    the returned function waits for it and gives the tracker. A resumed run is checked (still
+    resumable, the same scenario) before any round; a new one starts its rounds while the
+    helper creates it (``check`` after each round)."""
+    from raysim.results import tracker_process
+
+    if helper:
+        process = tracker_process.TrackerProcess(sc, resume, verbose, tags, resume_command)
+        return process.ready if resume else process.started
+    tracker_process.discard()  # a helper the command started that this run does not need
+    return _in_thread(_new_tracker, sc, resume, verbose, resume_command, tags)
+
+
+def _boot(sc: Scenario, pending):
+    """(serial driver or None, boot error or None): the Ray hosts waited for, or the serial
+    engine's built here (data, partition, host state). A boot failure is returned, to be raised
+    once the MLflow run exists to be marked FAILED."""
+    try:
+        if pending is not None:
+            pending.wait()
+            return None, None
+        from raysim.engine.serial import serial_driver
+
+        return serial_driver(sc), None
+    except BaseException as e:  # noqa: BLE001 - raised again by run
+        return None, e
+
+
+def _tracker_or_close(tracker_ready, pending):
+    """The tracker once its MLflow run exists; if it cannot be created, the Ray hosts are
+    closed and its error raised."""
+    try:
+        return tracker_ready()
+    except BaseException:
+        if pending is not None:
+            pending.close()
+        raise
+
+
+def _progress_bar(sc: Scenario, start: int, progress: bool) -> tqdm:
+    return tqdm(
+        total=sc.rounds,
+        initial=start,
+        unit="round",
+        desc=sc.name,
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+
+
+def _run_path(sc: Scenario, tracker) -> Path:
+    """The run's checkpoint folder, named by its MLflow id."""
+    return checkpoint.run_dir(sc.checkpoint.dir, tracker.run_id)
+
+
+def _play_rounds(sc: Scenario, server, tracker, stop: DeferredInterrupt, bar: tqdm, start: int, progress: bool):
+    """The rounds from ``start`` to the last: the history of every round. A lost host starts
+    the run over on fresh hosts from its last checkpoint (``_recover``); Ctrl-C or SIGTERM
+    ends it after the round under way (checkpointed) as a KeyboardInterrupt."""
+    check_tracking = getattr(tracker, "check", lambda: None)
+    history = list(server.history) if start else []
+    shown: dict[str, str] = {}
+    losses = 0
+    while len(history) < sc.rounds:
+        done = len(history)
         try:
-            close()
-        finally:
-            tracker.finish(outcome)
-            if outcome != "ok" and getattr(tracker, "failed", None) is None:  # a run to resume
-                tell_resume(tracker.run_id, outcome, sc, resume_command)
+            record = _play_round(sc, server, tracker, stop, history, check_tracking)
+        except HostLost as err:
+            if stop.requested:  # a SIGTERM to the whole job took the hosts too
+                raise KeyboardInterrupt from err
+            history, losses = _recover(sc, server, tracker, err, losses, done, bar, progress)
+            continue
+        except Exception as err:
+            if stop.requested:  # the round is abandoned; the last checkpoint stands
+                raise KeyboardInterrupt from err
+            raise
+        shown.update({k: f"{record[k]:.4f}" for k in SHOWN if k in record})
+        bar.set_postfix(shown, refresh=False)
+        bar.update(1)
+        if stop.requested:
+            raise KeyboardInterrupt
+        faults.after_round(int(record["round"]))
+    return history
+
+
+def _play_round(sc: Scenario, server, tracker, stop: DeferredInterrupt, history: list, check_tracking) -> dict:
+    """One round: played, added to ``history``, logged, and checkpointed when due (every
+    ``checkpoint.every`` rounds, the last round, or a stop asked for)."""
+    record = server.step()
+    r = int(record["round"])
+    history.append(record)
+    tracker.log_round(record)  # a round redone after a loss is not logged again
+    check_tracking()  # the helper's error, if it has one, now
+    every = sc.checkpoint.every
+    if (every and r % every == 0) or r == sc.rounds or stop.requested:
+        # the rounds a checkpoint covers are in the store before it is committed:
+        # a driver killed just after it loses no round's metrics
+        tracker.flush()
+        _save(server, _run_path(sc, tracker), sc)
+        tracker.note_checkpoint(_run_path(sc, tracker))
+    return record
+
+
+def _recover(sc: Scenario, server, tracker, err: HostLost, losses: int, done: int, bar: tqdm, progress: bool):
+    """After a host loss in round ``done + 1``: fresh hosts from the last checkpoint (they may
+    be lost too), until ``resources.max_host_losses`` is passed. (history, losses): the
+    rounds kept, and the losses so far."""
+    while True:
+        losses += 1
+        why = str(getattr(err, "cause", err))
+        if losses > sc.resources.max_host_losses:
+            raise HostLost(
+                f"{why} (host loss {losses}, beyond resources.max_host_losses = {sc.resources.max_host_losses})"
+            ) from None
+        try:
+            path = _run_path(sc, tracker)
+            back = server.recover(str(path) if checkpoint.exists(path) else None)
+            break
+        except HostLost as again:
+            err = again
+    history = list(server.history) if back else []
+    redo = f"round {done + 1} is" if back == done else f"rounds {back + 1}..{done + 1} are"
+    tqdm.write(
+        f"raysim: {why}; new hosts started; going on from the "
+        f"{'checkpoint of round ' + str(back) if back else 'start'} ({redo} redone)",
+        file=sys.stderr,
+    )
+    if progress:
+        bar.n = back
+        bar.refresh()
+    return history, losses
+
+
+def _write_summary(sc: Scenario, history: list[dict], wall: float, tracker, server, summary_path: str | None) -> dict:
+    """The finished run's summary: written to ``summary_path`` if given, and logged."""
+    summary = make_summary(sc, history, wall, tracker, server.report())
+    if summary_path:
+        Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(summary_path).write_text(json.dumps(summary, indent=2))
+    tracker.log_summary(summary)
+    return summary
+
+
+def _end(sc: Scenario, pending, tracker, outcome: str, resume_command: str | None) -> None:
+    """The run's end, whatever its outcome: the Ray hosts closed (a finished run's may serve
+    the next run of a sequence, ``ray_engine.reuse_hosts``), the MLflow run marked, and a run
+    to resume told how."""
+    try:
+        if pending is not None:
+            pending.close(keep=outcome == "ok")
+    finally:
+        tracker.finish(outcome)
+        if outcome != "ok" and getattr(tracker, "failed", None) is None:  # a run to resume
+            tell_resume(tracker.run_id, outcome, sc, resume_command)
 
 
 # keys that do not change results: a run may resume on other hosts, another cluster, elsewhere

@@ -155,25 +155,80 @@ def run_command(
     several = len(variants) > 1
     parent, given_uri, earlier = None, variants[0][1].tracking.uri, {}
     if several:
-        from raysim.results import tracker_process, tracking
+        variants, parent, earlier = _open_parent(file, variants, seeds, resume, tuned_by, verbose)
+    jobs, kept = _jobs(
+        file,
+        variants,
+        seeds,
+        parent,
+        earlier,
+        overrides=overrides,
+        engine=engine,
+        address=address,
+        resume=resume,
+        summary=summary,
+        verbose=verbose,
+        progress=progress,
+    )
+    if resume and several:
+        _tell_continuing(resume, jobs, kept)
+    ok, unfinished, summaries = False, None, {}
+    try:
+        summaries, unfinished = _run_jobs(jobs, several, engine, concurrent, parent)
+        ok = unfinished is None
+    finally:
+        if parent is not None:
+            _end_parent(parent, ok, file, overrides, engine, address, seeds, pattern, tuned_by)
+    if several and (summaries or kept):
+        _show_sweep(file, summaries, summary, parent, given_uri)
+    if unfinished is not None:
+        raise unfinished
+    return summaries
 
-        tracker_process.discard()  # the runs track in threads: MLflow is imported here now
-        # one tracking store for every run, fixed here (trials start in folders of their own)
-        uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
-        variants = [
-            (v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri))) for v, sc in variants
-        ]
-        runs = [(v, sc.seed) for v, sc in variants]
-        if resume:  # the sweep continued: its parent, and the runs it has already
-            client, parent_id, earlier = tracking.reopen_parent(variants[0][1], resume, file, runs)
-            parent = (client, parent_id)
-        else:
-            name = (
-                f"{Path(file).stem}"
-                + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
-                + (f" best of {tuned_by}" if tuned_by else "")
-            )
-            parent = tracking.start_parent(variants[0][1], name, runs)
+
+def _open_parent(
+    file: str, variants: list[tuple[str | None, Scenario]], seeds, resume: str | None, tuned_by, verbose: bool
+):
+    """Several runs' parent MLflow run: (the variants, all on one tracking store; (client,
+    parent id); the runs the parent holds already, {(variant, seed): run}), new or, with
+    ``resume``, reopened."""
+    from raysim.results import tracker_process, tracking
+
+    tracker_process.discard()  # the runs track in threads: MLflow is imported here now
+    # one tracking store for every run, fixed here (trials start in folders of their own)
+    uri = absolute_uri(tracking.resolve_uri(variants[0][1].tracking.uri, verbose))
+    variants = [(v, dataclasses.replace(sc, tracking=dataclasses.replace(sc.tracking, uri=uri))) for v, sc in variants]
+    runs = [(v, sc.seed) for v, sc in variants]
+    if resume:  # the sweep continued: its parent, and the runs it has already
+        client, parent_id, earlier = tracking.reopen_parent(variants[0][1], resume, file, runs)
+        return variants, (client, parent_id), earlier
+    name = (
+        f"{Path(file).stem}"
+        + (f" seeds {','.join(map(str, seeds))}" if seeds else "")
+        + (f" best of {tuned_by}" if tuned_by else "")
+    )
+    return variants, tracking.start_parent(variants[0][1], name, runs), {}
+
+
+def _jobs(
+    file: str,
+    variants: list[tuple[str | None, Scenario]],
+    seeds: list[int] | None,
+    parent,
+    earlier: dict,
+    *,
+    overrides: list[str],
+    engine: str,
+    address: str | None,
+    resume: str | None,
+    summary: str | None,
+    verbose: bool,
+    progress: bool,
+) -> tuple[list[Job], list[str]]:
+    """(the runs to make, the labels of the finished runs kept): a sweep's run that did not
+    finish continues in its own MLflow run (from its last checkpoint, or from round 1 if it had
+    none); one never started starts now; a finished one's record is whole: not run again."""
+    several = len(variants) > 1
     jobs, kept = [], []
     for i, (variant, sc) in enumerate(variants):
         tags = {"variant": variant} if variant else {}
@@ -182,10 +237,8 @@ def run_command(
         label = variant if not seeds else f"{variant or sc.name} seed {sc.seed}"
         before = earlier.get((variant, sc.seed))
         if before is not None and before.info.status == "FINISHED":
-            kept.append(label or sc.name)  # its record is whole: not run again
+            kept.append(label or sc.name)
             continue
-        # a sweep's run that did not finish continues in its own MLflow run (from its last
-        # checkpoint, or from round 1 if it had none); one never started starts now
         again = before.info.run_id if before is not None else (None if several else resume)
         jobs.append(
             Job(
@@ -202,49 +255,57 @@ def run_command(
                 progress,
             )
         )
-    if resume and several:
-        going_on = sum(1 for j in jobs if j.resume)
+    return jobs, kept
+
+
+def _tell_continuing(resume: str, jobs: list[Job], kept: list[str]) -> None:
+    going_on = sum(1 for j in jobs if j.resume)
+    print(
+        f"raysim: continuing sweep {resume}: {len(kept)} finished runs kept, {going_on} continued, "
+        f"{len(jobs) - going_on} started",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _run_jobs(jobs: list[Job], several: bool, engine: str, concurrent: int | None, parent):
+    """The runs, one after another or side by side on Ray Tune: (the finished ones' summaries,
+    the error to raise once they are shown, or None)."""
+    if not jobs:
+        return {}, None
+    at_once = _at_once(jobs, concurrent) if several and engine == "ray" else 1
+    if at_once == 1:
+        return _one_after_another(jobs, reuse=engine == "ray" and len(jobs) > 1)
+    return _side_by_side(jobs, at_once, parent)
+
+
+def _end_parent(parent, ok: bool, file, overrides, engine, address, seeds, pattern, tuned_by) -> None:
+    """The parent MLflow run marked FINISHED, or FAILED with the command that continues the
+    whole sweep."""
+    parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
+    if not ok:
         print(
-            f"raysim: continuing sweep {resume}: {len(kept)} finished runs kept, {going_on} continued, "
-            f"{len(jobs) - going_on} started",
+            f"raysim: continue the whole sweep (its finished runs kept) with: "
+            f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern, tuned_by)}",
             file=sys.stderr,
             flush=True,
         )
-    ok, unfinished, summaries = False, None, {}
-    try:
-        at_once = (_at_once(jobs, concurrent) if several and engine == "ray" else 1) if jobs else 1
-        if not jobs:
-            pass
-        elif at_once == 1:
-            summaries, unfinished = _one_after_another(jobs, reuse=engine == "ray" and len(jobs) > 1)
-        else:
-            summaries, unfinished = _side_by_side(jobs, at_once, parent)
-        ok = unfinished is None
-    finally:
-        if parent is not None:
-            parent[0].set_terminated(parent[1], "FINISHED" if ok else "FAILED")
-            if not ok:
-                print(
-                    f"raysim: continue the whole sweep (its finished runs kept) with: "
-                    f"{sweep_resume_command(file, overrides, engine, address, seeds, parent[1], pattern, tuned_by)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    if several and (summaries or kept):
-        if summaries:
-            _print_sweep(summaries)
-        if summary:
-            Path(summary).write_text(json.dumps({"sweep": file, "variants": summaries}, indent=2))
-        from raysim.results.compare import table
 
-        print(table(parent[0], [parent[1]])[0])
-        print(
-            f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
-            + (f"  (with --tracking-uri {given_uri})" if given_uri else "")
-        )
-    if unfinished is not None:
-        raise unfinished
-    return summaries
+
+def _show_sweep(file: str, summaries: dict, summary: str | None, parent, given_uri: str | None) -> None:
+    """The runs' table (and ``--summary``'s file), the parent's comparison, and where to
+    look further."""
+    if summaries:
+        _print_sweep(summaries)
+    if summary:
+        Path(summary).write_text(json.dumps({"sweep": file, "variants": summaries}, indent=2))
+    from raysim.results.compare import table
+
+    print(table(parent[0], [parent[1]])[0])
+    print(
+        f"parent MLflow run {parent[1]}: raysim compare {parent[1]}  /  raysim report {parent[1]}"
+        + (f"  (with --tracking-uri {given_uri})" if given_uri else "")
+    )
 
 
 def run_job(job: Job) -> dict:

@@ -4,6 +4,7 @@
 - ``tracker_process``: MLflow in a helper process, so that its import does not delay a run.
 - ``compare``: the table of several runs (``raysim compare``).
 - ``report``: one run's figures (``raysim report``).
+- ``result``: the Python API's ``Result`` and ``SweepResult`` (``raysim.run``, ``raysim.load``).
 
 May import ``raysim.scenario`` and the wings below it; never the engine (the engine hands its
 records to a tracker it is given) nor ``raysim.experiment``.
