@@ -1,11 +1,14 @@
 """The simulated fleet on a virtual clock (scenario ``systems``): device times, availability,
 dropouts, deadlines, over-selection, and runs identical for any number of hosts."""
 
+import re
+
 import numpy as np
 import pytest
 
 from raysim import rng
 from raysim.engine.serial import serial_driver
+from raysim.experiment.runner import run as run_scenario
 from raysim.federation.fleet import MBIT, Fleet, Profiles, TraceError, Windows, read_devices, read_windows
 from raysim.scenario.config import ScenarioError
 from raysim.scenario.sections import DistCfg, SystemsCfg
@@ -278,7 +281,7 @@ def test_fedbuff_on_windows_past_the_period_stops_with_an_error_instead_of_hangi
     )
 
 
-def test_fedbuff_stops_with_an_error_when_nobody_comes_online_again(tmp_path):
+def test_fedbuff_stops_with_an_error_when_nobody_comes_online_again(tmp_path, capsys):
     """A trace played once whose windows close before any client reports: the asynchronous
     server used to step on with nobody; it stops, in one line, within seconds (an alarm guards
     against a hang)."""
@@ -288,14 +291,13 @@ def test_fedbuff_stops_with_an_error_when_nobody_comes_online_again(tmp_path):
         raise TimeoutError("the asynchronous server is waiting for ever")
 
     path = _windows(tmp_path, [(c, 0, 0.05) for c in range(12)])
-    sc = load(
-        tmp_path,
-        TINY,
+    overrides = (
         "sampling={count: 4}",
         "rounds=3",
         f"systems={{availability: trace, availability_trace: "
         f"{path}, trace_repeats: false, aggregation: fedbuff, buffer: 2}}",
     )
+    sc = load(tmp_path, TINY, *overrides)
     old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(60)
     try:
@@ -307,9 +309,17 @@ def test_fedbuff_stops_with_an_error_when_nobody_comes_online_again(tmp_path):
             r"after \(.*windows.csv plays once.*; 1 of the 3 rounds ran",
         ):
             run(sc, 1)
+        # as a run: its MLflow run FAILED, with no resume command (a resume meets the same fleet)
+        tracked = load(
+            tmp_path, TINY, *overrides, f"tracking.uri=sqlite:///{tmp_path}/m.db", f"checkpoint.dir={tmp_path}/ck"
+        )
+        with pytest.raises(ScenarioError, match="no training client is online"):
+            run_scenario(tracked, engine="serial", progress=False)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+    told = capsys.readouterr().err
+    assert re.search(r"raysim: MLflow run \w+ marked FAILED\n", told) and "continue it with" not in told, told
 
 
 def test_device_trace_and_its_errors(tmp_path):

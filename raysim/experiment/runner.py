@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from raysim.engine import checkpoint, faults
 from raysim.engine.driver import HostLost
+from raysim.errors import BadInput
 from raysim.results.compare import bottom_decile
 from raysim.scenario.config import Scenario, ScenarioError
 from raysim.signals import DeferredInterrupt
@@ -134,6 +135,9 @@ def run(
         return summary
     except KeyboardInterrupt:
         outcome = "killed"
+        raise
+    except BadInput:  # found during the run (nobody ever online, say): a resume meets it again
+        outcome = "refused"
         raise
     finally:
         stop.restore()
@@ -330,8 +334,10 @@ def _end(sc: Scenario, pending, tracker, outcome: str, resume_command: str | Non
         if pending is not None:
             pending.close(keep=outcome == "ok")
     finally:
-        tracker.finish(outcome)
-        if outcome != "ok" and getattr(tracker, "failed", None) is None:  # a run to resume
+        tracker.finish("failed" if outcome == "refused" else outcome)
+        if outcome == "refused":  # the scenario itself cannot run: nothing to resume
+            print(f"raysim: MLflow run {tracker.run_id} marked FAILED", file=sys.stderr)
+        elif outcome != "ok" and getattr(tracker, "failed", None) is None:  # a run to resume
             tell_resume(tracker.run_id, outcome, sc, resume_command)
 
 
