@@ -118,8 +118,10 @@ def derive(template: dict, head: str, workers: list[str], key: str, token: str, 
     setup.append("~/raysim/.venv/bin/python -m pip install -q --no-deps --no-build-isolation ~/rsrun/rsplugin")
     cfg["setup_commands"] = setup
     # the head takes no hosts (num-cpus 0: the server and MLflow stay there), workers 2 CPUs each
+    # and its address said (a namespace has no default route: Ray's guess, through 8.8.8.8, falls
+    # back to 127.0.0.1; workers find theirs from the head's address)
     cfg["head_start_ray_commands"] = [
-        c + " --num-cpus=0" if "ray start" in c else c for c in cfg["head_start_ray_commands"]
+        c + f" --num-cpus=0 --node-ip-address={head}" if "ray start" in c else c for c in cfg["head_start_ray_commands"]
     ]
     return cfg
 
@@ -242,6 +244,7 @@ def make_node(name: str, ip: str, i: int) -> dict:
     os.chmod(tmp, 0o1777)
     shutil.copy(STATE / "key.pub", home / ".ssh" / "authorized_keys")
     (home / ".bashrc").write_text(f'export PATH="{BASE}/bin:$PATH"\n')
+    (home / ".profile").write_text(". ~/.bashrc\n")
     pybase = home / Path(BASE).relative_to("/root") if BASE.startswith("/root/") else None
     cfg = STATE / "nodes" / name / "sshd_config"
     cfg.write_text(
@@ -258,7 +261,7 @@ def make_node(name: str, ip: str, i: int) -> dict:
     script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {cfg}"])
     log = open(STATE / "nodes" / name / "sshd.log", "w")
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        ["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     return {"name": name, "ns": ns, "ip": ip, "if": host_if, "sshd": proc.pid, "home": str(home)}
@@ -321,17 +324,21 @@ def cmd_up(a) -> None:
 
 
 ALIVE = (
-    "import ray; ray.init('auto', logging_level='ERROR'); "
-    "print(sorted((n['NodeManagerAddress'], n['Resources'].get('CPU', 0)) for n in ray.nodes() if n['Alive']))"
+    "import json, ray; ray.init('auto', logging_level='ERROR', log_to_driver=False); "
+    "print('ALIVE', json.dumps(sorted((n['NodeManagerAddress'], n['Resources'].get('CPU', 0)) "
+    "for n in ray.nodes() if n['Alive'])))"
 )
 
 
 def wait_nodes(count: int, timeout: float) -> list:
     head, end, alive = nodes()[0], time.monotonic() + timeout, []
     while time.monotonic() < end:
-        p = ssh(head, f"~/raysim/.venv/bin/python -c {shlex.quote(ALIVE)}", check=False, env="RAY_AUTH_MODE=token")
+        try:
+            p = ssh(head, f"python -c {shlex.quote(ALIVE)}", check=False, env="RAY_AUTH_MODE=token", timeout=60)
+        except subprocess.TimeoutExpired:
+            continue
         if p.returncode == 0:
-            alive = eval(p.stdout.strip().splitlines()[-1])
+            alive = [json.loads(x[6:]) for x in p.stdout.splitlines() if x.startswith("ALIVE ")][-1]
             if len(alive) >= count:
                 return alive
         time.sleep(5)
