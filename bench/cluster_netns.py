@@ -487,7 +487,7 @@ def cmd_lose_node(a) -> None:
     if proc.returncode:
         raise SystemExit(f"the run did not survive ({proc.returncode}):\n{out[-3000:]}")
     got = summary("lost.json")
-    notes = [line for line in out.splitlines() if "lost" in line.lower() or "replac" in line.lower()]
+    notes = [line for line in out.splitlines() if line.startswith("raysim:")]
     say(
         "run with a node lost",
         f"{took:.1f} s, accuracy {short(got)}, equal to serial: {same(got, ref)}; raysim said: {notes[:3]}",
