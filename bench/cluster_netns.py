@@ -1,11 +1,14 @@
 """A real Ray cluster on one machine: network-namespace nodes with their own addresses, `ray up`
 over SSH, runs across the nodes, a node lost mid-run, `ray down`.
 
-    sudo .venv/bin/python bench/cluster_netns.py all --nodes 3    # up, run, faults, down (~5 min)
+    sudo .venv/bin/python bench/cluster_netns.py all --nodes 3    # up, run, faults, down (~8 min)
     sudo .venv/bin/python bench/cluster_netns.py up --nodes 3     # or step by step:
     sudo .venv/bin/python bench/cluster_netns.py run               # a run across the nodes vs serial
     sudo .venv/bin/python bench/cluster_netns.py lose-node         # a worker's raylet killed mid-run
     sudo .venv/bin/python bench/cluster_netns.py no-token          # a node without the token is refused
+    sudo .venv/bin/python bench/cluster_netns.py down-resume       # `ray down` mid-run; resumed on a new
+                                                                   # cluster at other addresses
+    sudo .venv/bin/python bench/cluster_netns.py bench             # across the workers vs one node
     sudo .venv/bin/python bench/cluster_netns.py down              # everything it made, removed
 
 What `up` makes (all of it undone by `down`, which also cleans after a failed `up`):
@@ -238,8 +241,8 @@ def make_node(name: str, ip: str, i: int) -> dict:
     sh(f"ip -n {ns} link set rsp{i} name eth0 && ip -n {ns} addr add {ip}/24 dev eth0")
     sh(f"ip -n {ns} link set eth0 up && ip -n {ns} link set lo up")
     sh(f"ip link set {host_if} master {BRIDGE} up")
-    (home / ".ssh").mkdir(parents=True)
-    tmp.mkdir(parents=True)
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)  # a kept home (down --keep-homes) is reused
+    tmp.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     os.chmod(tmp, 0o1777)
     shutil.copy(STATE / "key.pub", home / ".ssh" / "authorized_keys")
@@ -255,7 +258,7 @@ def make_node(name: str, ip: str, i: int) -> dict:
     )
     mounts = []
     if pybase:
-        pybase.mkdir(parents=True)
+        pybase.mkdir(parents=True, exist_ok=True)
         mounts.append(f"mount --rbind {BASE} {pybase}")
     mounts += [f"mount --rbind {home} /root", f"mount --bind {tmp} /tmp", "mkdir -p /run/sshd"]
     script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {cfg}"])
@@ -285,8 +288,8 @@ def cmd_up(a) -> None:
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is missing: apt-get install -y rsync openssh-server openssh-client")
     t = time.monotonic()
-    shutil.rmtree(STATE, ignore_errors=True)
-    STATE.mkdir(parents=True, mode=0o700)
+    clear_state(keep_homes=getattr(a, "keep_homes", False))
+    STATE.mkdir(parents=True, mode=0o700, exist_ok=True)
     sh(f"ssh-keygen -q -t ed25519 -N '' -C raysim-netns -f {STATE}/key")
     sh(f"ssh-keygen -q -t ed25519 -N '' -C raysim-netns-host -f {STATE}/hostkey")
     (STATE / "auth_token").write_text(secrets.token_hex(32))
@@ -411,15 +414,18 @@ def loads_by_node() -> dict:
     return out
 
 
-def serial_reference() -> dict:
-    if not head_file("rsrun/out/serial.json").exists():
+def serial_reference(rounds: int | None = None) -> dict:
+    """The serial engine's run of the scenario (``rounds`` of it), on the head; computed once."""
+    name = f"serial-{rounds}.json" if rounds else "serial.json"
+    if not head_file(f"rsrun/out/{name}").exists():
         t = time.monotonic()
-        p = raysim_on_head("run ~/rsrun/netns.yaml -q --engine serial --summary ~/rsrun/out/serial.json")
+        more = f" --set rounds={rounds}" if rounds else ""
+        p = raysim_on_head(f"run ~/rsrun/netns.yaml -q --engine serial --summary ~/rsrun/out/{name}{more}")
         if p.returncode:
             raise SystemExit(f"the serial run failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
         loads_by_node()
-        say("serial engine (on the head)", f"{time.monotonic() - t:.1f} s, accuracy {short(summary('serial.json'))}")
-    return summary("serial.json")
+        say("serial engine (on the head)", f"{time.monotonic() - t:.1f} s, accuracy {short(summary(name))}")
+    return summary(name)
 
 
 def cmd_run(a) -> None:
@@ -500,6 +506,151 @@ def cmd_lose_node(a) -> None:
         raise SystemExit("the run that lost a node differs from the serial engine's")
 
 
+def mlflow_run(run_id: str | None = None) -> dict:
+    """The netns experiment's newest run (or ``run_id``) as the head's tracking server gives it."""
+    if run_id is None:
+        q = "curl -sf -X POST -H 'Content-Type: application/json' http://127.0.0.1:5000/api/2.0/mlflow/runs/search"
+        body = json.dumps({"experiment_ids": ["1"], "max_results": 1, "order_by": ["attributes.start_time DESC"]})
+        p = ssh(nodes()[0], f"{q} -d {shlex.quote(body)}", timeout=60)
+        run = json.loads(p.stdout)["runs"][0]
+    else:
+        p = ssh(nodes()[0], f"curl -sf 'http://127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id={run_id}'", timeout=60)
+        run = json.loads(p.stdout)["run"]
+    tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+    return {"id": run["info"]["run_id"], "status": run["info"]["status"], "tags": tags}
+
+
+def same_by_round(resumed: dict, ref: dict) -> bool:
+    """A resumed run's summary equals the uninterrupted run's: the final metrics, and the
+    training loss of every round the summary holds."""
+    by_round = {h["round"]: h.get("train_loss") for h in ref["history"]}
+    held = [h for h in resumed["history"] if "round" in h]
+    return (
+        resumed["final"] == ref["final"]
+        and bool(held)
+        and all(by_round[h["round"]] == h.get("train_loss") for h in held)
+    )
+
+
+def cmd_down_resume(a) -> None:
+    """`ray down` mid-run: the MLflow run is left KILLED with its resume command; a new cluster
+    comes up at other addresses (the nodes keep their disks: the head's checkpoints and MLflow
+    store), and the resume there ends identical to the serial engine's uninterrupted run."""
+    start_mlflow()
+    ref = serial_reference(a.resume_rounds)
+    shutil.rmtree(head_file("rsrun/ck"), ignore_errors=True)
+    t = time.monotonic()
+    proc = raysim_on_head(f"run ~/rsrun/netns.yaml -q --address auto --set rounds={a.resume_rounds}", background=True)
+    while newest_manifest_round() < a.at_round:
+        if proc.poll() is not None:
+            raise SystemExit("the run ended before `ray down`:\n" + proc.stdout.read()[-3000:])
+        time.sleep(0.3)
+    at = newest_manifest_round()
+    p = sh([RAY, "down", "-y", str(STATE / "cluster.yaml")], check=False, cwd=ROOT, timeout=300)
+    out = proc.communicate(timeout=300)[0]
+    run = mlflow_run()
+    say(
+        "ray down mid-run",
+        f"after checkpoint round {at} ({time.monotonic() - t:.1f} s into the run): ray down exit {p.returncode}, "
+        f"the run's command exit {proc.returncode}; MLflow run {run['id']} {run['status']} "
+        f"(last checkpoint round {newest_manifest_round()}), why: {run['tags'].get('raysim.failure')!r}",
+    )
+    command = run["tags"].get("raysim.resume", "")
+    if run["status"] != "KILLED" or "--resume" not in command:
+        raise SystemExit(f"the run was left {run['status']} with resume command {command!r}:\n{out[-3000:]}")
+    old = nodes()[0]["ip"]
+    a.keep_homes, a.keep = True, False
+    cmd_down(a)
+    a.first += 10
+    cmd_up(a)
+    a.keep_homes = False  # the last `down` removes everything
+    say("new cluster", f"head {old} -> {nodes()[0]['ip']}, workers {[n['ip'] for n in nodes()[1:-1]]}, a new token")
+    start_mlflow()
+    t = time.monotonic()
+    p = raysim_on_head(command.removeprefix("raysim ") + " -q --summary ~/rsrun/out/resumed.json")
+    if p.returncode:
+        raise SystemExit(f"the resume failed ({p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    got, after = summary("resumed.json"), mlflow_run(run["id"])
+    say(
+        "resumed on the new cluster",
+        f"{time.monotonic() - t:.1f} s, `{command}`: MLflow run {after['status']}, accuracy {short(got)}, "
+        f"equal to the uninterrupted serial run: {same_by_round(got, ref)}",
+    )
+    if not same_by_round(got, ref) or after["status"] != "FINISHED":
+        raise SystemExit("the resumed run differs from the uninterrupted one")
+
+
+# the benchmark's workloads: the default scenario, bench/tiny.yaml (1 000 clients) and the
+# 10 000-client case of bench/scale.py (1 % sampled a round)
+WORKLOADS = {
+    "quickstart": ("scenarios/quickstart.yaml", []),
+    "tiny-1000": ("bench/tiny.yaml", []),
+    "scale-10000": (
+        "bench/tiny.yaml",
+        ["name=scale-10000", "data.clients=10000", "data.samples=16", "data.features=[20]",
+         "algorithm.batch_size=8", "sampling.fraction=0.01", "eval.every=10", "eval.clients=1000"],
+    ),
+}  # fmt: skip
+TIMED = (
+    "import json, subprocess, sys, time; t = time.perf_counter(); r = subprocess.run(sys.argv[1:]); "
+    "print('WALL', time.perf_counter() - t); sys.exit(r.returncode)"
+)
+
+
+def timed_run(node: dict, checkout: str, file: str, sets: list[str], address: str | None) -> dict:
+    """``raysim run`` on ``node`` as its user types it, timed as a whole process; start-up is
+    the whole less the rounds (the summary's round_seconds), and s/round the median round."""
+    out = f"/tmp/bench-{secrets.token_hex(4)}"
+    args = [".venv/bin/raysim", "run", file, "-q", "--summary", f"{out}.json"]
+    args += [x for kv in [*sets, f"tracking.uri=sqlite:///{out}.db", f"checkpoint.dir={out}-ck"] for x in ("--set", kv)]
+    args += ["--address", address] if address else []
+    cmd = f"cd {checkout} && RAY_AUTH_MODE=token python3 -c {shlex.quote(TIMED)} {shlex.join(args)}"
+    p = ssh(node, cmd, check=False, timeout=900)
+    if p.returncode:
+        raise SystemExit(f"{file} on {node['name']} failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    whole = float([x for x in p.stdout.splitlines() if x.startswith("WALL ")][-1].split()[1])
+    summ = json.loads(ssh(node, f"cat {out}.json", timeout=60).stdout)
+    rounds = [h["round_seconds"] - h.get("eval_seconds", 0.0) for h in summ["history"]]
+    return {
+        "whole": whole,
+        "startup": whole - sum(h["round_seconds"] for h in summ["history"]),
+        "per_round": sorted(rounds)[len(rounds) // 2],
+        "final": summ["final"],
+    }
+
+
+def cmd_bench(a) -> None:
+    """Each workload across the worker nodes (a host a worker, from the head with --address
+    auto) against the same hosts on one node (the spare node's own local Ray). Every node is a namespace of this machine: they share its cores, so the ratio is what
+    the cluster costs (TCP between nodes, remote placement), not a speed-up."""
+    head, workers, lone = nodes()[0], [n for n in nodes()[1:] if n["name"] != "rogue"], nodes()[-1]
+    w = len(workers)
+    print(
+        f"{'workload':<12} {'where':<28} {'process s':>9} {'start-up s':>10} {'s/round':>8}   ratio (process, start-up, s/round)",
+        flush=True,
+    )
+    for name in a.workloads:
+        file, sets = WORKLOADS[name]
+        # one CPU a host on both sides: a host's threads follow cpus_per_host, and PyTorch's CPU
+        # kernels on two threads are not bit for bit the same from one run to the next
+        hosts = [*sets, f"resources.hosts={w}", "resources.cpus_per_host=1"]
+        across = timed_run(head, "~/raysim", file, hosts, "auto")  # SPREAD: a host a worker
+        one = timed_run(lone, str(ROOT), file, hosts, None)  # its local Ray: host 0 in the driver
+        if across["final"] != one["final"]:
+            raise SystemExit(
+                f"{name}: the metrics across nodes differ from one node's: {across['final']} vs {one['final']}"
+            )
+        for where, r in ((f"{w} workers ({w} hosts)", across), (f"one node ({w} hosts)", one)):
+            print(f"{name:<12} {where:<28} {r['whole']:9.1f} {r['startup']:10.1f} {r['per_round']:8.3f}", end="")
+            print(
+                f"   {across['whole'] / one['whole']:.2f}x, {across['startup'] / one['startup']:.2f}x, "
+                f"{across['per_round'] / one['per_round']:.2f}x (same metrics)"
+                if r is one
+                else "",
+                flush=True,
+            )
+
+
 def cmd_no_token(a) -> None:
     rogue, head = nodes()[-1], nodes()[0]
     addr = f"{head['ip']}:{PORT}"
@@ -560,10 +711,25 @@ def cmd_down(a) -> None:
     for f in glob.glob(f"/tmp/ray/cluster-{CLUSTER}.*"):
         os.remove(f)
     if not a.keep:
-        shutil.rmtree(STATE, ignore_errors=True)
+        clear_state(keep_homes=getattr(a, "keep_homes", False))
     left_ns = [n for n in sh("ip netns list", check=False).stdout.split() if n.startswith(PREFIX)]
     left_if = [x for x in sh("ip -o link show", check=False).stdout.split() if x.startswith(("rsv", BRIDGE))]
     say("down", f"{killed} processes ended; namespaces left: {left_ns}, links left: {left_if}")
+
+
+def clear_state(keep_homes: bool) -> None:
+    """STATE removed; with ``keep_homes`` the nodes' homes stay (what a node keeps on its own
+    disk across clusters: the head's checkpoints and MLflow store), and nothing else."""
+    if not keep_homes:
+        shutil.rmtree(STATE, ignore_errors=True)
+        return
+    for p in STATE.glob("*") if STATE.exists() else []:
+        if p.name != "nodes":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    for node in (STATE / "nodes").glob("*") if (STATE / "nodes").exists() else []:
+        for p in node.glob("*"):
+            if p.name != "home":
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def ray_procs(ns: str) -> list[int]:
@@ -584,6 +750,8 @@ def cmd_all(a) -> None:
         cmd_run(a)
         cmd_lose_node(a)
         cmd_no_token(a)
+        if a.down_resume:
+            cmd_down_resume(a)
     finally:
         cmd_down(a)
     say("all", f"done in {time.monotonic() - T0:.1f} s")
@@ -591,13 +759,17 @@ def cmd_all(a) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["up", "run", "lose-node", "no-token", "down", "all"])
+    ap.add_argument("step", choices=["up", "run", "lose-node", "no-token", "down-resume", "bench", "down", "all"])
     ap.add_argument("--nodes", type=int, default=3, help="nodes: the head and N-1 workers")
     ap.add_argument("--first", type=int, default=10, help="the head's last address byte; workers follow")
     ap.add_argument("--join-timeout", type=float, default=300)
     ap.add_argument("--at-round", type=int, default=10, help="lose-node: after this checkpoint round")
     ap.add_argument("--how", choices=["raylet", "link"], default="raylet")
     ap.add_argument("--keep", action="store_true", help="down: keep STATE (homes, logs)")
+    ap.add_argument("--keep-homes", action="store_true", help="down: keep the nodes' homes only; up: reuse them")
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS), help="bench")
+    ap.add_argument("--resume-rounds", type=int, default=600, help="down-resume: the run's rounds")
+    ap.add_argument("--no-down-resume", dest="down_resume", action="store_false", help="all: skip down-resume")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (namespaces, links, sshd)")
@@ -606,6 +778,8 @@ def main() -> None:
         "run": cmd_run,
         "lose-node": cmd_lose_node,
         "no-token": cmd_no_token,
+        "down-resume": cmd_down_resume,
+        "bench": cmd_bench,
         "down": cmd_down,
         "all": cmd_all,
     }[a.step](a)

@@ -286,12 +286,10 @@ def _prepare_run(args, early_ray: bool) -> None:
     from raysim.experiment.preflight import check_run
 
     actors = check_run(args.file, args.overrides, args.summary, args.resume)
-    # MLflow imported by a helper while this one loads: a serial run, or a local Ray's (whose
-    # host 0 runs in this process, resources.driver_host)
-    if args.engine == "serial" or args.address is None:
-        from raysim.results import tracker_process
+    # MLflow imported by a helper while this one loads (the run tracks there: runner._tracks_in_helper)
+    from raysim.results import tracker_process
 
-        tracker_process.prestart()
+    tracker_process.prestart()
     if early_ray and args.engine == "ray":
         from raysim.engine import ray_start
 

@@ -116,6 +116,12 @@ def test_a_driver_killed_right_after_a_checkpoint_loses_no_round_and_repeats_non
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     run_id = next((tmp_path / "ck").iterdir()).name
     assert _steps(tmp_path, run_id) == [1, 2, 3]
+    # its tracking helper outlived it: the run KILLED, its checkpoint folder named
+    assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id).info.status == "KILLED"
+    assert (
+        f"raysim: MLflow run {run_id} marked KILLED; its checkpoints are in {tmp_path / 'ck' / run_id}" in proc.stderr
+    )
+    assert f"raysim: continue it with: raysim run {path} --engine serial --resume {run_id}" in proc.stderr
     resumed = summary_of(tmp_path, path, "--engine", "serial", "--resume", run_id)
     assert resumed["mlflow_run_id"] == run_id
     for key in ("train_loss", "accuracy"):

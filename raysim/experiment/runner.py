@@ -47,13 +47,6 @@ def _local_ray(address: str | None) -> bool:
     return ray_start.embedded() if ray_start.initialized() else address is None
 
 
-def _driver_hosts(sc: Scenario, address: str | None) -> bool:
-    """Whether this run's Ray host 0 runs in this process (``resources.driver_host``)."""
-    from raysim.engine import ray_engine
-
-    return ray_engine.driver_hosts(sc, _local_ray(address))
-
-
 def _import_tracking() -> None:
     """In a thread while Ray starts: import MLflow and its SQL store (about 1.6 s on 2 cores).
     Any error is left for the Tracker to raise."""
@@ -113,7 +106,7 @@ def run(
     ``tags`` are set on a new MLflow run (a sweep's ``mlflow.parentRunId``, ``variant``)."""
     ckpt_path = _checkpoint_to_resume(sc, resume)
     t0 = time.perf_counter()
-    helper = _tracks_in_helper(sc, engine, address)
+    helper = _tracks_in_helper()
     pending = _start_ray_hosts(sc, address, verbose, import_tracking=not helper) if engine == "ray" else None
     tracker_ready = _start_tracker(sc, helper, resume, verbose, resume_command, tags)
     local, boot_error = _boot(sc, pending)
@@ -161,14 +154,15 @@ def _checkpoint_to_resume(sc: Scenario, resume: str | None) -> Path | None:
     return None
 
 
-def _tracks_in_helper(sc: Scenario, engine: str, address: str | None) -> bool:
-    """Whether the run tracks through a helper process (``tracker_process``): a run whose
-    process builds hosts (the serial engine's, or Ray's host 0 in the driver's process) does
-    while MLflow is not imported yet, so MLflow's imports and store run on another core rather
-    than against the hosts for the GIL."""
+def _tracks_in_helper() -> bool:
+    """Whether the run tracks through a helper process (``tracker_process``): every run while
+    MLflow is not imported yet (the command's). MLflow's imports and store then run on another
+    core rather than against the hosts built in this process (the serial engine's, or Ray's host
+    0) for the GIL, and a run whose process dies without a word (on a cluster, its node's Ray
+    stopped under it) is still marked KILLED, with the way to resume it."""
     from raysim.results import tracker_process
 
-    return tracker_process.wanted() and (engine != "ray" or _driver_hosts(sc, address))
+    return tracker_process.wanted()
 
 
 def _start_ray_hosts(sc: Scenario, address: str | None, verbose: bool, import_tracking: bool):
@@ -377,16 +371,16 @@ def _check_restart(sc: Scenario, run_id: str, path: Path) -> None:
 
 
 def tell_resume(run_id: str, outcome: str, sc: Scenario, command: str | None) -> None:
-    path = checkpoint.run_dir(sc.checkpoint.dir, run_id)
-    where = "no checkpoint yet: resumed, it starts again from round 1 in the same MLflow run"
+    from raysim.results.tracker_process import NO_CHECKPOINT, resume_words
+
+    path, where = checkpoint.run_dir(sc.checkpoint.dir, run_id), NO_CHECKPOINT
     if checkpoint.exists(path):
         try:
             where = f"its last checkpoint, round {int(checkpoint.manifest(path)['round'])}, is {path}"
         except Exception:  # noqa: BLE001 - a report, never a second failure
             where = f"its last checkpoint is {path}"
-    print(f"raysim: MLflow run {run_id} marked {STATUS_WORD[outcome]}; {where}", file=sys.stderr)
-    if command:
-        print(f"raysim: continue it with: {command.format(run_id=run_id)}", file=sys.stderr)
+    for line in resume_words(run_id, STATUS_WORD[outcome], where, command.format(run_id=run_id) if command else None):
+        print(line, file=sys.stderr)
 
 
 STATUS_WORD = {"failed": "FAILED", "killed": "KILLED"}

@@ -15,12 +15,19 @@ helper checks it can be resumed. The run's record is the same either way; where 
 imported already (a sweep's parent run, a notebook's second run, the tests), runs track in a
 thread as before (``wanted``).
 
-The helper ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the run
-decides, and marks its MLflow run KILLED or FAILED through ``finish`` as it would itself. If
-the run's process dies without a word (SIGKILL), the helper sees its pipe close and exits,
-leaving the MLflow run RUNNING with the run's own pid as its driver, for the next run on the
-store to mark FAILED (``Tracker.reap``). What the helper prints (``reap``'s lines) comes back
+The helper ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C reaches the whole process group, and
+a closed terminal or SSH session the session's): the run decides, and marks its MLflow run
+KILLED or FAILED through ``finish`` as it would itself. If the run's process dies without a word
+(a SIGKILL, the kernel's OOM killer, or, in a Ray cluster, its node's Ray stopped under it: Ray
+ends a driver whose raylet is gone at once, as ``ray down`` does), the helper sees its pipe
+close: it writes the rounds the run had logged, marks the run KILLED and prints the way to
+resume it, as the run would have (``_orphaned``). Only when both processes die (a kill of the
+process group, a power loss) is the run left RUNNING with the run's own pid as its driver, for
+the next run on the store to mark FAILED (``Tracker.reap``). What the helper prints comes back
 to the run's standard error.
+
+The command's runs always track here; a run started from Python (``raysim.run``, a sweep, a
+notebook), where MLflow is imported already, tracks in a thread of its own process.
 """
 
 from __future__ import annotations
@@ -78,7 +85,8 @@ def _serve(
     while True:
         try:
             op, args = conn.recv()
-        except (EOFError, OSError):  # the run's process is gone
+        except (EOFError, OSError):  # the run's process is gone, without ``finish``
+            _orphaned(tracker, spec, resume_command)
             return
         try:
             out = getattr(tracker, op)(*args)
@@ -93,6 +101,52 @@ def _serve(
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+
+ORPHANED = "its process ended without finishing it (killed, the OOM killer, or its Ray node stopped under it, as `ray down` does)"
+
+
+def _orphaned(tracker, spec: RunSpec, resume_command: str | None) -> None:
+    """The run's process is gone without ending its MLflow run: the rounds it logged written,
+    the run marked KILLED (tagged ``raysim.failure`` with why) and the way to resume it
+    printed, in the words the run itself uses (``resume_words``). The helper names the run's
+    checkpoint folder, not a round: the run may have committed a round it had not yet told."""
+    import contextlib
+    import io
+
+    run_id = tracker.run_id
+    try:  # MLflow's own lines ("View run at") would meet a closed terminal (EIO) and stop it
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            tracker.client.set_tag(run_id, "raysim.failure", ORPHANED)
+            tracker.finish("killed")
+    except Exception as e:  # noqa: BLE001 - the store is gone too: reap marks it later
+        _say([f"raysim: MLflow run {run_id}: {ORPHANED}; it could not be marked KILLED ({e})"])
+        return
+    folder = os.path.join(spec.checkpoints, run_id) if spec.checkpoints else None
+    where = f"its checkpoints are in {folder}" if folder and os.path.isdir(folder) else NO_CHECKPOINT
+    command = resume_command.format(run_id=run_id) if resume_command else None
+    _say([f"raysim: MLflow run {run_id}: {ORPHANED}."] + resume_words(run_id, "KILLED", where, command))
+
+
+NO_CHECKPOINT = "no checkpoint yet: resumed, it starts again from round 1 in the same MLflow run"
+
+
+def resume_words(run_id: str, status: str, where: str, command: str | None) -> list[str]:
+    """The lines that tell a stopped run's status, where it stands (``where``: its last
+    checkpoint, or ``NO_CHECKPOINT``) and the command that continues it: the run's own
+    (``runner.tell_resume``) and the helper's (``_orphaned``)."""
+    lines = [f"raysim: MLflow run {run_id} marked {status}; {where}"]
+    if command:
+        lines.append(f"raysim: continue it with: {command}")
+    return lines
+
+
+def _say(lines: list[str]) -> None:
+    try:  # a terminal or SSH session already closed: nobody to tell
+        sys.stderr.write("".join(line + "\n" for line in lines))
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 # top-level packages ``import mlflow`` pulls in for features the helper never calls, imported
@@ -298,6 +352,7 @@ if __name__ == "__main__":
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run decides (see above)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlives a closed session to mark the run
     if hasattr(os, "nice"):
         os.nice(NICE)  # behind the run's own processes (see NICE)
     import_tracking()  # MLflow imported while the run loads; then its run

@@ -352,6 +352,7 @@ class RunSpec:
     tracking: TrackingRef
     raw: dict
     resolved: dict
+    checkpoints: str | None = None  # checkpoint.dir: the run's folder is checkpoints/RUN_ID
 
     @classmethod
     def of(cls, sc) -> RunSpec:
@@ -365,4 +366,5 @@ class RunSpec:
             TrackingRef(sc.tracking.uri, sc.tracking.experiment),
             sc.raw,
             resolved(sc),
+            str(sc.checkpoint.dir),
         )
