@@ -184,7 +184,7 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
     return x
 
 
-def _conv(layer: nn.Conv2d, x: torch.Tensor, it, m: int) -> torch.Tensor:
+def _conv(layer: nn.Module, x: torch.Tensor, it, m: int) -> torch.Tensor:
     """A convolution of the K sets as one grouped convolution (groups = K) on the grouped layout
     (B, K·C, H, W); its weight (and bias) the next stacked parameters of ``it``."""
     w = next(it)
@@ -206,7 +206,7 @@ def _pool_stacked(layer: nn.Module, x: torch.Tensor, m: int, b: int) -> torch.Te
     return y.reshape(m, b, *y.shape[1:])
 
 
-def _linear(layer: nn.Linear, x: torch.Tensor, it, m: int) -> torch.Tensor:
+def _linear(layer: nn.Module, x: torch.Tensor, it, m: int) -> torch.Tensor:
     """A linear layer of the K sets as one batched matrix product on the stacked layout
     (K, B, ..., in); its weight (and bias) the next stacked parameters of ``it``."""
     w = next(it)
