@@ -48,6 +48,12 @@ step for all of a host's clients at once (``train_rows``): their models as array
 job, no Python object per client; the host then keeps its clients' models as one matrix. It
 must give the numbers ``train`` then ``aggregate`` give, client by client (tests hold it to
 them bit for bit); a subclass that overrides any of the per-client steps loses it.
+
+This module holds the contract: ``Algorithm``, what the server sends (``Message``,
+``Received``, ``StatsRequest``) and the catalogue's ``FAMILIES``. Beside it, and importable
+from here too: ``hyper.py``, the local-training hyperparameters every method has
+(``LocalTraining``, ``training_field``); ``helpers.py``, tensor helpers several methods share
+(``UpdateStats``, ``Tracked``, ``head_index``, ``interpolate``, ``set_dot``, ``means_by_key``).
 """
 
 from __future__ import annotations
@@ -61,123 +67,16 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from raysim.core import forward as fwd
 from raysim.core.data import Block, ClientData, Context
 from raysim.core.forward import params_of
 from raysim.core.groups import Groups, groups_of
 from raysim.core.loop import Batch, Fitted, Job, Objective, Rows, Settings, Supervised, Trainer, make_job, make_rows
 from raysim.core.mixing import flatten, unflatten
-from raysim.core.optim import OPTIMIZERS
 from raysim.core.replies import ByKey, PerClient, Weighted
 from raysim.core.tasks import Task, lower_is_better, mean_std
 
-
-@dataclass(frozen=True)
-class LocalTraining:
-    """Local-training settings every algorithm has (a method's paper defaults live in its
-    subclass, each set with ``training_field`` so that it keeps the field's metadata)."""
-
-    lr: float = field(
-        default=0.05,
-        metadata={"help": ("η, the local optimizer's learning rate (the base rate; lr_schedule scales it by round)")},
-    )
-    local_epochs: int = field(
-        default=1,
-        metadata={
-            "help": (
-                "E, passes over the client's train split per round, each in a fresh shuffled order "
-                "(⌈n / batch_size⌉ steps)"
-            )
-        },
-    )
-    batch_size: int = field(
-        default=32, metadata={"help": ("B, samples per local mini-batch (an epoch's last batch holds the remainder)")}
-    )
-    optimizer: str = field(
-        default="sgd",
-        metadata={
-            "choices": OPTIMIZERS,
-            "help": (
-                "the local optimizer: sgd (with momentum) or adam (β₁ 0.9, β₂ 0.999, ε 1e-8); its state "
-                "starts afresh every round unless the method keeps it"
-            ),
-        },
-    )
-    momentum: float = field(
-        default=0.0,
-        metadata={
-            "help": ("SGD's momentum coefficient (heavy ball, no dampening or Nesterov; 0: plain SGD; adam ignores it)")
-        },
-    )
-    weight_decay: float = field(
-        default=0.0,
-        metadata={
-            "help": ("L2 coefficient added to every gradient (coupled weight decay, sgd and adam alike; 0: none)")
-        },
-    )
-    lr_schedule: str = field(
-        default="constant",
-        metadata={
-            "choices": ("constant", "step", "exponential"),
-            "help": "the lr over rounds t = 0..R−1: constant; step: ×0.1 from t = ⌊R/2⌋ and ×0.01 from "
-            "⌊3R/4⌋ (FedEM's official schedule); exponential: ×lr_decay^t (SuPerFed's)",
-        },
-    )
-    lr_decay: float = field(
-        default=0.999,
-        metadata={
-            "gt": 0.0,
-            "max": 1.0,
-            "help": ("γ, the exponential schedule's factor per round: lr·γ^t at round t (other schedules ignore it)"),
-        },
-    )
-    stacking: str = fwd.stacking_field()
-    gradients: str = field(
-        default="auto",
-        metadata={
-            "choices": ("auto", "autograd"),
-            "help": "how a step's gradients are computed: auto: by hand for chains of linear layers trained on the "
-            "task's loss (raysim/core/chain.py; 2-3x faster at small batches, SGD fused into the update), "
-            "autograd elsewhere; autograd: always autograd (equal to auto up to float32 rounding)",
-        },
-    )
-
-    POSITIVE: ClassVar[tuple[str, ...]] = ("lr", "local_epochs", "batch_size")
-    NONNEGATIVE: ClassVar[tuple[str, ...]] = ("momentum", "weight_decay")
-
-    def lr_factor(self, round_: int, rounds: int) -> float:
-        """The schedule's factor at ``round_``: ``lr_at`` is ``lr`` times it."""
-        if self.lr_schedule == "step":
-            if round_ >= (3 * rounds) // 4:
-                return 0.01
-            if round_ >= rounds // 2:
-                return 0.1
-        if self.lr_schedule == "exponential":
-            return self.lr_decay**round_
-        return 1.0
-
-    def lr_at(self, round_: int, rounds: int) -> float:
-        return self.lr * self.lr_factor(round_, rounds)
-
-    def settings(self, round_: int, rounds: int, epochs: int | None = None) -> Settings:
-        return Settings(
-            self.lr_at(round_, rounds),
-            self.local_epochs if epochs is None else epochs,
-            self.batch_size,
-            self.optimizer,
-            self.momentum,
-            self.weight_decay,
-        )
-
-
-def training_field(name: str, default, help: str | None = None):
-    """A subclass's own default for one of ``LocalTraining``'s fields (a method's paper value),
-    keeping that field's metadata: choices, bounds and help; ``help`` replaces the help where
-    the field means more in the method (pFedMe's ``lr``, FedRep's ``local_epochs``)."""
-    meta = dict(LocalTraining.__dataclass_fields__[name].metadata)
-    if help is not None:
-        meta["help"] = help
-    return field(default=default, metadata=meta)
+from .helpers import Tracked, UpdateStats, head_index, interpolate, means_by_key, set_dot  # noqa: F401 - re-exported
+from .hyper import LocalTraining, training_field  # noqa: F401 - re-exported
 
 
 @dataclass
@@ -609,82 +508,6 @@ def _result(scored):
     if inspect.isgenerator(scored):
         return (yield from scored)
     return scored
-
-
-@dataclass
-class UpdateStats:
-    """Summable statistics of the clients' updates Δ_k of one tensor: Σ_k Δ_k, Σ_k ‖Δ_k‖² and
-    the count, whose total variance is Σ_k ‖Δ_k − Δ̄‖² = Σ_k ‖Δ_k‖² − ‖Σ_k Δ_k‖²/n (SosicFL's
-    eqs. 10–11, over the round's participants). A client's Δ_k and ‖Δ_k‖² are float32 numbers
-    (the norm computed in float64, then rounded), so that the replies' float64 sums of them
-    come out the same for any grouping of the clients over hosts (``raysim.core.replies``)."""
-
-    total: torch.Tensor
-    squares: float
-    count: float
-
-    @classmethod
-    def of(cls, delta: torch.Tensor) -> UpdateStats:
-        d = delta.detach().to(torch.float32)
-        return cls(d, float(np.float32((d.to(torch.float64) ** 2).sum().item())), 1.0)
-
-    def variance(self) -> float:
-        if self.count <= 0:
-            return 0.0
-        return max(0.0, self.squares - float((self.total * self.total).sum()) / self.count)
-
-
-@dataclass
-class Tracked:
-    """A model reply with the statistics of the client's last-layer update beside it."""
-
-    model: Any
-    head: UpdateStats
-
-
-def head_index(model) -> int:
-    """Index (in ``params_of`` order) of the weight of the model's last linear layer: the
-    classifier a simplex head replaces and whose updates the total variance measures."""
-    names = [n for n, _ in model.named_parameters()]
-    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if not last:
-        raise ValueError(f"{type(model).__name__} has no linear layer to use as the classifier head")
-    target = last[-1].weight
-    return next(i for i, p in enumerate(model.parameters()) if p is target) if names else 0
-
-
-def interpolate(a: list[torch.Tensor], b: list[torch.Tensor], t) -> list[torch.Tensor]:
-    """(1 − t)·a + t·b tensor by tensor: the weight-space mix of two parameter sets (SuPerFed's
-    W(λ), APFL's v̄). ``t``: a number; a (K,) tensor, one per stacked set; or a list with one
-    such per tensor (SuPerFed's layer mixing). t = 0 gives a and t = 1 gives b exactly
-    (``torch.lerp``: one pass over the tensors, six times faster than the three of the formula)."""
-    ts = t if isinstance(t, (list, tuple)) else [t] * len(a)
-    out = []
-    for x, y, s in zip(a, b, ts):
-        if isinstance(s, torch.Tensor) and s.dim() == 1:
-            s = s.view(-1, *[1] * (x.dim() - 1))
-        if not x.is_floating_point():  # an integer buffer (a batch count): the formula
-            out.append((1 - s) * x + s * y)
-            continue
-        out.append(torch.lerp(x, y, s.to(x.dtype) if isinstance(s, torch.Tensor) else s))
-    return out
-
-
-def set_dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
-    """Σ_i ⟨a_i, b_i⟩ for each of K stacked sets (tensors (K, ...)): (K,). ``vecdot`` row by
-    row: a set's number does not depend on the others (a batched matrix product's does, and is
-    four times slower here)."""
-    return sum(torch.linalg.vecdot(x.flatten(1), y.flatten(1)) for x, y in zip(a, b))
-
-
-def means_by_key(models: list[list[torch.Tensor]], reduced: Any) -> list[list[torch.Tensor]]:
-    """``models`` with entry s replaced by the mean of the reduced ``ByKey`` reply s wherever
-    it has weight; the others (nobody trained them) kept."""
-    new = list(models)
-    for s, r in (reduced or {}).items():
-        if r.weight > 0:
-            new[s] = r.mean(new[s][0].dtype)
-    return new
 
 
 __all__ = [

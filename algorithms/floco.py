@@ -13,7 +13,8 @@ import torch
 
 from . import simplex
 from .base import Message, PerClient, StatsRequest
-from .sosicfl import Personal, SimplexHyper, SosicFL, _lam_field, _personal_field
+from .simplex_personal import Personal, lam_field, personal_field
+from .sosicfl import SimplexHyper, SosicFL
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class FlocoHyper(SimplexHyper):
 
 @dataclass(frozen=True)
 class FlocoPlusHyper(FlocoHyper):
-    lam: float = _lam_field()
-    personal: str = _personal_field("all")
+    lam: float = lam_field()
+    personal: str = personal_field("all")
     personal_pool: int = field(
         default=0,
         metadata={

@@ -26,6 +26,8 @@ coordinates (one per endpoint), α ≥ 0, Σα = 1.
   centres the members' means (points of the simplex), the best of ``n_init`` seedings by the
   summed distance to the centres.
 - ``project_simplex`` and ``riesz_energy``: Floco's placement of clients on the simplex.
+- ``SimplexObjective``: the loop's objective for a simplex model, the task's loss at w_α (the
+  method gives the composition of the endpoints and its adjoint).
 
 Every random draw comes from a generator the caller passes (derived from the run's seed).
 """
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from raysim.core.loop import Supervised
 
 
 def uniform(generator: torch.Generator, n: int, dim: int, dtype=torch.float64) -> torch.Tensor:
@@ -177,3 +181,17 @@ def riesz_energy(points: np.ndarray, s: float = 2.0, floor: float = 1e-4) -> flo
     iu = np.triu_indices(p.shape[0], 1)
     d = np.sqrt(((p[:, None, :] - p[None, :, :]) ** 2).sum(-1))[iu]
     return float(np.log(np.mean(1.0 / np.maximum(d, floor) ** s)))
+
+
+class SimplexObjective(Supervised):
+    """The task's loss at w_α: the job's parameters are the shared ones then the endpoints, and
+    this step's draw α (K, M + 1) mixes them. ``pull_back``: the adjoint of ``compose`` (the
+    gradient at w_α taken back to the flat layout in closed form)."""
+
+    def __init__(self, task, compose, trainable=None, pull_back=None):
+        super().__init__(task)
+        self.compose, self.pull_back = compose, pull_back
+        self.trainable = trainable
+
+    def model_params(self, params, draws):
+        return self.compose(params, draws)

@@ -166,23 +166,9 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
             if not grouped:
                 x = x.transpose(0, 1).reshape(b, -1, *x.shape[3:])
                 grouped = True
-            w = next(it)
-            bias = next(it) if layer.bias is not None else None
-            x = F.conv2d(
-                x,
-                w.reshape(-1, *w.shape[2:]),
-                None if bias is None else bias.reshape(-1),
-                layer.stride,
-                layer.padding,
-                layer.dilation,
-                groups=m,
-            )
+            x = _conv(layer, x, it, m)
         elif kind == "pool":
-            if grouped:
-                x = layer(x)
-            else:
-                y = layer(x.reshape(m * b, *x.shape[2:]))
-                x = y.reshape(m, b, *y.shape[1:])
+            x = layer(x) if grouped else _pool_stacked(layer, x, m, b)
         elif kind == "flatten":
             x = x.reshape(b, m, -1).transpose(0, 1) if grouped else x.reshape(m, b, -1)
             grouped = False
@@ -190,30 +176,58 @@ def stacked_forward(model: nn.Module, params: list[torch.Tensor], x: torch.Tenso
             if grouped:
                 x = x.reshape(b, m, -1).transpose(0, 1)
                 grouped = False
-            w = next(it)
-            bias = next(it) if layer.bias is not None else None
-            shape = x.shape
-            flat = x.reshape(m, -1, shape[-1])
-            if torch.is_grad_enabled():
-                # (W x^T)^T rather than x W^T: the weight's gradient (grad · x) then comes out
-                # contiguous, which the optimizer's foreach step needs to be fast
-                out = (
-                    torch.bmm(w, flat.transpose(1, 2))
-                    if bias is None
-                    else torch.baddbmm(bias.unsqueeze(2), w, flat.transpose(1, 2))
-                ).transpose(1, 2)
-            else:  # no gradient: the faster layout for many rows
-                out = (
-                    torch.bmm(flat, w.transpose(1, 2))
-                    if bias is None
-                    else torch.baddbmm(bias.unsqueeze(1), flat, w.transpose(1, 2))
-                )
-            x = out.reshape(*shape[:-1], w.shape[1])
+            x = _linear(layer, x, it, m)
         else:  # element-wise: any layout
             x = layer(x)
     if grouped:
         x = x.reshape(b, m, -1, *x.shape[2:]).transpose(0, 1)
     return x
+
+
+def _conv(layer: nn.Module, x: torch.Tensor, it, m: int) -> torch.Tensor:
+    """A convolution of the K sets as one grouped convolution (groups = K) on the grouped layout
+    (B, K·C, H, W); its weight (and bias) the next stacked parameters of ``it``."""
+    w = next(it)
+    bias = next(it) if layer.bias is not None else None
+    return F.conv2d(
+        x,
+        w.reshape(-1, *w.shape[2:]),
+        None if bias is None else bias.reshape(-1),
+        layer.stride,
+        layer.padding,
+        layer.dilation,
+        groups=m,
+    )
+
+
+def _pool_stacked(layer: nn.Module, x: torch.Tensor, m: int, b: int) -> torch.Tensor:
+    """A pool on the stacked layout (K, B, ...): the K·B samples as one batch."""
+    y = layer(x.reshape(m * b, *x.shape[2:]))
+    return y.reshape(m, b, *y.shape[1:])
+
+
+def _linear(layer: nn.Module, x: torch.Tensor, it, m: int) -> torch.Tensor:
+    """A linear layer of the K sets as one batched matrix product on the stacked layout
+    (K, B, ..., in); its weight (and bias) the next stacked parameters of ``it``."""
+    w = next(it)
+    bias = next(it) if layer.bias is not None else None
+    shape = x.shape
+    flat = x.reshape(m, -1, shape[-1])
+    if torch.is_grad_enabled():
+        # (W x^T)^T rather than x W^T: the weight's gradient (grad · x) then comes out
+        # contiguous, which the optimizer's foreach step needs to be fast
+        out = (
+            torch.bmm(w, flat.transpose(1, 2))
+            if bias is None
+            else torch.baddbmm(bias.unsqueeze(2), w, flat.transpose(1, 2))
+        ).transpose(1, 2)
+    else:  # no gradient: the faster layout for many rows
+        out = (
+            torch.bmm(flat, w.transpose(1, 2))
+            if bias is None
+            else torch.baddbmm(bias.unsqueeze(1), flat, w.transpose(1, 2))
+        )
+    return out.reshape(*shape[:-1], w.shape[1])
 
 
 def make_forward(model: nn.Module):
