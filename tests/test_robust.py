@@ -101,7 +101,7 @@ def test_bulyan_selects_by_repeated_krum_then_averages_the_values_nearest_the_me
     # step 2 (6 left, 3): x0 2+4+13 = 19, x2 2+4+25 = 31, x3 2+2+13 = 17, x4 51, ... → x3
     # step 3 (5 left, 2): x0 4+13 = 17, x2 4+25 = 29, x4 13+25 = 38, x5 287, x6 172 → x0
     # step 4 (4 left: 4 − f − 2 = 1): nearest neighbour: x2 25, x4 25, x5 130, x6 82 → x2 (lower id)
-    # step 5 (3 left, 1 neighbour): x4 157, x5 157, x6 169 → x4
+    # step 5 (3 left: 3 − f − 2 = 0, so the nearest neighbour again): x4 157, x5 157, x6 169 → x4
     _, kept, chosen = rr.bulyan(U, 1, None)
     assert chosen == [1, 3, 0, 2, 4]
     # selected rows (1, 0), (1, 1), (0, 0), (0, 2), (3, −2):
@@ -215,6 +215,9 @@ def test_dnc_keeps_the_intersection_over_its_subsamples():
     U[5, 20:] = -50.0
     v = aggregate("dnc", U, ones(6), 2, robust.DnCParams(niters=30, b=1), generator=seeded(0))
     assert not v.kept[4] and not v.kept[5]
+    # one draw sees one outlier's coordinates: the other one survives it
+    one = aggregate("dnc", U, ones(6), 2, robust.DnCParams(niters=1, b=1), generator=seeded(0))
+    assert bool(one.kept[4]) != bool(one.kept[5])
 
 
 # ----------------------------------------------------------------------------- SignGuard, FLTrust, FLAME
@@ -256,8 +259,9 @@ def test_fltrust_weights_are_relu_cosines_and_each_update_takes_the_root_norm():
 def test_flame_keeps_the_majority_cluster_and_clips_to_the_median_norm():
     honest = [[1, 1, 0], [1.1, 0.9, 0], [0.9, 1.1, 0.1], [2, 2, 0]]
     U = np.array(honest + [[-3, 0, 3], [0, -5, 5]], dtype=float)
-    # cosine distances among the four honest updates ≤ 0.02, to the two others ≥ 1.4:
-    # HDBSCAN (min_cluster_size 6//2 + 1 = 4) keeps the four, the two fall out as noise
+    # cosine distances among the four honest updates ≤ 0.023, from them to the two others ≥ 1.39,
+    # between those two 0.5: HDBSCAN (min_cluster_size 6//2 + 1 = 4) keeps the four, and the two,
+    # too few for a cluster, fall out as noise
     v = aggregate("flame", T(U), ones(6), params=robust.FlameParams(lam=0.0))
     assert v.kept.tolist() == [True] * 4 + [False] * 2
     norms = np.linalg.norm(U, axis=1)  # √2, 1.4213, 1.4248, 2√2, 3√2, 5√2

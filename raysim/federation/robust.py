@@ -19,17 +19,20 @@ Rules (``DEFENCES``; memory is beyond the K × d input, c = ``chunk`` columns or
   et al. 2018), b = f, or ⌊βK⌋ with the option β (the paper's fraction). O(K·c).
 - ``krum`` / ``multi_krum`` (Blanchard, El Mhamdi, Guerraoui & Stainer, NeurIPS 2017): score_i =
   Σ of the squared distances to its K − f − 2 nearest others; Krum returns the update of lowest
-  score, Multi-Krum the plain mean of the m lowest (m default K − f; scores computed once, as the
-  paper's Multi-Krum). Needs 2f + 2 < K. The K × K distance matrix from a centred Gram matrix
-  accumulated over column blocks: O(K² + K·c).
+  score, Multi-Krum the plain mean of the m lowest (the paper leaves m free; default K − f, the
+  usual choice; scores computed once, as the paper's Multi-Krum); ties go to the lower client id.
+  Needs 2f + 2 < K. The K × K distance matrix from a Gram matrix centred on the coordinate-wise
+  median, accumulated over column blocks (never a K × K × d tensor): O(K² + K·c).
 - ``geometric_median``: RFA (Pillutla, Kakade & Harchaoui, IEEE TSP 2022), the smoothed Weiszfeld
   algorithm from the α-weighted mean, α = w / Σw: z ← Σ β_k U_k / Σ β_k, β_k = α_k / max(ν, ‖z −
   U_k‖), stopped when the objective Σ α_k ‖z − U_k‖ moves by less than ftol times itself. Defaults
   of the official code (krishnap25/RFA): maxiter 4, ν 1e-5, ftol 1e-6. O(K + d + K·c).
 - ``bulyan`` (El Mhamdi, Guerraoui & Rouault, ICML 2018): θ = K − 2f updates selected by Krum
-  applied repeatedly to those left (each time with f and the remaining count), then each
+  applied repeatedly to those left (each time with f and the remaining count r), then each
   coordinate the mean of the β = θ − 2f selected values closest to their median. Needs
-  K ≥ 4f + 3. O(K² + θ·c).
+  K ≥ 4f + 3. Where r − f − 2 < 1 (the last selection for f = 1, the last two for f = 0) the
+  nearest neighbour scores (the paper leaves it open; an empty sum would make every score 0).
+  O(K² + θ·c).
 - ``centered_clipping`` (Karimireddy, He & Jaggi, ICML 2021): v ← v + (1/K) Σ (x_i − v)·min(1,
   τ/‖x_i − v‖), L times, from ``center`` (the previous round's aggregate: the momentum the paper
   clips around; zero if None). Defaults of the official code (epfml/byzantine-robust-optimizer,
@@ -37,13 +40,15 @@ Rules (``DEFENCES``; memory is beyond the K × d input, c = ``chunk`` columns or
   O(d + K·c).
 - ``norm_clipping`` (Sun, Kairouz, Suresh & McMahan, "Can you really backdoor federated
   learning?", 2019): each update clipped to norm M, the plain mean (``weighted``: by w), plus
-  N(0, σ²I) ("weak DP") when σ > 0. M = 0.33 (the largest of the paper's EMNIST bounds 0.1,
-  0.17, 0.33), σ = 0 (the paper's weak-DP runs: 0.025). O(d).
+  N(0, σ²I) ("weak DP") when σ > 0. M = 0.33, one of the bounds of the paper's EMNIST runs (0.1,
+  0.17, 0.33 as FedML's port notes them; M is in the units of the updates: set it per task),
+  σ = 0 (the paper's weak-DP runs use 0.025). O(d).
 - ``dnc`` (Divide-and-Conquer, Shejwalkar & Houmansadr, NDSS 2021): ``niters`` times, b
   coordinates drawn without replacement, the subsample centred, the scores (x_i − μ)·v squared on
   its top right singular vector v, the ⌊c·f⌋ highest removed; the mean of the clients kept every
-  time. b = 10 000, c = 1.0 as in the paper and its reimplementations; niters = 5 (Blades uses 1).
-  O(K·b + d) (the subsample and its SVD, the drawn indices).
+  time. The authors released no DnC code (their repository holds the attacks): b = 10 000 and
+  c = 1.0 as Blades takes them (FLPoison subsamples 20 % of d), niters = 5 (FLPoison's; Blades 1).
+  O(K·min(b, d) + d) (the subsample and its SVD, the drawn indices).
 - ``signguard`` (Xu, Huang, Song, Zhang & Xu, ICDCS 2022): the norm filter L·med < ‖x_i‖ < R·med
   around the median norm (L = 0.1, R = 3.0), the sign statistics (shares of positive, zero and
   negative coordinates on ⌊fraction·d⌋ of them, fraction 0.1, each divided by its largest value
@@ -61,7 +66,9 @@ Rules (``DEFENCES``; memory is beyond the K × d input, c = ``chunk`` columns or
 - ``flame`` (Nguyen et al., USENIX Security 2022): HDBSCAN (sklearn, precomputed cosine
   distances, min_cluster_size K//2 + 1, min_samples 1, allow_single_cluster) and the largest
   cluster kept (noise points are not); each kept update clipped to S_t, the median of all K
-  norms; their mean plus N(0, (λ·S_t)² I), λ = 0.001 (the paper's for image tasks). The paper
+  norms; their mean plus N(0, (λ·S_t)² I), λ = 0.001 (the paper's for image tasks; the authors
+  released no code, so the paper is the reference; FLPoison's port scales the noise by each
+  tensor's std instead). The paper
   clusters the local models θ + U_k; without the global model (``model``) the rule clusters the
   updates (``cluster_on: updates``, the default, since U is what it is given), with it
   ``cluster_on: models`` is the paper's. No client admitted: the aggregate is the noise alone.
@@ -87,11 +94,12 @@ Gossip (one node's view: its model x_i (d,), its n_i neighbours' X (n_i, d), its
   the farthest neighbours whose weights reach δ_i (the weight the node gives Byzantine
   neighbours) are clipped to the distance of the farthest one left; δ None clips the single
   farthest to the second farthest distance, the official code's rule
-  (epfml/byzantine-robust-decentralized-optimizer, ``sorted(distances)[-2]``).
+  (epfml/byzantine-robust-decentralized-optimizer, ``sorted(distances)[-2]``). O(n_i·d).
 - ``bridge_trimmed_mean`` (BRIDGE-T, Yang & Bajwa 2019; Fang, Yang & Bajwa 2022):
   coordinate-wise, the b largest and b smallest neighbour values dropped and the rest averaged
   with the node's own value, Σ / (n_i − 2b + 1) (``screen: neighbours``, the paper's);
   ``screen: all`` trims the n_i + 1 values, the node's own included. Needs n_i ≥ 2b + 1.
+  O(n_i·c).
 """
 
 from __future__ import annotations

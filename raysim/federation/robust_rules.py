@@ -160,9 +160,9 @@ def closest_to_median_mean(S: torch.Tensor, beta: int) -> torch.Tensor:
 def bulyan(U: torch.Tensor, f: int, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Bulyan: θ = K − 2f updates chosen by Krum applied again and again to those not yet
     chosen (each time with f and the remaining count r, its score over max(r − f − 2, 1)
-    neighbours: in the last two steps r − f − 2 < 1, where the nearest one decides; ties go to
-    the lower client id), then coordinate-wise the mean of the β = θ − 2f of them closest to the
-    median. (aggregate, kept, the selection in order)."""
+    neighbours: where r − f − 2 < 1 the nearest one decides; ties go to the lower client id),
+    then coordinate-wise the mean of the β = θ − 2f of them closest to the median. (aggregate,
+    kept, the selection in order)."""
     K = U.shape[0]
     theta, beta = K - 2 * f, K - 4 * f
     D = squared_distances(U, chunk)
