@@ -5,6 +5,8 @@
 - ``privacy``: clipping, noise and the accountant (client- and sample-level DP).
 - ``compression``: what an upload costs and how it is compressed (QSGD, top-k, ...).
 - ``topology``: the graphs of decentralized training.
+- ``robust`` (arithmetic in ``robust_rules``): Byzantine-robust aggregation rules, pre-aggregators and
+  robust gossip mixing (Krum, Bulyan, RFA, centered clipping, DnC, SignGuard, FLTrust, FLAME, ...).
 
 May import ``raysim.core`` and the foundation modules only.
 """
