@@ -1,6 +1,7 @@
 """Results: where a run's numbers go and how they come back.
 
 - ``tracking``: the MLflow run of a scenario (parameters, metrics, tags, artifacts).
+- ``store``: the MLflow tracking store (its URI, a new SQLite store seeded, the experiment).
 - ``tracker_process``: MLflow in a helper process, so that its import does not delay a run.
 - ``compare``: the table of several runs (``raysim compare``).
 - ``report``: one run's figures (``raysim report``).
