@@ -32,6 +32,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from raysim.results.figures import write_curve
 from raysim.results.store import (  # noqa: F401 - re-exported: the store's names' old home
     artifact_root,
     open_store,
@@ -491,39 +492,3 @@ def reopen_parent(sc: Scenario, parent_id: str, file: str, runs: list[tuple[str 
         by[(kid.data.tags.get("variant"), int(kid.data.tags.get("seed", sc.seed)))] = kid
     client.update_run(parent_id, status="RUNNING")
     return client, parent_id, by
-
-
-def write_curve(folder: str, key: str, curve: dict, std: dict | None, title: str) -> list[str]:
-    """``<key>.csv`` (x, mean[, std]) and ``<key>.png`` (the mean with a ±std band) in
-    ``folder``; returns their paths."""
-    xs = list(curve)
-    ys = [float(curve[x]) for x in xs]
-    sd = [float(std[x]) for x in xs] if std else None
-    name = key[: -len("_curve")]
-    csv_path = os.path.join(folder, f"{key}.csv")
-    with open(csv_path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([name, "mean", *(["std"] if sd else [])])
-        w.writerows([[x, y, *([s] if sd else [])] for x, y, s in zip(xs, ys, sd or ys)])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-    try:
-        pos = [float(x) for x in xs]
-    except ValueError:
-        pos = list(range(len(xs)))
-    ax.plot(pos, ys, marker="o")
-    if sd:
-        ax.fill_between(pos, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.25)
-    ax.set_xlabel(name)
-    ax.set_ylabel("mean over clients (± std)" if sd else "mean over clients")
-    ax.set_title(title or key)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    png_path = os.path.join(folder, f"{key}.png")
-    fig.savefig(png_path)
-    plt.close(fig)
-    return [csv_path, png_path]
