@@ -4,6 +4,7 @@
 - ``store``: the MLflow tracking store (its URI, a new SQLite store seeded, the experiment).
 - ``tracker_process``: MLflow in a helper process, so that its import does not delay a run.
 - ``compare``: the table of several runs (``raysim compare``).
+- ``tables``: that table written out, as Markdown and CSV.
 - ``report``: ``raysim report``: runs read back from MLflow, their figures written and logged.
 - ``figures``: one run's figures, drawn with matplotlib.
 - ``curves``: several runs' curves compared (mean ± std over seeds, on rounds or virtual hours).
