@@ -28,8 +28,6 @@ from pathlib import Path
 import numpy as np
 
 _ROWS = 200  # clients drawn at most in a heat map
-
-
 _NODES = 300  # graph nodes drawn at most
 
 
