@@ -10,7 +10,7 @@ First, what the user waits for: the whole process, from exec to exit, of the bar
 start, host actors loading their shards, MLflow, rounds, final evaluation, shutdown), and their
 ratio (goal on tiny: <= 1.0), for a first run that creates the MLflow store and a later
 run that finds it. A new store is a copy of the empty store kept in the user's cache
-(``tracking.seed_store``); the machine's first store ever is made by MLflow, 1.5 to 2 s more.
+(``store.seed_store``); the machine's first store ever is made by MLflow, 1.5 to 2 s more.
 Then the training alone: the bare loop's timed rounds against raysim's rounds without the final
 evaluation (which the bare loop does not do), and with it.
 Targets on 2 cores: tiny <= 1.2, cnn <= 0.6 (training ratio).

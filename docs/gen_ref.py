@@ -5,8 +5,9 @@ from it, and the architecture page's two figures (``docs/gen_figures.py``); none
 committed:
 
 - ``reference/scenario.md``: every scenario key, from the section dataclasses
-  (``raysim.scenario.sections``) and the components' own options dataclasses (the algorithms'
-  ``Hyper``, the models', datasets' and partitioners' ``Params``): type, default, allowed
+  (``raysim.scenario.sections``, which re-exports ``federation_sections``') and the components'
+  own options dataclasses (the algorithms' ``Hyper``, the models', datasets' and partitioners'
+  ``Params``): type, default, allowed
   values (field metadata ``choices``/``min``/``max``/``gt``/``lt`` and the class-level
   ``CHOICES``/``POSITIVE``/``NONNEGATIVE``, as ``raysim.scenario.schema.load_dataclass`` applies them)
   and help;

@@ -1,10 +1,10 @@
-"""A new SQLite tracking store seeded from the user's cached empty store (tracking.seed_store)."""
+"""A new SQLite tracking store seeded from the user's cached empty store (store.seed_store)."""
 
 import sqlite3
 
 from mlflow.tracking import MlflowClient
 
-from raysim.results import tracking
+from raysim.results import store
 
 
 def _schema(db) -> dict:
@@ -36,8 +36,8 @@ def test_a_seeded_store_is_the_store_mlflow_makes(tmp_path, monkeypatch):
     MlflowClient(f"sqlite:///{made}").search_experiments()  # MLflow's own new store
     monkeypatch.chdir(tmp_path / "seeded")
     seeded = tmp_path / "seeded" / "mlflow.db"
-    assert tracking.seed_store(f"sqlite:///{seeded}")
-    template = tracking._template()
+    assert store.seed_store(f"sqlite:///{seeded}")
+    template = store._template()
     assert template.parent == tmp_path / "cache" / "raysim"
     assert _schema(template)["experiments"] == []  # MLflow adds Default on opening
     MlflowClient(f"sqlite:///{seeded}").search_experiments()
@@ -51,7 +51,7 @@ def test_a_seeded_store_is_the_store_mlflow_makes(tmp_path, monkeypatch):
     stamp = template.stat().st_mtime_ns
     monkeypatch.chdir(tmp_path / "again")
     again = tmp_path / "again" / "mlflow.db"
-    assert tracking.seed_store(f"sqlite:///{again}")
+    assert store.seed_store(f"sqlite:///{again}")
     assert template.stat().st_mtime_ns == stamp
     client = MlflowClient(f"sqlite:///{again}")
     eid = client.create_experiment("e")
@@ -66,11 +66,11 @@ def test_a_store_that_exists_or_is_not_sqlite_is_left_alone(tmp_path, monkeypatc
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
     run = client.create_run(client.create_experiment("e"))
-    assert not tracking.seed_store(uri)
+    assert not store.seed_store(uri)
     assert MlflowClient(uri).get_run(run.info.run_id).info.run_id == run.info.run_id
-    assert not tracking.seed_store("sqlite:///:memory:")
-    assert not tracking.seed_store(f"sqlite:///{tmp_path}/other.db?timeout=30")  # options: MLflow's own way
-    assert not tracking.seed_store(f"file://{tmp_path}/mlruns")
+    assert not store.seed_store("sqlite:///:memory:")
+    assert not store.seed_store(f"sqlite:///{tmp_path}/other.db?timeout=30")  # options: MLflow's own way
+    assert not store.seed_store(f"file://{tmp_path}/mlruns")
     assert not (tmp_path / "cache").exists()
 
 
@@ -78,7 +78,7 @@ def test_a_cache_that_cannot_be_written_leaves_the_store_to_mlflow(tmp_path, mon
     (tmp_path / "cache").write_text("a file, not a folder")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    assert not tracking.seed_store(uri)
+    assert not store.seed_store(uri)
     assert not (tmp_path / "mlflow.db").exists()
     assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
 
@@ -89,7 +89,7 @@ def test_a_template_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     def broken(uri):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tracking, "MlflowClient", broken)
-    assert not tracking.seed_store(f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setattr(store, "MlflowClient", broken)
+    assert not store.seed_store(f"sqlite:///{tmp_path}/mlflow.db")
     assert list((tmp_path / "cache" / "raysim").iterdir()) == []
     assert not (tmp_path / "mlflow.db").exists()

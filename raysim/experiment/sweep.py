@@ -325,7 +325,7 @@ def run_job(job: Job) -> dict:
 
 
 def _finished(summary: dict, sc: Scenario) -> None:
-    from raysim.experiment.runner import FINAL
+    from raysim.experiment.summary import FINAL
 
     # the headline metrics, ACC(T) and the time to eval.target (every mean, std and best is in
     # the summary file)

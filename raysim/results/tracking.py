@@ -1,7 +1,8 @@
 """MLflow tracking: one run per `raysim run`, params from the scenario, metrics per round.
 
 Tracking URI: scenario ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's default
-(``sqlite:///mlflow.db`` in the working directory).
+(``sqlite:///mlflow.db`` in the working directory). The store itself (its URI, a new SQLite store
+seeded, the experiment opened) is ``raysim.results.store``'s; its names are re-exported here.
 
 A run's driver stamps it (tags ``raysim.driver`` = host:pid, ``raysim.heartbeat`` = unix time,
 refreshed every ``HEARTBEAT_S`` by a thread). A driver killed outright (SIGKILL, a lost login
@@ -12,20 +13,14 @@ heartbeat is older than ``STALE_S`` (any host), and says how to resume them.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import functools
-import hashlib
 import json
-import logging
 import math
 import os
 import queue
 import re
-import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -37,7 +32,15 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from raysim.cachedir import user_cache
+from raysim.results.figures import write_curve
+from raysim.results.store import (  # noqa: F401 - re-exported: the store's names' old home
+    artifact_root,
+    open_store,
+    resolve_uri,
+    seed_store,
+    sqlite_file,
+    store_lock,
+)
 from raysim.scenario.config import RunSpec, Scenario, ScenarioError, name_list
 
 STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -180,111 +183,6 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
     else:
         out[prefix[:-1]] = str(d)
     return out
-
-
-def sqlite_file(uri: str) -> str | None:
-    """The database file of a SQLite tracking URI; None for another store or an in-memory one."""
-    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
-    return path if path and path != ":memory:" else None
-
-
-@contextlib.contextmanager
-def store_lock(uri: str):
-    """An exclusive lock beside a SQLite tracking database while it may be created: MLflow
-    builds a new database's tables on first use, and two runs starting at once on the same
-    new file would both do it and one fail ("table ... already exists")."""
-    path = sqlite_file(uri)
-    if path is None:
-        yield
-        return
-    lock = os.path.abspath(path) + ".lock"
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def artifact_root(uri: str) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a SQLite store's file
-    (``<folder of the .db>/mlruns``), so they do not land in whichever folder the first run
-    was started from; None (MLflow's choice) for other stores."""
-    path = sqlite_file(uri)
-    return None if path is None else str(Path(path).resolve().parent / "mlruns")
-
-
-def resolve_uri(uri: str | None, verbose: bool = False) -> str:
-    """The tracking URI: ``uri``, else MLFLOW_TRACKING_URI, else MLflow's default
-    (``sqlite:///mlflow.db`` here); MLflow's INFO lines (database migrations, which would
-    break a progress bar) are silenced unless ``verbose``."""
-    if not verbose:
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        mlflow.set_tracking_uri(uri)
-    return mlflow.get_tracking_uri()
-
-
-def _template() -> Path:
-    """Where this MLflow's empty store is kept: named by MLflow's version and its migrations
-    (an MLflow with other migrations never reads another's template)."""
-    versions = Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions"
-    names = sorted(p.name for p in versions.glob("*.py")) if versions.is_dir() else []
-    key = hashlib.sha256("\n".join([mlflow.__version__, *names]).encode()).hexdigest()[:16]
-    return user_cache() / f"mlflow-{mlflow.__version__}-{key}.db"
-
-
-def seed_store(uri: str) -> bool:
-    """Give a SQLite store that does not exist yet the tables of an empty one, copied from a
-    template in the user's cache (``_template``), made the first time by MLflow itself: MLflow
-    otherwise builds a new database's tables and runs its ~70 migrations, 1.7 to 2 s of a core
-    on a 2-core machine, in every new store (each experiment folder, each sweep's, each
-    test's). The template holds MLflow's schema, its migrations' version and no experiment:
-    MLflow adds its Default experiment (its artifact folder as of this run) when it opens the
-    copy, as it would in a store of its own making. Returns whether the store was seeded; where
-    the cache cannot be written, MLflow makes the store as before. Called under ``store_lock``."""
-    path = sqlite_file(uri)
-    if path is None or "?" in path or (os.path.exists(path) and os.path.getsize(path) > 0):
-        return False
-    try:
-        template = _template()
-        if not template.exists():
-            template.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=template.parent) as tmp:
-                db = Path(tmp) / "store.db"
-                MlflowClient(f"sqlite:///{db}").search_experiments()  # MLflow makes and migrates it
-                with contextlib.closing(sqlite3.connect(db)) as con:
-                    con.execute("DELETE FROM experiments")
-                    con.commit()
-                    con.execute("VACUUM")
-                os.replace(db, template)  # whole or not at all
-        part = f"{path}.{os.getpid()}.part"
-        try:
-            shutil.copyfile(template, part)
-            os.replace(part, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(part)
-    except Exception:  # noqa: BLE001 - any failure leaves the store to MLflow, which says its own error
-        return False
-    return True
-
-
-def open_store(sc: Scenario, verbose: bool = False, create: bool = True):
-    """(tracking URI, client, the scenario's experiment): the store opened (a new SQLite
-    database seeded from the template or created and migrated, under ``store_lock``) and the
-    experiment created unless ``create`` is false."""
-    uri = resolve_uri(sc.tracking.uri, verbose)
-    with store_lock(uri):
-        seed_store(uri)
-        client = MlflowClient(uri)
-        exp = client.get_experiment_by_name(sc.tracking.experiment)  # creates a new store
-        if create and exp is None:
-            exp = client.get_experiment(client.create_experiment(sc.tracking.experiment, artifact_root(uri)))
-    return uri, client, exp
 
 
 class Tracker:
@@ -594,39 +492,3 @@ def reopen_parent(sc: Scenario, parent_id: str, file: str, runs: list[tuple[str 
         by[(kid.data.tags.get("variant"), int(kid.data.tags.get("seed", sc.seed)))] = kid
     client.update_run(parent_id, status="RUNNING")
     return client, parent_id, by
-
-
-def write_curve(folder: str, key: str, curve: dict, std: dict | None, title: str) -> list[str]:
-    """``<key>.csv`` (x, mean[, std]) and ``<key>.png`` (the mean with a ±std band) in
-    ``folder``; returns their paths."""
-    xs = list(curve)
-    ys = [float(curve[x]) for x in xs]
-    sd = [float(std[x]) for x in xs] if std else None
-    name = key[: -len("_curve")]
-    csv_path = os.path.join(folder, f"{key}.csv")
-    with open(csv_path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([name, "mean", *(["std"] if sd else [])])
-        w.writerows([[x, y, *([s] if sd else [])] for x, y, s in zip(xs, ys, sd or ys)])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-    try:
-        pos = [float(x) for x in xs]
-    except ValueError:
-        pos = list(range(len(xs)))
-    ax.plot(pos, ys, marker="o")
-    if sd:
-        ax.fill_between(pos, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.25)
-    ax.set_xlabel(name)
-    ax.set_ylabel("mean over clients (± std)" if sd else "mean over clients")
-    ax.set_title(title or key)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    png_path = os.path.join(folder, f"{key}.png")
-    fig.savefig(png_path)
-    plt.close(fig)
-    return [csv_path, png_path]

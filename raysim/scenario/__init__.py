@@ -7,7 +7,9 @@
 - ``federation_checks``: the systems, privacy and communication sections' checks.
 - ``probe``: what a scenario names, opened before the run (data, model, method, traces).
 - ``schema``: the vocabulary those checks are written in (coercion, ranges, components).
-- ``sections``: the dataclasses of the scenario's sections (privacy, systems, resources, ...).
+- ``sections``: the dataclasses of the scenario's sections (resources, eval, ...; every
+  section's dataclass can be imported from it).
+- ``federation_sections``: those of topology, server, privacy, communication and systems.
 - ``build``: turns a validated scenario into its parts (the model factory, the algorithm).
 - ``stores``: which MLflow tracking URIs can be opened, known without importing MLflow.
 

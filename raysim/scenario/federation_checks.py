@@ -13,8 +13,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from raysim.scenario.federation_sections import CommunicationCfg, DistCfg, PrivacyCfg, SystemsCfg
 from raysim.scenario.schema import Ctx, load_dataclass
-from raysim.scenario.sections import CommunicationCfg, DistCfg, PrivacyCfg, SystemsCfg
 
 DISTS = ("speed", "down", "up", "latency")  # the systems options drawn per client (DistCfg mappings)
 
