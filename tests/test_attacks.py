@@ -1,8 +1,9 @@
-"""Byzantine model-poisoning attacks (raysim/federation/attacks.py): each crafted update against its
-paper's formula, computed by hand on tiny inputs or independently with numpy/scipy here (Min-Max's
-and Min-Sum's γ by a brute-force search, Fang's λ by its bound and an inline Krum, Mimic's direction
-by an eigendecomposition), the randomness through the generator, the detection metrics on hand
-examples, and each ``check``'s refusals."""
+"""Byzantine attacks (raysim/federation/attacks.py, model poisoning; raysim/federation/poisoning.py,
+data poisoning): each crafted update against its paper's formula, computed by hand on tiny inputs
+or independently with numpy/scipy here (Min-Max's and Min-Sum's γ by a brute-force search, Fang's
+λ by its bound and an inline Krum, Mimic's direction by an eigendecomposition), the randomness
+through the generator, the data transforms pixel by pixel, the metrics on hand examples, and each
+``check``'s refusals."""
 
 import math
 
@@ -12,6 +13,7 @@ import torch
 from scipy.stats import norm
 
 from raysim.federation import attacks as A
+from raysim.federation import poisoning as P
 
 
 def gen(seed=0):
@@ -397,3 +399,105 @@ def test_check_accepts_the_limits_themselves():
     assert A.ATTACKS["alie"].check(A.ALIEParams(), 10, 5) is None  # s = 6 − 5 = 1
     assert A.ATTACKS["alie"].check(A.ALIEParams(z=1.0), 10, 6) is None  # z given: no supporters needed
     assert A.ATTACKS["gaussian"].check(A.GaussianParams(), 2, 2) is None  # needs nobody honest
+
+
+# ----------------------------------------------------------------------------- data poisoning
+
+
+def test_flip_labels_reverse_and_target_pairs():
+    y = torch.tensor([0, 3, 9, 5])
+    assert P.flip_labels(y, 10).tolist() == [9, 6, 0, 4]  # C − 1 − y
+    assert P.flip_labels(torch.tensor([1, 7, 2, 1]), 10, "target", [(1, 7), (7, 1)]).tolist() == [7, 1, 2, 7]
+    assert y.tolist() == [0, 3, 9, 5]  # not in place
+    with pytest.raises(ValueError, match="reverse or target"):
+        P.flip_labels(y, 10, "random")
+
+
+def test_stamp_writes_the_pattern_pixel_by_pixel():
+    x = torch.zeros(2, 1, 5, 5)
+    plus = P.stamp(x, P.pattern("plus", 3))  # bottom-right corner: rows and columns 2..4
+    expected = [
+        [0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 1, 1, 1],
+        [0, 0, 0, 1, 0],
+    ]
+    assert plus[0, 0].tolist() == expected and plus[1, 0].tolist() == expected
+    assert x.abs().sum() == 0  # not in place
+    ones = torch.ones(1, 5, 5)  # (N, H, W), a 2×2 square at (1, 0) of value 0.5
+    sq = P.stamp(ones, P.pattern("square", 2), (1, 0), 0.5)
+    assert sq[0].tolist() == [
+        [1, 1, 1, 1, 1],
+        [0.5, 0.5, 1, 1, 1],
+        [0.5, 0.5, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+    ]
+    flat = P.stamp(torch.zeros(2, 25), P.pattern("plus", 3), image_shape=(1, 5, 5))  # (N, D)
+    assert torch.equal(flat.view(2, 1, 5, 5), plus)
+    rgb = P.stamp(torch.zeros(1, 3, 5, 5), P.pattern("square", 1), (0, 4), (0.1, 0.2, 0.3))  # a value per channel
+    assert rgb[0, :, 0, 4].tolist() == pytest.approx([0.1, 0.2, 0.3]) and rgb.sum().item() == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="does not fit"):
+        P.stamp(x, P.pattern("square", 3), (3, 3))
+    with pytest.raises(ValueError, match="odd size"):
+        P.pattern("plus", 4)
+
+
+def test_poison_stamps_and_relabels_the_fraction_drawn():
+    x = torch.rand(20, 1, 5, 5, generator=gen(3))
+    y = torch.arange(20) % 4
+    trigger = P.place(P.pattern("square", 2), None, (5, 5))  # rows and columns 3, 4
+    xs, ys, idx = P.poison(x, y, 3, 0.25, gen(7), trigger)
+    assert len(idx) == 5 and len(set(idx.tolist())) == 5  # ⌊0.25·20⌋ distinct samples
+    rest = [i for i in range(20) if i not in set(idx.tolist())]
+    assert (ys[idx] == 3).all() and torch.equal(ys[rest], y[rest]) and torch.equal(xs[rest], x[rest])
+    assert (xs[idx][:, 0, 3:, 3:] == 1).all() and torch.equal(xs[idx][:, 0, :3], x[idx][:, 0, :3])
+    assert torch.equal(P.poison(x, y, 3, 0.25, gen(7), trigger)[2], idx)  # the generator decides
+    assert len(P.poison(x, y, 3, 0.33, gen(7), trigger)[2]) == 6  # ⌊6.6⌋
+
+
+def test_dba_parts_are_the_official_layout_and_their_union_is_the_global_trigger():
+    parts = P.dba_parts((28, 28))  # MNIST: 1×4 bars, gap 2: rows 0 and 3, columns 0 and 6
+    pixels = [sorted(map(tuple, p.nonzero().tolist())) for p in parts]
+    assert pixels == [
+        [(0, 0), (0, 1), (0, 2), (0, 3)],
+        [(0, 6), (0, 7), (0, 8), (0, 9)],
+        [(3, 0), (3, 1), (3, 2), (3, 3)],
+        [(3, 6), (3, 7), (3, 8), (3, 9)],
+    ]
+    cifar = P.dba_parts((32, 32), size=6, gap=3)  # rows 0 and 4, columns 0 and 9
+    assert [tuple(p.nonzero()[0].tolist()) for p in cifar] == [(0, 0), (0, 9), (4, 0), (4, 9)]
+    glob = P.union(parts)
+    assert int(glob.sum()) == 16 and all(bool(glob[r, c]) for p in pixels for r, c in p)
+    assert torch.equal(P.dba_local(parts, 5), parts[1]) and torch.equal(P.dba_local(parts, 2), parts[2])
+    x = torch.zeros(1, 1, 28, 28)
+    each = x
+    for p in parts:  # the attackers' parts stamped one after the other = the global trigger at once
+        each = P.apply(each, p)
+    assert torch.equal(each, P.apply(x, glob))
+    square = P.place(P.pattern("square", 4), (1, 1), (6, 6))
+    rows = P.split_trigger(square, 4)  # a 4×4 square in 4: its rows
+    assert [sorted({r for r, _ in p.nonzero().tolist()}) for p in rows] == [[1], [2], [3], [4]]
+    assert torch.equal(P.union(rows), square) and sum(int(p.sum()) for p in rows) == 16
+    assert [int(p.sum()) for p in P.split_trigger(P.place(P.pattern("plus", 3), (0, 0), (3, 3)), 2)] == [3, 2]
+
+
+def test_boost_replaces_the_model_when_the_others_cancel():
+    delta = t64([1.0, -2.0])
+    assert P.boost(delta, clients=10, server_lr=0.5).tolist() == [20.0, -40.0]  # γ = 10/0.5
+    assert P.boost(delta, gamma=3.0).tolist() == [3.0, -6.0]
+    # G + η/n (γΔ + 0 + ... + 0) = G + Δ = X with γ = n/η: n = 4, η = 1
+    G = t64([0.5, 0.5])
+    assert torch.allclose(G + 1.0 / 4 * P.boost(delta, clients=4), G + delta)
+    with pytest.raises(ValueError, match="gamma"):
+        P.boost(delta)
+
+
+def test_attack_success_rate_leaves_out_the_target_class():
+    pred = torch.tensor([2, 2, 0, 2, 1])
+    y = torch.tensor([0, 2, 1, 3, 1])
+    # target 2: input 1 (true 2) left out; of inputs 0, 2, 3, 4, inputs 0 and 3 predicted 2: 2/4
+    assert P.attack_success_rate(pred, y, 2) == 0.5
+    assert P.attack_success_rate(torch.tensor([1, 1]), torch.tensor([0, 0]), 1) == 1.0
+    assert math.isnan(P.attack_success_rate(torch.tensor([2, 0]), torch.tensor([2, 2]), 2))
