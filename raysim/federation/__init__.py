@@ -5,6 +5,11 @@
 - ``privacy``: clipping, noise and the accountant (client- and sample-level DP).
 - ``compression``: what an upload costs and how it is compressed (QSGD, top-k, ...).
 - ``topology``: the graphs of decentralized training.
+- ``robust`` (its math in ``robust_rules``): Byzantine-robust aggregation rules (Krum, median,
+  trimmed mean, geometric median, Bulyan, centered clipping, DnC, SignGuard, FLTrust, FLAME...),
+  the pre-aggregators (bucketing, NNM) and robust gossip mixing (ClippedGossip, BRIDGE).
+- ``attacks``: Byzantine clients' model poisoning (ALIE, IPM, Min-Max/Min-Sum, Fang, Mimic...);
+  ``poisoning``: data poisoning (label flipping, BadNets triggers, DBA) and the backdoor metrics.
 - ``robust`` (arithmetic in ``robust_rules``): Byzantine-robust aggregation rules, pre-aggregators and
   robust gossip mixing (Krum, Bulyan, RFA, centered clipping, DnC, SignGuard, FLTrust, FLAME, ...).
 
