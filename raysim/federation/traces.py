@@ -86,136 +86,210 @@ def literal(path: str | Path) -> object:
         data = path.read_bytes()
     except OSError as e:
         raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
-    stack: list = []
-    marks: list[list] = []  # the stacks below each MARK
-    memo: dict = {}
-    made: dict[int, list] = {}  # id of a container holding containers: [values, depth, container]
-    changeable: set[int] = set()  # ids of the dicts, lists and sets not yet put inside another
-    name, pos = "the first opcode", 0
+    return _Reader(path).read(data)
 
-    def at() -> str:
-        return f"{path}: {name} at byte {pos}"
 
-    def pop_mark() -> list:
-        nonlocal stack
-        if not marks:
-            raise TraceError(f"{at()}: a malformed pickle (no mark)")
-        items, stack = stack, marks.pop()
-        return items
+class _Reader:
+    """``literal``'s stack machine over one pickle's opcodes: a handler per opcode it reads
+    (``_HANDLERS``), the others refused. The stack holds the values built so far; ``marks``
+    the stacks below each MARK; ``made`` the size and depth of each container that holds
+    containers (``_count``); ``changeable`` the ids of the dicts, lists and sets not yet put
+    inside another."""
 
-    def pop_top(k: int) -> list:
-        if len(stack) < k:
-            raise IndexError
-        items = stack[-k:]
-        del stack[-k:]
-        return items
+    def __init__(self, path: Path):
+        self.path = path
+        self.stack: list = []
+        self.marks: list[list] = []  # the stacks below each MARK
+        self.memo: dict = {}
+        self.made: dict[int, list] = {}  # id of a container holding containers: [values, depth, container]
+        self.changeable: set[int] = set()  # ids of the dicts, lists and sets not yet put inside another
+        self.name, self.pos = "the first opcode", 0
 
-    def build(container, items) -> None:
-        """Push a new container holding items (already in it)."""
-        _count(made, changeable, container, items, at, fresh=True)
-        if type(container) in _CHANGEABLE:
-            changeable.add(id(container))
-        stack.append(container)
-
-    def grow(items) -> None:
-        """Add items to the container below them (APPEND, SETITEM, ADDITEMS and their batches)."""
-        kind = _GROW[name]
-        if not stack:
-            raise TraceError(f"{at()}: a malformed pickle (no container to add to)")
-        target = stack[-1]
-        if type(target) is not kind:
-            raise TraceError(f"{at()} adds to a {type(target).__name__}; it adds only to a {kind.__name__}")
-        if id(target) not in changeable:
+    def read(self, data: bytes) -> object:
+        """Run the opcodes until STOP; its value. A malformed pickle (too few values on the
+        stack, a memo entry never stored, an opcode pickletools cannot read) is a TraceError."""
+        handlers = _HANDLERS
+        try:
+            for op, arg, self.pos in pickletools.genops(data):
+                self.name = name = op.name
+                if name in _SCALAR_OPS:
+                    self.stack.append(arg)
+                elif name == "STOP":
+                    return self.stop()
+                else:
+                    handlers.get(name, _Reader.refuse)(self, arg)
+        except IndexError:
+            raise TraceError(f"{self.at()}: a malformed pickle (too few values on the stack)") from None
+        except KeyError:
+            raise TraceError(f"{self.at()}: a malformed pickle (it reads a memo entry never stored)") from None
+        except ValueError as e:  # pickletools' own messages quote the file's bytes: not repeated
+            if isinstance(e, TraceError):
+                raise
             raise TraceError(
-                f"{at()} changes a {kind.__name__} already inside another container "
+                f"{self.path}: not a readable pickle (an opcode or its argument after byte {self.pos} is "
+                f"unknown, malformed or cut short)"
+            ) from None
+        raise TraceError(f"{self.path}: a malformed pickle (no STOP)")
+
+    def at(self) -> str:
+        return f"{self.path}: {self.name} at byte {self.pos}"
+
+    # -- the stack ---------------------------------------------------------------------------
+    def pop_mark(self) -> list:
+        """The values above the last MARK (the stack below it restored)."""
+        if not self.marks:
+            raise TraceError(f"{self.at()}: a malformed pickle (no mark)")
+        items, self.stack = self.stack, self.marks.pop()
+        return items
+
+    def pop_top(self, k: int) -> list:
+        """The top ``k`` values of the stack."""
+        if len(self.stack) < k:
+            raise IndexError
+        items = self.stack[-k:]
+        del self.stack[-k:]
+        return items
+
+    # -- containers --------------------------------------------------------------------------
+    def build(self, container, items) -> None:
+        """Push a new container holding items (already in it)."""
+        _count(self.made, self.changeable, container, items, self.at, fresh=True)
+        if type(container) in _CHANGEABLE:
+            self.changeable.add(id(container))
+        self.stack.append(container)
+
+    def grow(self, items) -> None:
+        """Add items to the container below them (APPEND, SETITEM, ADDITEMS and their batches)."""
+        kind = _GROW[self.name]
+        if not self.stack:
+            raise TraceError(f"{self.at()}: a malformed pickle (no container to add to)")
+        target = self.stack[-1]
+        if type(target) is not kind:
+            raise TraceError(f"{self.at()} adds to a {type(target).__name__}; it adds only to a {kind.__name__}")
+        if id(target) not in self.changeable:
+            raise TraceError(
+                f"{self.at()} changes a {kind.__name__} already inside another container "
                 f"(a cycle, or a shared value changed after it was used)"
             )
-        pairs = _pairs(items, at) if kind is dict else _keys(items, at) if kind is set else None
-        _count(made, changeable, target, items, at, fresh=False)
-        if id(target) not in changeable:
-            raise TraceError(f"{at()} puts a {kind.__name__} inside itself (a cycle)")
+        pairs = _pairs(items, self.at) if kind is dict else _keys(items, self.at) if kind is set else None
+        _count(self.made, self.changeable, target, items, self.at, fresh=False)
+        if id(target) not in self.changeable:
+            raise TraceError(f"{self.at()} puts a {kind.__name__} inside itself (a cycle)")
         if kind is list:
             target.extend(items)
         else:
             target.update(pairs)
 
-    try:
-        for op, arg, pos in pickletools.genops(data):
-            name = op.name
-            if name in _SCALAR_OPS:
-                stack.append(arg)
-            elif name == "MEMOIZE":
-                memo[len(memo)] = stack[-1]
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                stack.append(memo[arg])
-            elif name == "MARK":
-                marks.append(stack)
-                stack = []
-            elif name in ("APPENDS", "SETITEMS", "ADDITEMS"):
-                grow(pop_mark())
-            elif name in ("APPEND", "SETITEM"):
-                grow(pop_top(2 if name == "SETITEM" else 1))
-            elif name == "EMPTY_DICT":
-                build({}, ())
-            elif name == "EMPTY_LIST":
-                build([], ())
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[arg] = stack[-1]
-            elif name in ("PROTO", "FRAME"):
-                continue
-            elif name == "STOP":
-                if marks or len(stack) != 1:
-                    raise TraceError(
-                        f"{at()}: a malformed pickle ({len(stack)} values and {len(marks)} marks left at the end)"
-                    )
-                return stack[0]
-            elif name == "EMPTY_TUPLE":
-                build((), ())
-            elif name == "EMPTY_SET":
-                build(set(), ())
-            elif name == "DICT":
-                items = pop_mark()
-                build(dict(_pairs(items, at)), items)
-            elif name == "LIST":
-                items = pop_mark()
-                build(list(items), items)
-            elif name == "TUPLE":
-                items = pop_mark()
-                build(tuple(items), items)
-            elif name == "FROZENSET":
-                items = pop_mark()
-                build(frozenset(_keys(items, at)), items)
-            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-                items = pop_top(int(name[-1]))
-                build(tuple(items), items)
-            elif name == "NONE":
-                stack.append(None)
-            elif name in ("NEWTRUE", "NEWFALSE"):
-                stack.append(name == "NEWTRUE")
-            elif name == "POP":
-                stack.pop()
-            elif name == "POP_MARK":
-                pop_mark()
-            elif name == "DUP":
-                stack.append(stack[-1])
-            else:
-                raise TraceError(
-                    f"{path}: opcode {name} at byte {pos} is not plain data (it would import, call "
-                    f"or build an object); raysim reads only dicts, lists, numbers and strings "
-                    f"from a pickle"
-                )
-    except IndexError:
-        raise TraceError(f"{at()}: a malformed pickle (too few values on the stack)") from None
-    except KeyError:
-        raise TraceError(f"{at()}: a malformed pickle (it reads a memo entry never stored)") from None
-    except ValueError as e:  # pickletools' own messages quote the file's bytes: not repeated
-        if isinstance(e, TraceError):
-            raise
+    # -- the opcodes (each handler takes the opcode's argument) ------------------------------
+    def memoize(self, arg) -> None:
+        self.memo[len(self.memo)] = self.stack[-1]
+
+    def get(self, arg) -> None:
+        self.stack.append(self.memo[arg])
+
+    def put(self, arg) -> None:
+        self.memo[arg] = self.stack[-1]
+
+    def mark(self, arg) -> None:
+        self.marks.append(self.stack)
+        self.stack = []
+
+    def grow_by_batch(self, arg) -> None:
+        self.grow(self.pop_mark())
+
+    def grow_by_one(self, arg) -> None:
+        self.grow(self.pop_top(2 if self.name == "SETITEM" else 1))
+
+    def empty_dict(self, arg) -> None:
+        self.build({}, ())
+
+    def empty_list(self, arg) -> None:
+        self.build([], ())
+
+    def empty_tuple(self, arg) -> None:
+        self.build((), ())
+
+    def empty_set(self, arg) -> None:
+        self.build(set(), ())
+
+    def dict_(self, arg) -> None:
+        items = self.pop_mark()
+        self.build(dict(_pairs(items, self.at)), items)
+
+    def list_(self, arg) -> None:
+        items = self.pop_mark()
+        self.build(list(items), items)
+
+    def tuple_(self, arg) -> None:
+        items = self.pop_mark()
+        self.build(tuple(items), items)
+
+    def frozenset_(self, arg) -> None:
+        items = self.pop_mark()
+        self.build(frozenset(_keys(items, self.at)), items)
+
+    def small_tuple(self, arg) -> None:
+        items = self.pop_top(int(self.name[-1]))
+        self.build(tuple(items), items)
+
+    def none(self, arg) -> None:
+        self.stack.append(None)
+
+    def boolean(self, arg) -> None:
+        self.stack.append(self.name == "NEWTRUE")
+
+    def pop(self, arg) -> None:
+        self.stack.pop()
+
+    def pop_to_mark(self, arg) -> None:
+        self.pop_mark()
+
+    def dup(self, arg) -> None:
+        self.stack.append(self.stack[-1])
+
+    def framing(self, arg) -> None:
+        """PROTO, FRAME: nothing to build."""
+
+    def stop(self) -> object:
+        """STOP: the one value left, where no mark is."""
+        if self.marks or len(self.stack) != 1:
+            raise TraceError(
+                f"{self.at()}: a malformed pickle ({len(self.stack)} values and {len(self.marks)} marks left at the end)"
+            )
+        return self.stack[0]
+
+    def refuse(self, arg) -> None:
+        """Any other opcode: an import, a call, an object's state."""
         raise TraceError(
-            f"{path}: not a readable pickle (an opcode or its argument after byte {pos} is "
-            f"unknown, malformed or cut short)"
-        ) from None
-    raise TraceError(f"{path}: a malformed pickle (no STOP)")
+            f"{self.path}: opcode {self.name} at byte {self.pos} is not plain data (it would import, call "
+            f"or build an object); raysim reads only dicts, lists, numbers and strings "
+            f"from a pickle"
+        )
+
+
+_HANDLERS = {
+    "MEMOIZE": _Reader.memoize,
+    **dict.fromkeys(("GET", "BINGET", "LONG_BINGET"), _Reader.get),
+    **dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), _Reader.put),
+    "MARK": _Reader.mark,
+    **dict.fromkeys(("APPENDS", "SETITEMS", "ADDITEMS"), _Reader.grow_by_batch),
+    **dict.fromkeys(("APPEND", "SETITEM"), _Reader.grow_by_one),
+    "EMPTY_DICT": _Reader.empty_dict,
+    "EMPTY_LIST": _Reader.empty_list,
+    "EMPTY_TUPLE": _Reader.empty_tuple,
+    "EMPTY_SET": _Reader.empty_set,
+    "DICT": _Reader.dict_,
+    "LIST": _Reader.list_,
+    "TUPLE": _Reader.tuple_,
+    "FROZENSET": _Reader.frozenset_,
+    **dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), _Reader.small_tuple),
+    "NONE": _Reader.none,
+    **dict.fromkeys(("NEWTRUE", "NEWFALSE"), _Reader.boolean),
+    "POP": _Reader.pop,
+    "POP_MARK": _Reader.pop_to_mark,
+    "DUP": _Reader.dup,
+    **dict.fromkeys(("PROTO", "FRAME"), _Reader.framing),
+}
 
 
 def _count(made: dict, changeable: set, container, items, at, fresh: bool) -> None:
