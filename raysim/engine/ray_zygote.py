@@ -120,7 +120,6 @@ def _same_user(conn: socket.socket) -> bool:
 # -- the zygote ----------------------------------------------------------------------------------
 def _serve(fd: int, parent: int, preload: list[str]) -> None:
     """The zygote: import, then fork a worker for each launcher that connects."""
-    import gc
     import importlib
     import select
     import signal
@@ -137,52 +136,86 @@ def _serve(fd: int, parent: int, preload: list[str]) -> None:
     while True:
         readable, _, _ = select.select([listener, *workers], [], [], 0.2)
         for conn in readable:
-            if conn is listener:
-                try:
-                    new, _ = listener.accept()
-                    if not _same_user(new):
-                        new.close()
-                        continue
-                    data, fds, _, _ = socket.recv_fds(new, 1 << 22, 3)
-                    request = json.loads(data.decode())
-                except (OSError, ValueError):
-                    continue
-                if not loaded:
-                    # Ray reads its settings from the environment as it is imported (its
-                    # authentication mode among them): imported with the first worker's
-                    loaded = True
-                    os.environ.clear()
-                    os.environ.update(request["env"])
-                    for name in ("ray", *preload):
-                        importlib.import_module(name)
-                    gc.collect()
-                    gc.freeze()  # the imported objects out of the collector's passes: their pages stay shared
-                try:
-                    pid = _fork(new, request, fds, listener, workers)
-                except OSError:
-                    pid = 0
-                if pid:
-                    workers[new] = pid
-                else:
-                    new.close()
-            else:  # the launcher is gone: its worker goes
-                pid = workers.pop(conn)
-                conn.close()
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        while True:  # reap; tell each launcher its worker's status
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            conn = next((c for c, p in workers.items() if p == pid), None)
-            if conn is not None:  # (none where its launcher went first)
-                del workers[conn]
-                with contextlib.suppress(OSError):
-                    conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
-                conn.close()
+            if conn is not listener:  # the launcher is gone: its worker goes
+                _drop(conn, workers)
+                continue
+            asked = _accept(listener)
+            if asked is None:
+                continue
+            new, request, fds = asked
+            if not loaded:
+                loaded = True
+                _load(request["env"], preload)
+            _serve_one(new, request, fds, listener, workers)
+        _reap(workers)
+
+
+def _accept(listener: socket.socket) -> tuple[socket.socket, dict, list[int]] | None:
+    """A launcher's connection, its request and its standard streams; None where it is another
+    user's process (refused) or its request does not arrive whole."""
+    try:
+        new, _ = listener.accept()
+        if not _same_user(new):
+            new.close()
+            return None
+        data, fds, _, _ = socket.recv_fds(new, 1 << 22, 3)
+        request = json.loads(data.decode())
+    except (OSError, ValueError):
+        return None
+    return new, request, fds
+
+
+def _load(env: dict[str, str], preload: list[str]) -> None:
+    """Ray and the rest of ``preload``, imported with the first worker's environment: Ray reads
+    its settings from the environment as it is imported (its authentication mode among them)."""
+    import gc
+    import importlib
+
+    os.environ.clear()
+    os.environ.update(env)
+    for name in ("ray", *preload):
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()  # the imported objects out of the collector's passes: their pages stay shared
+
+
+def _serve_one(new: socket.socket, request: dict, fds: list[int], listener: socket.socket, workers: dict) -> None:
+    """Fork the worker a launcher asked for, and keep its connection (closed where none was forked)."""
+    try:
+        pid = _fork(new, request, fds, listener, workers)
+    except OSError:
+        pid = 0
+    if pid:
+        workers[new] = pid
+    else:
+        new.close()
+
+
+def _drop(conn: socket.socket, workers: dict[socket.socket, int]) -> None:
+    """A launcher that went away: its worker is killed."""
+    import signal
+
+    pid = workers.pop(conn)
+    conn.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _reap(workers: dict[socket.socket, int]) -> None:
+    """Reap the workers that ended; tell each one's launcher its status."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        conn = next((c for c, p in workers.items() if p == pid), None)
+        if conn is not None:  # (none where its launcher went first)
+            del workers[conn]
+            with contextlib.suppress(OSError):
+                conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
+            conn.close()
 
 
 def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket, others: dict) -> int:
@@ -200,33 +233,23 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.s
             os.close(f)
         conn.sendall(struct.pack("!i", pid))
         return pid
-    try:  # the worker
-        _die_with_parent()
-        import signal
+    code = _run_child(conn, request, fds, listener, others)
+    # the interpreter's exit, short of tearing its modules down: the exit functions (Ray's among
+    # them), then the streams
+    import atexit
 
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-        with contextlib.suppress(OSError):  # the launcher's process group (as a Ctrl-C sees it)
-            os.setpgid(0, request["pgid"])
-        listener.close()
-        for other in others:
-            other.close()
-        conn.close()
-        for i, f in enumerate(fds):
-            os.dup2(f, i)
-            os.close(f)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"], **{LAUNCHER_ENV: str(request["launcher"])})
-        sys.argv = request["argv"]
-        for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
-            if entry and entry not in sys.path:
-                sys.path.insert(0, entry)
-        import random
+    atexit._run_exitfuncs()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
-        random.seed()
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:  # what a fresh interpreter's PyTorch would read
-            sys.modules["torch"].set_num_threads(int(threads))
+
+def _run_child(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket, others: dict) -> int:
+    """The forked worker: the launcher's process as it asked (``_become_launcher``), then Ray's
+    worker; its exit status, as an interpreter's would be."""
+    try:
+        _become_launcher(conn, request, fds, listener, others)
         run_worker()
         code = 0
     except SystemExit as e:
@@ -240,15 +263,39 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], listener: socket.s
 
         traceback.print_exc()
         code = 1
-    # the interpreter's exit, short of tearing its modules down: the exit functions (Ray's among
-    # them), then the streams
-    import atexit
+    return code
 
-    atexit._run_exitfuncs()
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+
+def _become_launcher(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket, others: dict) -> None:
+    """In the forked child: the zygote's sockets closed, and the launcher's standard streams,
+    process group, folder, environment, command line and ``sys.path`` taken over, with what a
+    fresh interpreter would have set (SIGINT's handler, a random seed, PyTorch's threads)."""
+    _die_with_parent()
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+    with contextlib.suppress(OSError):  # the launcher's process group (as a Ctrl-C sees it)
+        os.setpgid(0, request["pgid"])
+    listener.close()
+    for other in others:
+        other.close()
+    conn.close()
+    for i, f in enumerate(fds):
+        os.dup2(f, i)
+        os.close(f)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"], **{LAUNCHER_ENV: str(request["launcher"])})
+    sys.argv = request["argv"]
+    for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    import random
+
+    random.seed()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # what a fresh interpreter's PyTorch would read
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 # -- the launcher (the worker the raylet starts) ---------------------------------------------------
