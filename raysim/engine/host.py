@@ -10,11 +10,13 @@ shared parameters with the neighbours' (``gossip_*``). Where the method gives th
 its clients at once (``Algorithm.train_rows``: D-SGD, decentralized FedProx), the host keeps
 its clients' models as one matrix (a row per client) and trains, exchanges and mixes rows: no
 Python object per client, the same numbers.
+
+The process's device and memory (``pick_device``, ``deterministic_cuda``,
+``release_freed_memory``) are in ``host_process``; their names are importable from here too.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -29,66 +31,13 @@ from raysim.core.loop import drive
 from raysim.core.loop import pool as loop_pool
 from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
+from raysim.engine.host_process import deterministic_cuda, pick_device, release_freed_memory
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
 from raysim.federation import compression, privacy
 from raysim.scenario.build import make_algorithm
 from raysim.scenario.config import Scenario, make_source
 
 ROWS = True  # the host-level path where the method has one (tests switch it off to compare)
-
-
-def pick_device(gpus: float) -> torch.device:
-    if gpus > 0 and torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def deterministic_cuda() -> None:
-    """The same numbers from every run on a GPU, whichever hosts share it: cuBLAS with a fixed
-    workspace (read at its first use in the process, so set before the host's first product),
-    and cuDNN's deterministic kernels instead of the fastest ones it would pick at run time
-    (some of which add in an order that changes from run to run)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-
-
-# glibc's malloc_trim, looked up once (False: this C library has none)
-_TRIM: Any = None
-
-
-def release_freed_memory(collect: bool = True) -> None:
-    """Hand the memory the process has freed back to the system (glibc's ``malloc_trim``;
-    elsewhere nothing to do). glibc keeps freed memory on its heap for the next allocations, and
-    what it keeps grows with the sizes it has seen freed:
-
-    - after the shards are loaded (``collect``): their many few-MB temporaries (each client's
-      inputs before its split, its train split before packing), about 90 MB a host of 25
-      Fashion-MNIST clients. They are freed as their references go; a collection of the young
-      generations catches any left in a cycle (a full one, over every object PyTorch and MLflow
-      made, took 0.1 to 0.2 s a host);
-    - after each training and evaluation of a server's round (``train``, ``evaluate``; a gossip
-      round's hosts keep their clients' rows in place and do not call it): the stacked passes'
-      parameters, gradients and batches, a few to tens of MB each, which glibc's heap keeps at
-      the largest sizes the rounds have freed. On Ditto 784-100-10 (50 clients, 2 hosts) the
-      run's peak went from 1 075 to 1 040-1 049 MB; the trim takes about 2 ms a host and round
-      (of 600 ms)."""
-    global _TRIM
-    if collect:
-        import gc
-
-        gc.collect(1)
-    if _TRIM is None:
-        import ctypes
-        import ctypes.util
-
-        name = ctypes.util.find_library("c")
-        try:
-            _TRIM = getattr(ctypes.CDLL(name), "malloc_trim", False) if name else False
-        except OSError:
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
 
 
 class Host:
