@@ -61,6 +61,10 @@ def server_math():
 
 
 class RoundDriver(FleetRounds):
+    """A server's rounds over a ``Transport``: each ``step`` samples, trains, reduces and
+    aggregates a round, and evaluates every ``eval.every`` rounds; ``save`` and ``restore``
+    checkpoint it exactly. Its methods for the simulated fleet come from ``FleetRounds``."""
+
     def __init__(self, sc: Scenario, transport: Transport, source=None):
         self.sc = sc
         self.transport = transport
