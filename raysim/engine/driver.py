@@ -148,13 +148,13 @@ class RoundDriver(FleetRounds):
         }
         return self._finish(record, t0, compute)
 
-    def _open_round(self, r: int) -> tuple[dict[int, int], Any, int | None, dict[str, float]]:
+    def _open_round(self, r: int) -> tuple[dict[int, int], Any, int, dict[str, float]]:
         """The round's clients and message: its sample (with a fleet, the clients invited from
         those online, ``_invite``), the statistics phase, the method's selection and its
-        message; (assignment {cid: group}, message, K the fleet wants or None, the fleet's
-        record so far)."""
+        message; (assignment {cid: group}, message, K the fleet wants (0 without a fleet),
+        the fleet's record so far)."""
         fleet: dict[str, float] = {}
-        wanted = None
+        wanted = 0  # (the K a fleet wants of the invited clients: none without one)
         if self.fleet is None:
             sampled = sample_clients(self.sc, self.train_ids, r)
         else:
