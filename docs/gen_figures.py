@@ -22,9 +22,9 @@ WINGS_SVG, ROUND_SVG = "explanation/wings.svg", "explanation/round.svg"
 
 # One round of a server-driven run: (where it runs, what happens, the function that does it).
 ROUND = [
-    ("server", "the round's clients are sampled from (seed, round)", "raysim.engine.driver.sample_clients"),
+    ("server", "the round's clients are sampled from (seed, round)", "raysim.engine.sampling.sample_clients"),
     ("server", "the method's message: what every sampled client receives", "raysim.algorithms.base.Algorithm.message"),
-    ("transport", "one call per host, carrying the message once", "raysim.engine.driver.Transport.train"),
+    ("transport", "one call per host, carrying the message once", "raysim.engine.placement.Transport.train"),
     ("host", "each of the host's sampled clients, with its shard and state", "raysim.engine.host.Host.train"),
     ("client", "the method's local training", "raysim.algorithms.base.Algorithm.train"),
     ("client", "the one loop: all the host's jobs, stacked where it pays", "raysim.core.loop.Trainer.fit"),
