@@ -1,7 +1,8 @@
 """The simulated federation: everything about the clients that is not their model.
 
 - ``fleet``: devices, availability and the virtual clock (systems heterogeneity).
-- ``traces``: readers and converters of device and availability traces (FedScale's included).
+- ``traces``: readers and converters of device and availability traces (FedScale's included);
+  ``plain_pickle``: the plain data of a pickle file, read without unpickling (FedScale's traces).
 - ``privacy``: clipping, noise and the accountant (client- and sample-level DP).
 - ``compression``: what an upload costs and how it is compressed (QSGD, top-k, ...).
 - ``topology``: the graphs of decentralized training.
