@@ -536,9 +536,10 @@ c.shutdown()
 
 def test_joining_a_token_cluster_says_in_one_line_what_to_set_and_joins_with_the_token(tmp_path):
     """A Ray started with RAY_AUTH_MODE=token (as cluster/*.yaml start theirs): raysim joining
-    it without token mode, or with another token, stops before the run (exit 2) with one line
-    saying what to set, without Ray's 20 s of InvalidAuthToken retries; with the mode and the
-    cluster's token it runs."""
+    it without a token, with token mode turned off, or with another token, stops before the run
+    (exit 2) with one line saying what to set, without Ray's 20 s of InvalidAuthToken retries;
+    with the cluster's token in ~/.ray/auth_token alone (token mode turns on), or with the mode
+    and the token, it runs."""
     import os
     import subprocess
     import sys
@@ -587,16 +588,27 @@ def test_joining_a_token_cluster_says_in_one_line_what_to_set_and_joins_with_the
             )
             return proc, time.perf_counter() - t0
 
-        proc, _ = join()
+        home = tmp_path / "home"  # no ~/.ray/auth_token
+        home.mkdir()
+        proc, _ = join(HOME=str(home))
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, proc.stderr
         assert lines[-1] == (
             f"raysim: --address {address}: the Ray cluster at {address} requires token "
-            "authentication; set RAY_AUTH_MODE=token for raysim too (export RAY_AUTH_MODE=token), "
-            "with the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)"
+            "authentication and raysim found no token; put the cluster's token in ~/.ray/auth_token "
+            "(or RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN) (token mode then turns on by itself)"
         )
         assert "InvalidAuthToken" not in proc.stderr and "Traceback" not in proc.stderr
         assert not (tmp_path / "mlflow.db").exists()  # refused before any MLflow run
+        proc, _ = join(HOME=str(home), RAY_AUTH_MODE="disabled")  # token mode turned off by hand
+        assert proc.returncode == 2, proc.stderr
+        assert "set RAY_AUTH_MODE=token for raysim too (export RAY_AUTH_MODE=token)" in proc.stderr.splitlines()[-1]
+        # the token file alone (what a cluster YAML's file_mounts copies): token mode turns on
+        (home / ".ray").mkdir()
+        (home / ".ray" / "auth_token").write_text(token)
+        proc, _ = join(HOME=str(home))
+        assert proc.returncode == 0, proc.stderr
+        (tmp_path / "s.json").unlink()
         proc, _ = join(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="a0" * 32)
         assert proc.returncode == 2, proc.stderr
         assert (
