@@ -440,11 +440,16 @@ def cmd_run(a) -> None:
     if p.returncode:
         raise SystemExit(f"the run across nodes failed ({p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
     got = summary("multi.json")
+    hosts = mlflow_run(got["mlflow_run_id"])["tags"].get("raysim.host_nodes", "")
     say(
         "run across nodes",
         f"{took:.1f} s, accuracy {short(got)}, equal to serial: {same(got, ref)}; "
-        f"processes that read the data, by node: {loads_by_node()}",
+        f"processes that read the data, by node: {loads_by_node()}; the hosts' nodes (MLflow tag raysim.host_nodes): {hosts}",
     )
+    workers = {n["ip"] for n in nodes()[1:-1]}
+    placed = {kv.split("=")[1] for kv in hosts.split()}
+    if not placed <= workers or len(placed) < 2:
+        raise SystemExit(f"the hosts did not run on two workers or more: {hosts}")
     if not same(got, ref):
         raise SystemExit("the run across nodes differs from the serial engine's")
 

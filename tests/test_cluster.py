@@ -44,6 +44,13 @@ def test_run_on_a_two_node_cluster_matches_serial(tmp_path, cluster):
     )
     assert multi["final"] == serial["final"]
     assert [h["train_loss"] for h in multi["history"]] == [h["train_loss"] for h in serial["history"]]
+    # where each host ran, in the run's record (this Cluster's nodes all share one address;
+    # bench/cluster_netns.py checks nodes with addresses of their own)
+    from mlflow.tracking import MlflowClient
+
+    (ip,) = {node.node_ip_address for node in cluster.list_all_nodes()}
+    tags = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(multi["mlflow_run_id"]).data.tags
+    assert tags["raysim.host_nodes"] == f"0={ip} 1={ip} 2={ip}"
 
 
 def test_seeds_on_a_cluster_run_side_by_side_each_with_its_hosts_over_the_nodes(tmp_path, cluster):

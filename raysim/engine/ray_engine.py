@@ -209,6 +209,26 @@ def host_bundles(sc: Scenario, count: int | None = None) -> list[dict[str, float
     return [dict(bundle) for _ in range(res.hosts if count is None else count)]
 
 
+def host_nodes(pg, hosts: list) -> dict[int, str]:
+    """Each host's node address: this process's node for host 0 in the driver, else the node
+    of its placement-group bundle (host h's bundle: as ``start_hosts`` numbers them)."""
+    try:
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        table = ray.util.placement_group_table(pg)["bundles_to_node_id"] if pg is not None else {}
+        here = ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - a record, never a failure of the run
+        return {}
+    bundle = _TRIAL[1] if _TRIAL is not None and pg is _TRIAL[0] else 0
+    out = {}
+    for h, host in enumerate(hosts):
+        if isinstance(host, DriverHost):
+            out[h] = here
+            continue
+        out[h] = ips.get(table.get(bundle), "?")
+        bundle += 1
+    return out
+
+
 class RayTransport:
     def __init__(self, sc: Scenario, source, started=None, placement: Placement | None = None):
         """Over host actors ``started`` by ``start_hosts`` (started early, so they boot while
@@ -218,8 +238,10 @@ class RayTransport:
         self.pg, self.hosts, self.placement = (
             started if started is not None else start_hosts(sc, source, None, placement)
         )
+        self.nodes: dict[int, str] = {}
         # started, shards loaded (booting is not hanging: no timeout)
         self._gather([h.prefetch.remote() for h in self.hosts], timeout=None)
+        self.nodes = host_nodes(self.pg, self.hosts)
 
     def _gather(self, refs: list, timeout: float | None | str = "host") -> list:
         """ray.get of one call per host (refs[h] from host h); a host that died or did not
@@ -245,10 +267,24 @@ class RayTransport:
             try:
                 out.append(ray.get(ref))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
-                lost.append(f"host {h} lost: {_cause(err)}")
+                cause = _cause(err)
+                lost.append(f"host {h}{self._on_node(h, 'node left' not in cause)} lost: {cause}")
         if lost:
             raise HostLost("; ".join(lost))
         return out
+
+    def _on_node(self, h: int, ask: bool = True) -> str:
+        """' (on node IP)' for host ``h``, with ', now gone from the cluster' when ``ask`` and
+        Ray counts no live node at that address any more (Ray's own error may not say so: a
+        killed raylet's actors read as processes that died)."""
+        ip = self.nodes.get(h)
+        if ip is None:
+            return ""
+        try:
+            gone = ask and not any(n["Alive"] for n in ray.nodes() if n["NodeManagerAddress"] == ip)
+        except Exception:  # noqa: BLE001 - a report, never a second failure
+            gone = False
+        return f" (on node {ip}, now gone from the cluster)" if gone else f" (on node {ip})"
 
     def _put(self, message: Any, by_host: list[dict[int, int]]):
         """The shared part and each needed group part into the object store once; per host,
@@ -412,6 +448,10 @@ class RayServer:
 
     def step(self) -> dict:
         return self.driver.step()
+
+    def host_nodes(self) -> dict[int, str]:
+        """Each host's node address (the record of where the run's hosts run)."""
+        return dict(self.driver.transport.nodes)
 
     def recover(self, path: str | None) -> int:
         """After a HostLost: a fresh set of hosts (placed anew: another node if one left), the

@@ -128,6 +128,7 @@ def run(
             raise boot_error
         server = pending if pending is not None else local
         start = server.restore(str(ckpt_path)) if ckpt_path else 0
+        _note_hosts(server, tracker)
         bar = _progress_bar(sc, start, progress)
         history = _play_rounds(sc, server, tracker, stop, bar, start, progress)
         bar.close()
@@ -288,6 +289,13 @@ def _play_round(sc: Scenario, server, tracker, stop: DeferredInterrupt, history:
     return record
 
 
+def _note_hosts(server, tracker) -> None:
+    """The run's record of where its Ray hosts run (each host's node address), when it has any."""
+    nodes = getattr(server, "host_nodes", None)
+    if nodes is not None:
+        tracker.note_hosts(nodes())
+
+
 def _recover(sc: Scenario, server, tracker, err: HostLost, losses: int, done: int, bar: tqdm, progress: bool):
     """After a host loss in round ``done + 1``: fresh hosts from the last checkpoint (they may
     be lost too), until ``resources.max_host_losses`` is passed. (history, losses): the
@@ -302,6 +310,7 @@ def _recover(sc: Scenario, server, tracker, err: HostLost, losses: int, done: in
         try:
             path = _run_path(sc, tracker)
             back = server.recover(str(path) if checkpoint.exists(path) else None)
+            _note_hosts(server, tracker)
             break
         except HostLost as again:
             err = again

@@ -326,6 +326,9 @@ class TrackerProcess:
     def note_checkpoint(self, folder) -> None:
         self._call("note_checkpoint", str(folder))
 
+    def note_hosts(self, nodes: dict[int, str]) -> None:
+        self._call("note_hosts", dict(nodes))
+
     def log_summary(self, summary: dict) -> None:
         self._call("log_summary", summary)
 

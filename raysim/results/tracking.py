@@ -47,6 +47,7 @@ STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 HEARTBEAT_S = 60.0
 STALE_S = 600.0
 DRIVER_TAG, BEAT_TAG, RESUME_TAG = "raysim.driver", "raysim.heartbeat", "raysim.resume"
+HOSTS_TAG = "raysim.host_nodes"  # where the hosts run: "HOST=IP ..."
 CHECKPOINT_TAG = "raysim.checkpoint"  # the folder of a run's checkpoints, once it has written one
 
 
@@ -405,6 +406,12 @@ class Tracker:
         if getattr(self, "_checkpoint_noted", None) != str(folder):
             self.client.set_tag(self.run_id, CHECKPOINT_TAG, str(folder))
             self._checkpoint_noted = str(folder)
+
+    def note_hosts(self, nodes: dict[int, str]) -> None:
+        """Tag the run with each host's node address (``raysim.host_nodes``, "HOST=IP ..."),
+        where its hosts run now (a lost host's replacement may run elsewhere)."""
+        if nodes:
+            self.client.set_tag(self.run_id, HOSTS_TAG, " ".join(f"{h}={ip}" for h, ip in sorted(nodes.items())))
 
     def note_resume(self, command: str) -> None:
         """The exact command that continues this run (shown if its driver dies unannounced)."""
