@@ -408,7 +408,11 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
         ).stdout
     )
     deadline = time.time() + 10
-    while len(list(ours.iterdir())) < 3 and time.time() < deadline:
+    def written():  # each port file renamed into place (a .tmp is one still being written)
+        names = [f.name for f in ours.iterdir()]
+        return len(names) >= 3 and not any(n.endswith(".tmp") for n in names)
+
+    while not written() and time.time() < deadline:
         time.sleep(0.05)
     assert {f.name: f.read_bytes() for f in ours.iterdir()} == {f.name: f.read_bytes() for f in rays.iterdir()}
     assert (ours / f"metrics_agent_port_{node}").read_text() == "-1"

@@ -428,7 +428,7 @@ class RayServer:
         self.source = source if source is not None else prepared_source(sc)
         placement = place(sc, source=self.source)
         self._started = start_hosts(sc, ray.put(self.source), say, placement)
-        self.driver = None
+        self.driver: Any = None  # the RoundDriver, once the hosts are up (wait)
 
     def _abandon(self) -> None:
         pg, hosts, _ = self._started
