@@ -408,6 +408,7 @@ def test_the_agent_stand_in_writes_the_ports_as_rays_own_agent_does_and_ends_wit
         ).stdout
     )
     deadline = time.time() + 10
+
     def written():  # each port file renamed into place (a .tmp is one still being written)
         names = [f.name for f in ours.iterdir()]
         return len(names) >= 3 and not any(n.endswith(".tmp") for n in names)
