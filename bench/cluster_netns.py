@@ -636,11 +636,13 @@ def cmd_bench(a) -> None:
     )
     for name in a.workloads:
         file, sets = WORKLOADS[name]
-        # one CPU a host on both sides: a host's threads follow cpus_per_host, and PyTorch's CPU
-        # kernels on two threads are not bit for bit the same from one run to the next
-        hosts = [*sets, f"resources.hosts={w}", "resources.cpus_per_host=1"]
-        across = timed_run(head, "~/raysim", file, hosts, "auto")  # SPREAD: a host a worker
-        one = timed_run(lone, str(ROOT), file, hosts, None)  # its local Ray: host 0 in the driver
+        # one thread a host on both sides: a host's threads follow cpus_per_host (at least 1),
+        # and PyTorch's CPU kernels on two threads are not bit for bit the same from one run to
+        # the next; the one node's 2 CPUs shared by its w hosts
+        hosts = [*sets, f"resources.hosts={w}"]
+        across = timed_run(head, "~/raysim", file, [*hosts, "resources.cpus_per_host=1"], "auto")  # a host a worker
+        share = min(1.0, int(2 / w * 1e4) / 1e4)  # rounded down: w shares fit in 2 CPUs
+        one = timed_run(lone, str(ROOT), file, [*hosts, f"resources.cpus_per_host={share:.4f}"], None)
         if across["final"] != one["final"]:
             raise SystemExit(
                 f"{name}: the metrics across nodes differ from one node's: {across['final']} vs {one['final']}"
