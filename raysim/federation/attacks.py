@@ -70,11 +70,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
 import torch
+
+from raysim.federation.robust import field_error  # one check of options against their metadata
 
 Aggregator = Callable[[torch.Tensor], Any]  # U (K, d) -> kept (K,) bool, or the indices kept
 
@@ -151,24 +153,6 @@ class FangParams:
 @dataclass(frozen=True)
 class MimicParams:
     warmup: int = field(default=1, metadata={"min": 1, "help": "rounds estimating z; the target is fixed after"})
-
-
-def field_error(name: str, params: Any) -> str | None:
-    """The first option of ``params`` outside its range (metadata min, max, gt, lt, choices)."""
-    for fl in fields(params):
-        v, meta = getattr(params, fl.name), fl.metadata
-        if v is None or isinstance(v, bool) or not meta:
-            continue
-        bad = (
-            ("choices" in meta and v not in meta["choices"] and f"one of {', '.join(map(str, meta['choices']))}")
-            or ("min" in meta and v < meta["min"] and f"≥ {meta['min']}")
-            or ("max" in meta and v > meta["max"] and f"≤ {meta['max']}")
-            or ("gt" in meta and v <= meta["gt"] and f"> {meta['gt']}")
-            or ("lt" in meta and v >= meta["lt"] and f"< {meta['lt']}")
-        )
-        if bad:
-            return f"{name}.{fl.name} must be {bad} (got {v})"
-    return None
 
 
 # ----------------------------------------------------------------------------- helpers
