@@ -349,6 +349,25 @@ class Algorithm:
         engine's transforms of an upload (privacy's clipping, compression) need."""
         return False
 
+    # -- Byzantine clients and robust aggregation (the scenario's ``adversary`` and ``defence``) --
+    # whether each ``Weighted`` of a client's reply is a model it trained from its entry of
+    # ``update_origin`` (a top-level one from the whole origin, the i-th of a list from entry i, a
+    # ByKey's key k from entry k): what the engine turns into the updates that attacks craft and
+    # robust rules combine, one set of updates per entry
+    robust_replies: ClassVar[bool] = False
+
+    @classmethod
+    def takes_robust(cls) -> bool:
+        """Runs with an adversary and a defence: its replies are models trained from what the
+        server sent (FedAvg's, or a method that declares ``robust_replies``)."""
+        return cls.averages_one_model() or cls.robust_replies
+
+    def update_origin(self, message: Message) -> Any:
+        """What each client's reply is an update of: the message's shared part (its list of
+        models for a method replying one per component or cluster). None: the replies are
+        updates already (CFL's)."""
+        return message.shared
+
     def global_indices(self, group="all") -> tuple[int, ...]:
         """Indices of ``group``'s parameters that a server optimizer steps: all but the
         batch-norm running statistics (averaged, as the method does, not stepped)."""

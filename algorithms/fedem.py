@@ -109,6 +109,7 @@ class FedEM(Algorithm):
     Hyper = FedEMHyper
     ClientState = FedEMState
     decentralized = True
+    robust_replies = True  # one model per component, each from the component sent
 
     def client_work(self, n_train):
         """Each of the M components trains E epochs."""

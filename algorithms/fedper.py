@@ -104,6 +104,7 @@ class SplitMethod(Algorithm):
     shares: ClassVar[str] = "body"  # the group the server averages
     split = True
     decentralized = True  # gossip mixes the shared group; the kept one stays
+    robust_replies = True  # a reply is the trained shared group, from the one sent
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
@@ -149,6 +150,9 @@ class SplitMethod(Algorithm):
 
     def message(self, server, round_):
         return Message(SplitMessage(self.groups.pick(server, self.shares)))
+
+    def update_origin(self, message):
+        return message.shared.shared
 
     def aggregate(self, server, reduced, round_):
         if reduced is None or reduced.weight == 0:

@@ -78,6 +78,7 @@ class IFCA(Algorithm):
     summary = "IFCA (Ghosh et al. 2020): S cluster models; each client trains the one of lowest loss"
     paper = "Ghosh et al., NeurIPS 2020"
     family = "clustered"
+    robust_replies = True  # ByKey{s: cluster s's model trained from models[s]}
     personal = "its last cluster pick (for evaluation and the report)"
     sends = (
         "the model of the cluster it picked, under that cluster's key (before round 1: its pick under "

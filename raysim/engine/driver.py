@@ -38,8 +38,14 @@ from raysim.engine.sampling import eval_sample, sample_clients, sample_size
 from raysim.engine.trees import state_to_tree, tree_to_state
 from raysim.federation import privacy
 from raysim.federation.fleet import Fleet
+from raysim.federation.robust_round import RobustRound
 from raysim.scenario.build import make_algorithm
 from raysim.scenario.config import Scenario, ScenarioError, make_source, split_unseen  # noqa: F401 - re-exported
+
+
+def _nbytes(reply: Any) -> int:
+    """Bytes of a host's reply: its sum, or each client's."""
+    return sum(a.nbytes() for a in reply.values()) if isinstance(reply, dict) else reply.nbytes()
 
 
 @contextmanager
@@ -97,6 +103,10 @@ class RoundDriver(FleetRounds):
         self.clock = 0.0
         self.participation = np.zeros(sc.data.clients if self.fleet is not None else 0, dtype=np.int64)
         self._n_train: dict[int, int] = {}
+        # Byzantine clients and a robust rule (scenario ``adversary``/``defence``): each client's
+        # reply comes to the server on its own (raysim/federation/robust_round.py), checkpointed
+        self.robust = RobustRound(sc, self.train_ids) if sc.adversary is not None or sc.defence is not None else None
+        self.malicious = np.array(sorted(self.robust.malicious), dtype=np.int64) if self.robust else None
 
     def _by_host(self, cids) -> list[list[int]]:
         groups: list[list[int]] = [[] for _ in range(self.transport.num_hosts)]
@@ -126,12 +136,22 @@ class RoundDriver(FleetRounds):
             assignment, work, outcome = self._clock_round(r, assignment, message, wanted)
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
-        parts = self.transport.train(r, message, by_host, work=work or None, clip=self.dp_clip) if assignment else []
+        each = self.robust is not None
+        parts = (
+            self.transport.train(r, message, by_host, each=each, work=work or None, clip=self.dp_clip)
+            if assignment
+            else []
+        )
         total, losses, compute = self._collect(r, parts)
         round_metrics: dict[str, float] = {}
-        upload_metrics: dict[str, float] = {}  # privacy's and communication's
+        upload_metrics: dict[str, float] = {}  # privacy's, communication's and the adversary's
         if assignment:  # a round nobody reported in leaves the server as it was
-            round_metrics = self._aggregate(r, message, total.result(), upload_metrics)
+            if each:
+                with server_math():
+                    reduced, upload_metrics = self.robust.reduce(r, total, self.algo.update_origin(message))
+            else:
+                reduced = total.result()
+            round_metrics = self._aggregate(r, message, reduced, upload_metrics)
         self.round = r + 1
         if self.sc.privacy is not None and self.sc.privacy.noise_multiplier > 0:
             upload_metrics.update(self._epsilon(self.round))
@@ -141,7 +161,7 @@ class RoundDriver(FleetRounds):
             "clients": float(len(assignment)),
             **({} if withheld else {"train_loss": mean_train_loss(losses)}),  # privacy keeps it on the hosts
             "bytes_down": float(self.transport.message_nbytes(message, by_host)),
-            "bytes_up": float(sum(a.nbytes() for a, _, _ in parts)),
+            "bytes_up": float(sum(_nbytes(a) for a, _, _ in parts)),
             **fleet,
             **round_metrics,
             **upload_metrics,
@@ -156,7 +176,12 @@ class RoundDriver(FleetRounds):
         fleet: dict[str, float] = {}
         wanted = 0  # (the K a fleet wants of the invited clients: none without one)
         if self.fleet is None:
-            sampled = sample_clients(self.sc, self.train_ids, r)
+            always = (
+                self.malicious
+                if self.sc.adversary is not None and self.sc.adversary.participation == "always"
+                else None
+            )
+            sampled = sample_clients(self.sc, self.train_ids, r, always=always)
         else:
             sampled, wanted, fleet["available"] = self._invite(r)
         self._prepare(r, sampled)
@@ -167,16 +192,19 @@ class RoundDriver(FleetRounds):
             message = self.algo.message(self.server_state, r)
         return assignment, message, wanted, fleet
 
-    def _collect(self, r: int, parts: list[tuple]) -> tuple[Accumulator, dict[int, tuple[float, int]], float]:
-        """The hosts' replies, merged in host order (not arrival order): (their sum, each
-        client's loss, the hosts' compute seconds). A non-finite loss raises Diverged before
-        the server takes the updates; at the sample level of privacy each trained client's
-        round counts towards its ε."""
-        total = Accumulator()
+    def _collect(self, r: int, parts: list[tuple]) -> tuple[Any, dict[int, tuple[float, int]], float]:
+        """The hosts' replies, merged in host order (not arrival order): (their sum, or with
+        each client's reply on its own {cid: Accumulator}; each client's loss, the hosts' compute
+        seconds). A non-finite loss raises Diverged before the server takes the updates; at the
+        sample level of privacy each trained client's round counts towards its ε."""
+        total: Any = {} if self.robust is not None else Accumulator()
         losses: dict[int, tuple[float, int]] = {}
         compute = 0.0
         for acc, loss, secs in parts:  # host order, not arrival order
-            total.merge(acc)
+            if isinstance(total, dict):
+                total.update(acc)
+            else:
+                total.merge(acc)
             losses.update(loss)
             compute += secs
         check_finite(losses, r + 1)
@@ -301,6 +329,9 @@ class RoundDriver(FleetRounds):
             results.update(part)
         check_scores(results, self.round)
         out = summarize({int(c): results[int(c)] for c in self.eval_ids})
+        if self.malicious is not None:  # the honest clients' own scores (the referee knows who is who)
+            bad = set(self.malicious.tolist())
+            out.update(summarize({int(c): results[int(c)] for c in self.eval_ids if int(c) not in bad}, "honest_"))
         if len(self.unseen_ids):
             out.update(summarize({c: results[c] for c in unseen}, "unseen_"))
         out.update(validation(results, [int(c) for c in self.eval_ids], unseen))
@@ -406,6 +437,7 @@ class RoundDriver(FleetRounds):
                         if self.dp_rounds is not None
                         else {}
                     ),
+                    **({"robust": self.robust.state()} if self.robust is not None else {}),
                     **(
                         {"fleet": {"clock": self.clock, "participation": torch.from_numpy(self.participation.copy())}}
                         if self.fleet is not None
@@ -449,6 +481,12 @@ class RoundDriver(FleetRounds):
                 )
             self.clock = float(ck["fleet"]["clock"])
             self.participation = ck["fleet"]["participation"].numpy().astype(np.int64)
+        if self.robust is not None:
+            if "robust" not in ck:
+                raise checkpoint.CheckpointError(
+                    f"{folder}: the checkpoint has no defence state (written without the adversary and defence sections?)"
+                )
+            self.robust.load(ck["robust"])
         self.transport.load_clients(str(folder), doc, checkpoint.token(folder))
         self.history = list(ck["history"])
         return self.round

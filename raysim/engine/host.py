@@ -33,9 +33,9 @@ from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
 from raysim.engine.host_process import deterministic_cuda, pick_device, release_freed_memory
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
-from raysim.federation import compression, privacy
+from raysim.federation import adversary, compression, privacy
 from raysim.scenario.build import make_algorithm
-from raysim.scenario.config import Scenario, make_source
+from raysim.scenario.config import Scenario, make_source, split_unseen
 
 ROWS = True  # the host-level path where the method has one (tests switch it off to compare)
 
@@ -74,13 +74,47 @@ class Host:
         self._F: torch.Tensor | None = None
         self._template = None  # a server state: the shapes of the rows' parameters
         self._block = None  # (cids, Block) while the trained clients stay the same
+        # the scenario's adversary: the malicious clients' ranks (their data poisoned as they load)
+        # and the honest clients' triggered test inputs that score a backdoor
+        self._rank: dict[int, int] = {}
+        self._triggered: dict[int, ClientData | None] = {}
+        if sc.adversary is not None:
+            self._rank = {int(c): i for i, c in enumerate(adversary.malicious_ids(sc, split_unseen(sc)[0]))}
 
     # -- data and state ----------------------------------------------------------------------
     def data(self, cid: int) -> ClientData:
         d = self._data.get(cid)
         if d is None:
-            d = self._data[cid] = self.source.client(cid).to(self.device)
+            d = self.source.client(cid)
+            if cid in self._rank:  # a malicious client trains on its poisoned data
+                d = adversary.poisoned(self.sc, d, self.source.num_classes, self._image_shape(), self._rank[cid])
+            d = self._data[cid] = d.to(self.device)
         return d
+
+    def _image_shape(self):
+        return getattr(self.source, "image_shape", None) or self.source.input_shape
+
+    def _backdoor_scores(self, round_: int, cids: list[int], states, received, groups) -> dict[int, float]:
+        """Each honest client's attack success rate: the share of its triggered test inputs (of
+        classes other than the target) its model labels the target (``adversary.triggered``)."""
+        if self.sc.adversary is None:
+            return {}
+        todo = []
+        for c in cids:
+            if c in self._rank:
+                continue
+            if c not in self._triggered:
+                self._triggered[c] = adversary.triggered(self.sc, self.data(c), self._image_shape())
+            if self._triggered[c] is not None:
+                todo.append(c)
+        calls = [
+            self.algo.evaluations(
+                states[c], received[c], self._triggered[c], self.context(round_, c, "eval", groups[c]), False
+            )
+            for c in todo
+        ]
+        metric = self.algo.task.metric
+        return {c: float(m[metric]) for c, (m, _) in zip(todo, self._drive(calls))}
 
     def state(self, cid: int) -> Any:
         if cid not in self.states:
@@ -226,7 +260,10 @@ class Host:
             for c in cids
         ]
         out = {}
+        asr = self._backdoor_scores(round_, cids, states, received, groups)
         for c, (m, vm) in zip(cids, self._drive(calls)):
+            if c in asr:
+                m = {**m, "attack_success_rate": asr[c]}
             imp = self.algo.importance(states[c])
             d = self.data(c)
             out[c] = (m, d.num_test, None if imp is None else [float(v) for v in imp], vm, d.num_val)

@@ -27,10 +27,21 @@ def sample_size(sc: Scenario, clients: int) -> int:
     return s.count if s.count is not None else max(1, int(round(s.fraction * clients)))
 
 
-def sample_clients(sc: Scenario, train_ids: np.ndarray, round_: int, k: int | None = None) -> np.ndarray:
-    """The round's sample of ``k`` (default ``sample_size``) of ``train_ids``, from (seed, "sample", round)."""
+def sample_clients(
+    sc: Scenario, train_ids: np.ndarray, round_: int, k: int | None = None, always: np.ndarray | None = None
+) -> np.ndarray:
+    """The round's sample of ``k`` (default ``sample_size``) of ``train_ids``, from (seed, "sample", round);
+    ``always``: clients in every round (the adversary's with ``participation: always``), the
+    others' k − len(always) drawn from the rest."""
     if k is None:
         k = sample_size(sc, len(train_ids))
+    if always is not None and len(always):
+        rest = np.setdiff1d(train_ids, always)
+        return (
+            np.union1d(always, sample_clients(sc, rest, round_, max(0, k - len(always))))
+            if k > len(always)
+            else np.sort(always)
+        )
     if k >= len(train_ids):
         return train_ids
     chosen = rng.generator(sc.seed, "sample", round_).choice(len(train_ids), size=k, replace=False)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -210,3 +211,86 @@ def attack_success_rate(pred: torch.Tensor, y_true: torch.Tensor, target: int) -
     keep = torch.as_tensor(y_true) != target
     n = int(keep.sum())
     return float((torch.as_tensor(pred)[keep] == target).sum()) / n if n else math.nan
+
+
+# ----------------------------------------------------------------------------- the data attacks' options
+
+
+@dataclass(frozen=True)
+class LabelFlipParams:
+    mode: str = field(
+        default="reverse",
+        metadata={"choices": ("reverse", "target"), "help": "reverse: y → C − 1 − y; target: sources → targets"},
+    )
+    sources: tuple[int, ...] = field(default=(), metadata={"help": "mode target: the classes relabelled"})
+    targets: tuple[int, ...] = field(default=(), metadata={"help": "mode target: their new labels, one per source"})
+
+
+@dataclass(frozen=True)
+class BackdoorParams:
+    target: int = field(default=0, metadata={"min": 0, "help": "the class triggered inputs are relabelled to"})
+    fraction: float = field(
+        default=0.3125, metadata={"gt": 0.0, "max": 1.0, "help": "share of an attacker's training samples poisoned"}
+    )
+    pattern: str = field(default="square", metadata={"choices": PATTERNS, "help": "the trigger's shape"})
+    size: int = field(default=4, metadata={"min": 1, "help": "the trigger's side in pixels"})
+    location: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "[row, column] of its top-left pixel; null: the bottom-right corner"}
+    )
+    value: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0, "help": "its intensity, 1 white"})
+    gamma: float | None = field(
+        default=None,
+        metadata={
+            "gt": 0.0,
+            "help": "model replacement's boost γ of the update; null: n/(m·η) (n clients a round, m attackers among them, η the server lr); 1: none",
+        },
+    )
+
+
+@dataclass(frozen=True)
+class DBAParams:
+    target: int = field(default=0, metadata={"min": 0, "help": "the class triggered inputs are relabelled to"})
+    fraction: float = field(
+        default=0.3125, metadata={"gt": 0.0, "max": 1.0, "help": "share of an attacker's training samples poisoned"}
+    )
+    parts: int = field(default=4, metadata={"min": 1, "help": "P, the local triggers the global one is cut into"})
+    size: int = field(default=4, metadata={"min": 1, "help": "each local bar's length in pixels"})
+    gap: int = field(default=2, metadata={"min": 0, "help": "pixels between the bars"})
+    shift: int = field(default=0, metadata={"min": 0, "help": "the pattern's offset from the top-left corner"})
+    value: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0, "help": "its intensity, 1 white"})
+    gamma: float | None = field(
+        default=None,
+        metadata={"gt": 0.0, "help": "the boost γ of the update; null: n/(m·η); 1: none (DBA's code scales by 100)"},
+    )
+
+
+@dataclass(frozen=True)
+class DataAttack:
+    """A data-poisoning attack: the attackers train on poisoned data (``trigger``: a backdoor,
+    scored by the attack success rate), their updates boosted by γ where the options have one."""
+
+    name: str
+    paper: str
+    Params: type
+    trigger: bool
+
+
+DATA_ATTACKS: dict[str, DataAttack] = {
+    a.name: a
+    for a in (
+        DataAttack(
+            "label_flip", "Fang et al., USENIX Security 2020; Tolpegin et al., ESORICS 2020", LabelFlipParams, False
+        ),
+        DataAttack("backdoor", "Gu et al. 2017 (BadNets); Bagdasaryan et al., AISTATS 2020", BackdoorParams, True),
+        DataAttack("dba", "Xie, Huang, Chen & Li, ICLR 2020", DBAParams, True),
+    )
+}
+
+
+def triggers(p: BackdoorParams | DBAParams, hw: tuple[int, int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(the local triggers attackers stamp, attacker i the i mod P-th; the test-time trigger)."""
+    if isinstance(p, DBAParams):
+        parts = dba_parts(hw, p.parts, p.size, p.gap, p.shift)
+        return parts, union(parts)
+    mask = place(pattern(p.pattern, p.size), None if p.location is None else tuple(p.location), hw)
+    return [mask], mask

@@ -63,6 +63,7 @@ def check_data_and_model(ctx: Ctx, sc: Scenario) -> None:
     if sc.privacy is not None and sc.privacy.level == "sample":
         _per_sample_gradients(ctx, sc, model, source, first)
     _method_takes(ctx, sc, source, groups)
+    _data_attack(ctx, sc, source)
 
 
 def _first_graph(ctx: Ctx, sc: Scenario) -> None:
@@ -157,3 +158,31 @@ def _method_takes(ctx: Ctx, sc: Scenario, source, groups) -> None:
             f"{', '.join(k or '(the model itself)' for k in groups.layers)} and its head is "
             f"{', '.join(groups.names[i] for i in groups.head)} (set model.head or pick a deeper model)",
         )
+
+
+def _data_attack(ctx: Ctx, sc: Scenario, source) -> None:
+    """A data-poisoning attack the data can take: labels to flip or to target (classification,
+    classes within range) and, for a trigger, images it fits in."""
+    a = sc.adversary.attack if sc.adversary is not None else None
+    if a is None or a.name not in ("label_flip", "backdoor", "dba"):
+        return
+    if source.task != "classification":
+        ctx.fail(
+            "adversary.attack.name", f"{a.name} poisons class labels; dataset '{sc.data.dataset.name}' is {source.task}"
+        )
+    C = source.num_classes
+    classes = (a.params.sources + a.params.targets) if a.name == "label_flip" else (a.params.target,)
+    key = "targets" if a.name == "label_flip" else "target"
+    if any(not 0 <= c < C for c in classes):
+        ctx.fail(f"adversary.attack.{key}", f"classes run from 0 to {C - 1} in '{sc.data.dataset.name}'")
+    if a.name == "label_flip":
+        return
+    hw = getattr(source, "image_shape", None)
+    if hw is None or source.input_kind != "features":
+        ctx.fail("adversary.attack.name", f"{a.name} stamps a trigger on images; '{sc.data.dataset.name}' has none")
+    from raysim.federation import poisoning
+
+    try:
+        poisoning.triggers(a.params, tuple(hw))
+    except ValueError as e:
+        ctx.fail("adversary.attack", f"{e} (the images of '{sc.data.dataset.name}')")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raysim.core import OPTIMIZERS
+from raysim.scenario.adversary_sections import AdversaryCfg, DefenceCfg  # noqa: F401 - re-exported
 from raysim.scenario.federation_sections import (  # noqa: F401 - DistCfg re-exported
     CommunicationCfg,
     DistCfg,
@@ -319,3 +320,5 @@ class Scenario:
     systems: SystemsCfg | None = None
     privacy: PrivacyCfg | None = None
     communication: CommunicationCfg | None = None
+    adversary: AdversaryCfg | None = None
+    defence: DefenceCfg | None = None

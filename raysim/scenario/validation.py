@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from raysim import plugins
-from raysim.scenario import federation_checks, probe
+from raysim.scenario import adversary_sections, federation_checks, probe
 from raysim.scenario.schema import SEED, Component, Ctx, check_range, coerce, component, load_dataclass
 from raysim.scenario.sections import (
     CheckpointCfg,
@@ -48,6 +48,8 @@ TOP_KEYS = (
     "systems",
     "privacy",
     "communication",
+    "adversary",
+    "defence",
 )
 DATA_KEYS = ("dataset", "clients", "partition", "splits")  # what else data holds is the dataset's options
 
@@ -78,6 +80,10 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     communication = federation_checks.communication_section(
         ctx, raw.get("communication"), method, algorithm, topology, systems, privacy
     )
+    robust = (method, algorithm, topology, systems, privacy, communication)
+    adversary = adversary_sections.adversary_section(ctx, raw.get("adversary"), *robust, train_clients, data.clients)
+    defence = adversary_sections.defence_section(ctx, raw.get("defence"), *robust)
+    adversary_sections.byzantine_limits(ctx, adversary, defence, per_round, train_clients)
     dataset, checkpoint, tracking, topology = _absolute_paths(data.dataset, checkpoint, tracking, topology)
     sc = Scenario(
         file,
@@ -98,6 +104,8 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
         systems,
         privacy,
         communication,
+        adversary,
+        defence,
     )
     if systems is not None and systems.availability == "trace":
         probe.someone_online(ctx, sc)
