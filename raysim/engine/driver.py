@@ -147,6 +147,7 @@ class RoundDriver(FleetRounds):
         upload_metrics: dict[str, float] = {}  # privacy's, communication's and the adversary's
         if assignment:  # a round nobody reported in leaves the server as it was
             if each:
+                assert self.robust is not None  # each client's reply is kept only for the robust round
                 with server_math():
                     reduced, upload_metrics = self.robust.reduce(r, total, self.algo.update_origin(message))
             else:

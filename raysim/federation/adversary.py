@@ -16,6 +16,7 @@ stored as uint8 pixels take the trigger's value times 255.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -34,9 +35,27 @@ def malicious_ids(sc: Any, train_ids: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if adv.clients is not None:
         return np.array(sorted(adv.clients), dtype=np.int64)
-    m = int(round(adv.fraction * len(train_ids)))
+    m = malicious_count(adv, len(train_ids))
     pick = rng.generator(sc.seed, "adversary").choice(np.asarray(train_ids, dtype=np.int64), m, replace=False)
     return np.sort(pick).astype(np.int64)
+
+
+def malicious_count(adv: Any, train_clients: int) -> int:
+    """How many clients are malicious: the list's length, or round(fraction × training clients)."""
+    if adv is None:
+        return 0
+    return len(adv.clients) if adv.clients is not None else int(round(adv.fraction * train_clients))
+
+
+def expected_malicious(adv: Any, k: int, train_clients: int) -> int:
+    """The malicious clients of a round of ``k``: with ``always`` all of them (at most k), else their
+    share of k rounded up (the count a defence assumes by default)."""
+    m = malicious_count(adv, train_clients)
+    if adv is None or not m:
+        return 0
+    if adv.participation == "always":
+        return min(m, k)
+    return min(k, math.ceil(k * m / train_clients)) if train_clients else 0
 
 
 def _value(p: Any, x: torch.Tensor) -> float:

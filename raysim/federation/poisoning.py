@@ -292,5 +292,6 @@ def triggers(p: BackdoorParams | DBAParams, hw: tuple[int, int]) -> tuple[list[t
     if isinstance(p, DBAParams):
         parts = dba_parts(hw, p.parts, p.size, p.gap, p.shift)
         return parts, union(parts)
-    mask = place(pattern(p.pattern, p.size), None if p.location is None else tuple(p.location), hw)
+    loc = None if p.location is None else (int(p.location[0]), int(p.location[1]))
+    mask = place(pattern(p.pattern, p.size), loc, hw)
     return [mask], mask

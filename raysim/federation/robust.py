@@ -463,6 +463,8 @@ def _validate(U: torch.Tensor, w: torch.Tensor, chunk: int | None) -> None:
         raise ValueError(f"robust: w must have one weight per update ({U.shape[0]}), not shape {tuple(w.shape)}")
     if bool((w < 0).any()) or not float(w.sum()) > 0:
         raise ValueError("robust: the weights must be non-negative with a positive sum")
+    if bool(torch.isfinite(U.sum(dim=1)).all()):  # a NaN or ±inf anywhere spoils its row's sum
+        return
     bad = torch.zeros(U.shape[0], dtype=torch.bool, device=U.device)
     for sl in rr.blocks(U.shape[1], chunk):
         bad |= ~torch.isfinite(U[:, sl]).all(dim=1)

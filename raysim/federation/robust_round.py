@@ -46,7 +46,7 @@ from raysim import rng
 from raysim.core import server_opt
 from raysim.core.replies import Accumulator, ByKey, Weighted
 from raysim.federation import attacks, poisoning, robust
-from raysim.federation.adversary import malicious_ids
+from raysim.federation.adversary import expected_malicious, malicious_ids
 
 Path = tuple  # a part's place in a reply: () the reply itself, (i,) a list's i-th, (k,) a ByKey's key k
 
@@ -110,8 +110,6 @@ class RobustRound:
     # -- the round ---------------------------------------------------------------------------
     def f(self, k: int) -> int:
         """The Byzantine clients the rule assumes in a round of k clients."""
-        from raysim.scenario.adversary_sections import expected_malicious
-
         dfc = self.sc.defence
         if dfc is not None and dfc.f is not None:
             return dfc.f
@@ -174,10 +172,10 @@ class RobustRound:
             for i, (v, fl) in enumerate(zip(leaf.values, floats)):
                 if not fl:
                     continue
-                row = v.reshape(-1) / leaf.weight
+                row = U[k, off : off + v.numel()]
+                torch.div(v.reshape(-1), leaf.weight, out=row)
                 if base is not None:
-                    row = row - base[i].reshape(-1).to(torch.float64)
-                U[k, off : off + v.numel()] = row
+                    row.sub_(base[i].reshape(-1))
                 off += v.numel()
         return U, torch.tensor([lf.weight for lf in leaves], dtype=torch.float64), floats
 

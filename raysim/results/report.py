@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from raysim.errors import BadInput
+from raysim.results.byzantine import byzantine_figure
 from raysim.results.curves import (  # noqa: F401 - re-exported: the curves' old home
     Compared,
     Curve,
@@ -118,7 +119,8 @@ def report(
     run_ids: list[str], uri: str | None = None, out: str | Path = "report", log: bool = True
 ) -> dict[str, list[Path]]:
     """Write each run's figures to ``out/<run id>/`` (and log them to the run under
-    ``report/``); with several runs also ``out/compare_accuracy.png`` and ``.csv``. A parent run (a sweep,
+    ``report/``); with several runs also ``out/compare_accuracy.png`` and ``.csv``, and with
+    Byzantine runs ``out/byzantine.png`` and ``.csv`` (``raysim.results.byzantine``). A parent run (a sweep,
     seeded runs) stands for its children."""
     uri, client = client_for(uri)
     out = Path(out)
@@ -141,4 +143,7 @@ def report(
             timed = compare_time_figure(compared, out)
             if timed is not None:
                 made["compare"].append(timed)
+    byz = byzantine_figure(compared, out)
+    if byz is not None:
+        made["byzantine"] = [byz, byz.with_suffix(".csv")]
     return made

@@ -10,7 +10,6 @@ their options load into their own ``Params`` dataclasses, so their defaults live
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +23,7 @@ DEFENCE_KEYS = ("f", "preaggregate", "chunk")
 class AdversaryCfg:
     """Malicious clients: who (a share drawn from the seed, or a list), how they take part, what they do."""
 
-    fraction: float = field(
+    fraction: float | None = field(
         default=0.2,
         metadata={
             "min": 0.0,
@@ -84,17 +83,6 @@ def is_data_attack(name: str) -> bool:
     return name in DATA_ATTACKS
 
 
-def expected_malicious(adv: AdversaryCfg | None, k: int, train_clients: int) -> int:
-    """The malicious clients of a round of ``k``: with ``always`` all of them (at most k), else their
-    share of k rounded up (the count a defence assumes by default)."""
-    if adv is None:
-        return 0
-    m = len(adv.clients) if adv.clients is not None else round(adv.fraction * train_clients)
-    if adv.participation == "always":
-        return min(m, k)
-    return min(k, math.ceil(k * m / train_clients)) if train_clients else 0
-
-
 # --------------------------------------------------------------------------- checks
 
 
@@ -144,8 +132,10 @@ def adversary_section(
         ctx, "adversary", AdversaryCfg, {k: v for k, v in mapping.items() if k != "attack"}, skip=("attack",)
     )
     cfg = replace(cfg, attack=attack)
+    if cfg.clients is None and cfg.fraction is None:
+        ctx.fail("adversary.fraction", "null needs adversary.clients, the list of malicious clients")
     if cfg.clients is not None:
-        if "fraction" in mapping:
+        if mapping.get("fraction") is not None:
             ctx.fail("adversary", "give either fraction or clients, not both")
         bad = [c for c in cfg.clients if not 0 <= c < clients]
         if bad:
@@ -204,6 +194,7 @@ def defence_section(
 def byzantine_limits(ctx: Ctx, adversary: AdversaryCfg | None, defence: DefenceCfg | None, k: int, train_clients: int):
     """A round's limits: the malicious clients an attack needs and tolerates, the rule's limit on f
     (Krum's 2f + 2 < K, Bulyan's 4f + 3 ≤ K, ...) for the K updates it sees. Returns f."""
+    from raysim.federation.adversary import expected_malicious
     from raysim.federation.robust import DEFENCES, PREAGGREGATORS
 
     m = expected_malicious(adversary, k, train_clients)
@@ -214,6 +205,7 @@ def byzantine_limits(ctx: Ctx, adversary: AdversaryCfg | None, defence: DefenceC
                 f"always puts all {len(adversary.clients)} malicious clients in rounds of {k}; sample more clients",
             )
         a = adversary.attack
+        assert a is not None  # validated sections always carry their attack
         if m and not is_data_attack(a.name):
             from raysim.federation.attacks import ATTACKS
 
@@ -230,7 +222,9 @@ def byzantine_limits(ctx: Ctx, adversary: AdversaryCfg | None, defence: DefenceC
         if bad:
             ctx.fail("defence.preaggregate", f"{bad} (a round of {k} clients)")
         seen = step.inputs(k, defence.preaggregate.params)
-    bad = DEFENCES[defence.rule.name].check(seen, f, defence.rule.params)
+    rule = defence.rule
+    assert rule is not None
+    bad = DEFENCES[rule.name].check(seen, f, rule.params)
     if bad:
         where = (
             f"{seen} inputs after {defence.preaggregate.name}"

@@ -327,6 +327,22 @@ def resolved(sc: Scenario) -> dict:
             }
         elif key in ("model", "algorithm"):
             out[key] = named_options(getattr(sc, key), "name")
+        elif key == "adversary" and sc.adversary is not None:
+            a = sc.adversary
+            out[key] = {
+                **plain(a),
+                "fraction": None if a.clients is not None else a.fraction,
+                "attack": named_options(a.attack, "name"),
+            }
+        elif key == "defence" and sc.defence is not None:
+            dfc = sc.defence
+            pre = dfc.preaggregate
+            out[key] = {
+                "f": dfc.f,
+                "chunk": dfc.chunk,
+                **named_options(dfc.rule, "rule"),
+                "preaggregate": named_options(pre, "kind") if pre is not None else None,
+            }
         else:
             out[key] = plain(getattr(sc, key))
     return out

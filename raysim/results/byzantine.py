@@ -1,0 +1,100 @@
+"""The Byzantine grid's figure (Blades' headline figure): the honest clients' final accuracy
+against the malicious share, one panel per attack, one line per method and defence, the mean over
+seeds; for a backdoor, its attack success rate dashed in the same colour. ``byzantine.csv``
+beside it holds every point drawn. ``raysim report`` draws it for runs with an ``adversary``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raysim.results.curves import Compared
+
+
+@dataclass(frozen=True)
+class Point:
+    attack: str
+    line: str  # "method / defence"
+    share: float  # the malicious share of the training clients, in %
+    honest: float  # the honest clients' final accuracy
+    asr: float | None  # a backdoor's attack success rate
+
+
+def points(runs: list[Compared]) -> list[Point]:
+    """One point per run whose scenario has an adversary and whose summary an honest accuracy."""
+    out = []
+    for run in runs:
+        sc = run.scenario or {}
+        adv, final = sc.get("adversary"), run.summary.get("final", {})
+        if not adv or "honest_accuracy" not in final:
+            continue
+        clients = (sc.get("data") or {}).get("clients") or 1
+        share = adv["fraction"] if adv.get("fraction") is not None else len(adv.get("clients") or ()) / clients
+        defence = (sc.get("defence") or {}).get("rule", "mean")
+        asr = final.get("attack_success_rate")
+        out.append(
+            Point(
+                adv["attack"]["name"],
+                f"{sc['algorithm']['name']} / {defence}",
+                round(100 * float(share), 6),
+                float(final["honest_accuracy"]),
+                None if asr is None else float(asr),
+            )
+        )
+    return out
+
+
+def byzantine_figure(runs: list[Compared], out: Path) -> Path | None:
+    """``byzantine.png`` (and ``byzantine.csv``) in ``out``; None without a Byzantine run."""
+    pts = points(runs)
+    if not pts:
+        return None
+    from raysim.results.figures import _plt
+
+    attacks = list(dict.fromkeys(p.attack for p in pts))
+    lines = list(dict.fromkeys(p.line for p in pts))
+    cells: dict[tuple[str, str, float], list[Point]] = defaultdict(list)
+    for p in pts:
+        cells[(p.attack, p.line, p.share)].append(p)
+    plt = _plt()
+    cols = min(4, len(attacks))
+    rows = -(-len(attacks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows + 0.9), squeeze=False, sharey=True)
+    colors = {line: plt.cm.tab10(i % 10) for i, line in enumerate(lines)}
+    table = []
+    for ax, attack in zip(axes.flat, attacks):
+        for line in lines:
+            shares = sorted(s for a, ln, s in cells if a == attack and ln == line)
+            if not shares:
+                continue
+            acc = [float(np.mean([p.honest for p in cells[(attack, line, s)]])) for s in shares]
+            ax.plot(shares, acc, "-o", ms=3, color=colors[line], label=line)
+            asr = [[p.asr for p in cells[(attack, line, s)] if p.asr is not None] for s in shares]
+            if all(asr):
+                ax.plot(shares, [float(np.mean(a)) for a in asr], "--", color=colors[line])
+            for s, a, r in zip(shares, acc, asr):
+                table.append([attack, line, s, a, float(np.mean(r)) if r else "", len(cells[(attack, line, s)])])
+        ax.set(title=attack, xlabel="malicious clients (%)")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("honest accuracy (dashed: backdoor success)")
+    for ax in list(axes.flat)[len(attacks) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(lines)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(lines) // 4), 1, 1))
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "byzantine.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["attack", "method / defence", "malicious_percent", "honest_accuracy", "attack_success_rate", "runs"]
+        )
+        w.writerows(table)
+    fig.savefig(out / "byzantine.png", dpi=110)
+    plt.close(fig)
+    return out / "byzantine.png"
