@@ -317,3 +317,58 @@ def test_a_bad_setting_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and ": defence.rule: krum needs" in lines[0], proc.stderr
+
+
+def test_a_listed_adversary_and_a_preaggregated_defence_resolve_back_to_the_same_scenario(tmp_path):
+    import dataclasses
+    import json
+
+    sc = load(
+        tmp_path,
+        TINY
+        + "sampling: {fraction: 1.0}\nadversary: {clients: [3, 1], participation: always, attack: {name: alie, z: 1.5}}\n"
+        + "defence: {rule: trimmed_mean, beta: 0.25, preaggregate: {kind: bucketing, s: 2}}\n",
+    )
+    full = json.loads(json.dumps(config.resolved(sc)))
+    assert full["adversary"]["fraction"] is None and full["adversary"]["clients"] == [3, 1]
+    assert full["adversary"]["attack"] == {"name": "alie", "z": 1.5, "estimate": "benign"}  # its default shown
+    assert full["defence"]["rule"] == "trimmed_mean" and full["defence"]["beta"] == 0.25
+    assert full["defence"]["preaggregate"] == {"kind": "bucketing", "s": 2, "weighted": False}
+    back = config.validate(full, sc.path, check_data=False)
+    assert dataclasses.replace(back, raw=sc.raw) == sc
+
+
+def test_the_grid_figure_and_tables_average_a_cell_over_its_seeds(tmp_path):
+    from raysim.results.byzantine import byzantine_figure
+    from raysim.results.curves import Compared
+
+    def run(attack, fraction, rule, acc, asr=None):
+        final = {"honest_accuracy": acc, **({} if asr is None else {"attack_success_rate": asr})}
+        sc = {
+            "algorithm": {"name": "fedavg"},
+            "data": {"clients": 10},
+            "adversary": {"fraction": fraction, "clients": None, "attack": {"name": attack}},
+            "defence": {"rule": rule},
+        }
+        return Compared({"final": final}, sc)
+
+    runs = [
+        run("sign_flip", 0.0, "mean", 0.90),
+        run("sign_flip", 0.0, "mean", 0.80),  # a second seed: the clean cell is 0.85
+        run("sign_flip", 0.2, "mean", 0.40),
+        run("sign_flip", 0.2, "mean", 0.50),
+        run("sign_flip", 0.2, "median", 0.70),
+        run("backdoor", 0.2, "mean", 0.88, asr=0.9),
+        run("backdoor", 0.2, "mean", 0.86, asr=0.7),
+        Compared({"final": {"accuracy": 0.9}}, {"algorithm": {"name": "fedavg"}}),  # no adversary: left out
+    ]
+    png = byzantine_figure(runs, tmp_path)
+    assert png == tmp_path / "byzantine.png" and png.stat().st_size > 10_000
+    rows = (tmp_path / "byzantine.csv").read_text().splitlines()
+    assert rows[0].startswith("attack,method / defence,malicious_percent,honest_accuracy")
+    assert "sign_flip,fedavg / mean,20.0,0.45,,2" in rows and "backdoor,fedavg / mean,20.0,0.87,0.8,2" in rows
+    md = (tmp_path / "byzantine.md").read_text()
+    assert md.startswith("Malicious clients: 20 %")
+    assert "| fedavg / mean | 0.850 | 0.450 | 0.870 (ASR 0.80) |" in md
+    assert "| fedavg / median |  | 0.700 |  |" in md
+    assert byzantine_figure(runs[-1:], tmp_path / "none") is None

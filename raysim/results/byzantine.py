@@ -1,7 +1,10 @@
 """The Byzantine grid's figure (Blades' headline figure): the honest clients' final accuracy
 against the malicious share, one panel per attack, one line per method and defence, the mean over
 seeds; for a backdoor, its attack success rate dashed in the same colour. ``byzantine.csv``
-beside it holds every point drawn. ``raysim report`` draws it for runs with an ``adversary``.
+beside it holds every point drawn, and ``byzantine.md`` the same numbers as tables, one per
+malicious share: a row per method and defence, its clean accuracy (no malicious client, the
+mean over the runs at 0 %), then a column per attack (``acc (ASR a)`` for a backdoor).
+``raysim report`` writes all three for runs with an ``adversary``.
 """
 
 from __future__ import annotations
@@ -49,8 +52,41 @@ def points(runs: list[Compared]) -> list[Point]:
     return out
 
 
+def _mean(xs: list[float]) -> float:
+    return float(np.mean(xs))
+
+
+def tables(pts: list[Point]) -> str:
+    """``byzantine.md``: per malicious share above 0, a Markdown table of the honest clients'
+    accuracy (mean over the runs of a cell), a row per line, a column per attack."""
+    attacks = list(dict.fromkeys(p.attack for p in pts))
+    lines = list(dict.fromkeys(p.line for p in pts))
+    shares = sorted({p.share for p in pts if p.share > 0})
+    out = []
+    for share in shares:
+        head = ["method / defence", "clean", *attacks]
+        rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for line in lines:
+            clean = [p.honest for p in pts if p.line == line and p.share == 0]
+            cells = [line, f"{_mean(clean):.3f}" if clean else ""]
+            for attack in attacks:
+                cell = [p for p in pts if p.line == line and p.attack == attack and p.share == share]
+                if not cell:
+                    cells.append("")
+                    continue
+                text = f"{_mean([p.honest for p in cell]):.3f}"
+                asr = [p.asr for p in cell if p.asr is not None]
+                if asr:
+                    text += f" (ASR {_mean(asr):.2f})"
+                cells.append(text)
+            rows.append("| " + " | ".join(cells) + " |")
+        out.append(f"Malicious clients: {share:g} %\n\n" + "\n".join(rows))
+    return "\n\n".join(out) + "\n"
+
+
 def byzantine_figure(runs: list[Compared], out: Path) -> Path | None:
-    """``byzantine.png`` (and ``byzantine.csv``) in ``out``; None without a Byzantine run."""
+    """``byzantine.png`` (and ``byzantine.csv``, ``byzantine.md``) in ``out``; None without a
+    Byzantine run."""
     pts = points(runs)
     if not pts:
         return None
@@ -95,6 +131,7 @@ def byzantine_figure(runs: list[Compared], out: Path) -> Path | None:
             ["attack", "method / defence", "malicious_percent", "honest_accuracy", "attack_success_rate", "runs"]
         )
         w.writerows(table)
+    (out / "byzantine.md").write_text(tables(pts))
     fig.savefig(out / "byzantine.png", dpi=110)
     plt.close(fig)
     return out / "byzantine.png"

@@ -120,7 +120,7 @@ def report(
 ) -> dict[str, list[Path]]:
     """Write each run's figures to ``out/<run id>/`` (and log them to the run under
     ``report/``); with several runs also ``out/compare_accuracy.png`` and ``.csv``, and with
-    Byzantine runs ``out/byzantine.png`` and ``.csv`` (``raysim.results.byzantine``). A parent run (a sweep,
+    Byzantine runs ``out/byzantine.png``, ``.csv`` and ``.md`` (``raysim.results.byzantine``). A parent run (a sweep,
     seeded runs) stands for its children."""
     uri, client = client_for(uri)
     out = Path(out)
@@ -145,5 +145,5 @@ def report(
                 made["compare"].append(timed)
     byz = byzantine_figure(compared, out)
     if byz is not None:
-        made["byzantine"] = [byz, byz.with_suffix(".csv")]
+        made["byzantine"] = [byz, byz.with_suffix(".csv"), byz.with_suffix(".md")]
     return made

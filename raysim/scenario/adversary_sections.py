@@ -142,6 +142,7 @@ def adversary_section(
             ctx.fail("adversary.clients", f"{bad[0]} is not a client id; ids run from 0 to {clients - 1}")
         if len(set(cfg.clients)) != len(cfg.clients):
             ctx.fail("adversary.clients", "lists a client twice")
+        cfg = replace(cfg, fraction=None)  # the list decides: no default share beside it
     p = attack.params
     if attack.name == "label_flip" and p.mode == "target" and (not p.sources or len(p.sources) != len(p.targets)):
         ctx.fail(

@@ -329,11 +329,7 @@ def resolved(sc: Scenario) -> dict:
             out[key] = named_options(getattr(sc, key), "name")
         elif key == "adversary" and sc.adversary is not None:
             a = sc.adversary
-            out[key] = {
-                **plain(a),
-                "fraction": None if a.clients is not None else a.fraction,
-                "attack": named_options(a.attack, "name"),
-            }
+            out[key] = {**plain(a), "attack": named_options(a.attack, "name")}
         elif key == "defence" and sc.defence is not None:
             dfc = sc.defence
             pre = dfc.preaggregate
