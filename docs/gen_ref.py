@@ -351,16 +351,26 @@ def _section_class(name: str):
 
 
 def _component_sections(
-    title: str, intro: str, registry: dict, params_of, prefix: str, id_prefix: str, extra=None
+    title: str,
+    intro: str,
+    registry: dict,
+    params_of,
+    prefix: str,
+    id_prefix: str,
+    extra=None,
+    summary_of=lambda spec: spec.summary,
+    plugins: bool = True,
 ) -> list[str]:
-    out = [
-        f"## {title} {{ #{id_prefix}s }}\n",
-        intro + " Besides the built-in ones listed here, a name may "
-        f"be {code('module:Name')} or an installed plugin's ([Plugins](../how-to/plugins.md)).\n",
-    ]
+    more = (
+        f" Besides the built-in ones listed here, a name may be {code('module:Name')} or an installed "
+        "plugin's ([Plugins](../how-to/plugins.md))."
+        if plugins
+        else ""
+    )
+    out = [f"## {title} {{ #{id_prefix}s }}\n", intro + more + "\n"]
     for name, spec in registry.items():
         out.append(f"### {name} {{ #{anchor(id_prefix, name)} }}\n")
-        out.append(text(spec.summary) + "\n")
+        out.append(text(summary_of(spec)) + "\n")
         if extra:
             out.append(extra(name, spec) + "\n")
         params = params_of(spec)
@@ -506,6 +516,46 @@ def scenario_page() -> str:
         "algorithm.",
         "algorithm",
         algorithm_extra,
+    )
+    from raysim.federation.robust import DEFENCES, PREAGGREGATORS
+    from raysim.scenario.adversary_sections import attack_registry, is_data_attack
+
+    def attack_summary(spec):
+        kind = "Data poisoning" if is_data_attack(spec.name) else "Model poisoning"
+        doc = (getattr(spec, "craft", None) and spec.craft.__doc__) or ""
+        return f"{kind} ({spec.paper}). " + " ".join(doc.split("\n\n")[0].split())
+
+    out += _component_sections(
+        "Attacks",
+        f"Options of each attack, written in {code('adversary.attack')} beside {code('name: NAME')} "
+        "([Byzantine clients](../how-to/byzantine.md) says what each does).",
+        attack_registry(),
+        lambda s: s.Params,
+        "adversary.attack.",
+        "attack",
+        summary_of=attack_summary,
+        plugins=False,
+    )
+    out += _component_sections(
+        "Defences",
+        f"Options of each robust rule, written in {code('defence')} beside {code('rule: NAME')}.",
+        DEFENCES,
+        lambda s: s.params,
+        "defence.",
+        "defence",
+        summary_of=lambda s: s.cite + ("; it needs f, the Byzantine clients it assumes." if s.needs_f else "."),
+        plugins=False,
+    )
+    out += _component_sections(
+        "Pre-aggregators",
+        f"Options of each pre-aggregation step, written in {code('defence.preaggregate')} beside "
+        f"{code('kind: NAME')}; the rule then runs on its outputs.",
+        PREAGGREGATORS,
+        lambda s: s.params,
+        "defence.preaggregate.",
+        "preaggregate",
+        summary_of=lambda s: s.cite + ".",
+        plugins=False,
     )
     return "\n".join(out)
 

@@ -26,7 +26,7 @@ import torch
 from raysim import rng
 from raysim.core.replies import Accumulator
 from raysim.engine.driver import RoundDriver, check_finite, mean_train_loss
-from raysim.federation import compression, topology
+from raysim.federation import compression, robust_gossip, topology
 from raysim.scenario.config import Scenario
 
 
@@ -149,6 +149,12 @@ class GossipDriver(RoundDriver):
             "messages_fetched_across_hosts": float(sum(len(v) for out in outboxes for v in out.values())),
         }
         record.update(self.failures)
+        if self.sc.defence is not None:  # nodes whose neighbourhood this round is too small for the rule
+            A = W.tocsr().copy()
+            A.setdiag(0)
+            A.eliminate_zeros()
+            degrees = np.diff(A.indptr)[np.asarray(everyone, dtype=np.int64)]
+            record["defence_fallbacks"] = float(robust_gossip.fallback_rows(self.sc, degrees))
         comm = self.sc.communication
         if comm is not None:  # CHOCO-gossip: each client sends one compressed difference a round
             d = sum(t.numel() for g in self.algo.shared(self.server_state) for t in g if t.is_floating_point())

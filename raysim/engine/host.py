@@ -33,7 +33,7 @@ from raysim.core.replies import Accumulator, PerClient, reduce
 from raysim.engine import checkpoint
 from raysim.engine.host_process import deterministic_cuda, pick_device, release_freed_memory
 from raysim.engine.trees import state_to_tree, to_device, tree_to_state
-from raysim.federation import adversary, compression, privacy
+from raysim.federation import adversary, compression, privacy, robust_gossip
 from raysim.scenario.build import make_algorithm
 from raysim.scenario.config import Scenario, make_source, split_unseen
 
@@ -68,6 +68,7 @@ class Host:
         self._server_type: type | None = None
         self._flat: dict[int, torch.Tensor] = {}
         self._half: dict[int, torch.Tensor] = {}  # CHOCO-gossip: the models after the local step
+        self._honest: dict[int, torch.Tensor] = {}  # malicious nodes' own parameters (they send others)
         self._rows = mixing.Rows({})
         self._gossip = False
         # with train_rows: the clients' models as rows of one matrix (self.cids' order)
@@ -288,7 +289,14 @@ class Host:
         server = to_device(server, self.device)
         self._server_type = type(server)
         self._gossip = True
-        if ROWS and self.algo.has_rows() and self.algo.trainer(self.device).across and self.sc.communication is None:
+        byzantine = self.sc.adversary is not None or self.sc.defence is not None  # node by node (robust_gossip)
+        if (
+            ROWS
+            and self.algo.has_rows()
+            and self.algo.trainer(self.device).across
+            and self.sc.communication is None
+            and not byzantine
+        ):
             self._template = server
             self._pos = {c: k for k, c in enumerate(self.cids)}
             flat = mixing.flatten(self.algo.shared(server))
@@ -320,13 +328,17 @@ class Host:
             for c in cids
         ]
         losses = PerClient()
-        self._flat, self._half = {}, {}
+        self._flat, self._half, self._honest = {}, {}, {}
         comm = self.sc.communication
         for cid, (state, reply, loss) in zip(cids, self._drive(calls)):
             self.states[cid] = state
+            before = mixing.flatten(self.algo.shared(self.servers[cid])) if cid in self._rank else None
             # the reply reduces on the CPU (float64 sums): the aggregate comes back to the host's device
             self.servers[cid] = to_device(self.algo.aggregate(self.servers[cid], reduce([reply]), round_), self.device)
             self._flat[cid] = mixing.flatten(self.algo.shared(self.servers[cid]))
+            if before is not None:  # a malicious node keeps its honest parameters and sends crafted ones
+                self._honest[cid] = self._flat[cid]
+                self._flat[cid] = robust_gossip.sent(self.sc, round_, cid, before, self._flat[cid])
             if comm is not None:  # CHOCO: the public copy moves by the compressed difference, and is sent
                 self._half[cid] = self._flat[cid]
                 self._flat[cid] = self.residuals[cid] = compression.gossip_estimate(
@@ -391,7 +403,11 @@ class Host:
             sources = dict(self._flat)
             for bundle in inbox:
                 sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
-            mixed = self._rows.mix(sources)
+            if self.sc.adversary is not None or self.sc.defence is not None:
+                own = {c: self._honest.get(c, self._flat[c]) for c in self._rows.cids}
+                mixed = robust_gossip.robust_mix(self.sc, self._rows, sources, own)
+            else:
+                mixed = self._rows.mix(sources)
             if self.sc.communication is not None:  # CHOCO: x_i + γ (Σ_j w_ij x̂_j − x̂_i)
                 step = self.sc.communication.gossip_step
                 mixed = (

@@ -623,3 +623,40 @@ def bridge_trimmed_mean(
     if reason:
         raise ValueError(reason)
     return rr.bridge(x, X, b, params.screen, chunk)
+
+
+@dataclass(frozen=True)
+class GossipRule:
+    """A robust mixing rule for gossip (``defence.rule`` with a topology): its name, paper, options,
+    whether it takes b (the values trimmed from each end: ``defence.f``) and its one node's step
+    (``mix(x, X, w, w_self, b, params, chunk)``)."""
+
+    name: str
+    cite: str
+    params: type
+    needs_f: bool
+    mix: Callable[..., torch.Tensor]
+    check: Callable[[int, int, Any], str | None]
+
+
+GOSSIP_RULES: dict[str, GossipRule] = {
+    g.name: g
+    for g in (
+        GossipRule(
+            "clipped_gossip",
+            "He, Karimireddy & Jaggi, 2022 (ClippedGossip)",
+            ClippedGossipParams,
+            False,
+            lambda x, X, w, w_self, b, p, chunk: clipped_gossip(x, X, w, w_self, p),
+            lambda n, b, p: check_clipped_gossip(n, p),
+        ),
+        GossipRule(
+            "bridge_trimmed_mean",
+            "Yang & Bajwa 2019; Fang, Yang & Bajwa 2022 (BRIDGE-T)",
+            BridgeParams,
+            True,
+            lambda x, X, w, w_self, b, p, chunk: bridge_trimmed_mean(x, X, b, p, chunk),
+            lambda n, b, p: check_bridge(n, b, p),
+        ),
+    )
+}

@@ -88,8 +88,11 @@ def byzantine_figure(runs: list[Compared], out: Path) -> Path | None:
     """``byzantine.png`` (and ``byzantine.csv``, ``byzantine.md``) in ``out``; None without a
     Byzantine run."""
     pts = points(runs)
-    if not pts:
-        return None
+    return draw(pts, out) if pts else None
+
+
+def draw(pts: list[Point], out: Path, stem: str = "byzantine") -> Path:
+    """``<stem>.png``, ``.csv`` and ``.md`` of the points in ``out``."""
     from raysim.results.figures import _plt
 
     attacks = list(dict.fromkeys(p.attack for p in pts))
@@ -125,13 +128,13 @@ def byzantine_figure(runs: list[Compared], out: Path) -> Path | None:
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(lines)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(lines) // 4), 1, 1))
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "byzantine.csv", "w", newline="") as f:
+    with open(out / f"{stem}.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
             ["attack", "method / defence", "malicious_percent", "honest_accuracy", "attack_success_rate", "runs"]
         )
         w.writerows(table)
-    (out / "byzantine.md").write_text(tables(pts))
-    fig.savefig(out / "byzantine.png", dpi=110)
+    (out / f"{stem}.md").write_text(tables(pts))
+    fig.savefig(out / f"{stem}.png", dpi=110)
     plt.close(fig)
-    return out / "byzantine.png"
+    return out / f"{stem}.png"

@@ -92,12 +92,10 @@ def _robust_method(ctx: Ctx, key: str, method, algorithm, topology, systems, pri
     without another transform of the uploads."""
     import raysim.algorithms as algorithms
 
-    if topology is not None:
-        ctx.fail(
-            key,
-            "Byzantine clients and robust rules act on a server's round; they are not simulated with a "
-            "topology yet (leave the topology out)",
-        )
+    if topology is not None:  # gossip: the nodes' shared parameters, mixed by raysim.federation.robust_gossip
+        if communication is not None:
+            ctx.fail(key, "compressed gossip (communication) mixes estimates, not the sent models; leave one out")
+        return
     if not method.takes_robust():
         fits = ", ".join(n for n, a in algorithms.REGISTRY.items() if a.takes_robust())
         ctx.fail(
@@ -143,6 +141,16 @@ def adversary_section(
         if len(set(cfg.clients)) != len(cfg.clients):
             ctx.fail("adversary.clients", "lists a client twice")
         cfg = replace(cfg, fraction=None)  # the list decides: no default share beside it
+    if topology is not None and not is_data_attack(attack.name):
+        from raysim.federation.attacks import ATTACKS
+
+        if ATTACKS[attack.name].omniscient(attack.params):
+            local = [n for n, a in ATTACKS.items() if not a.omniscient(a.Params())]
+            ctx.fail(
+                "adversary.attack.name",
+                f"{attack.name} reads the honest clients' updates, which a gossip node does not see; with a "
+                f"topology use {', '.join(local)} or a data attack",
+            )
     p = attack.params
     if attack.name == "label_flip" and p.mode == "target" and (not p.sources or len(p.sources) != len(p.targets)):
         ctx.fail(
@@ -154,8 +162,9 @@ def adversary_section(
 def defence_section(
     ctx: Ctx, mapping, method, algorithm, topology, systems, privacy, communication
 ) -> DefenceCfg | None:
-    """The ``defence`` section (None when left out): the rule with its options, f, a pre-aggregator."""
-    from raysim.federation.robust import DEFENCES, PREAGGREGATORS
+    """The ``defence`` section (None when left out): the rule with its options, f, a pre-aggregator;
+    with a topology, a gossip rule (``robust.GOSSIP_RULES``, f being BRIDGE's b)."""
+    from raysim.federation.robust import DEFENCES, GOSSIP_RULES, PREAGGREGATORS
 
     if mapping is None:
         return None
@@ -164,12 +173,22 @@ def defence_section(
     if not isinstance(mapping, dict):
         ctx.fail("defence", f"expected a mapping with 'rule', got {type(mapping).__name__}")
     _robust_method(ctx, "defence", method, algorithm, topology, systems, privacy, communication)
+    rules, others = (GOSSIP_RULES, DEFENCES) if topology is not None else (DEFENCES, GOSSIP_RULES)
+    name = mapping.get("rule")
+    if isinstance(name, str) and name in others:
+        ctx.fail(
+            "defence.rule",
+            f"{name} is a {'server' if topology is not None else 'gossip'} rule; "
+            f"{'with' if topology is not None else 'without'} a topology choose one of {', '.join(rules)}",
+        )
+    if topology is not None and mapping.get("preaggregate") not in (None, "none"):
+        ctx.fail("defence.preaggregate", "pre-aggregation acts on a server's round; leave it out with a topology")
     rule = component(
         ctx,
         "defence",
         {k: v for k, v in mapping.items() if k not in DEFENCE_KEYS},
         "rule",
-        DEFENCES,
+        rules,
         lambda d: d.params,
     )
     if rule.name == "fltrust":
@@ -192,9 +211,14 @@ def defence_section(
     return replace(plain, rule=rule, preaggregate=pre)
 
 
-def byzantine_limits(ctx: Ctx, adversary: AdversaryCfg | None, defence: DefenceCfg | None, k: int, train_clients: int):
+def byzantine_limits(
+    ctx: Ctx, adversary: AdversaryCfg | None, defence: DefenceCfg | None, k: int, train_clients: int, topology=None
+):
     """A round's limits: the malicious clients an attack needs and tolerates, the rule's limit on f
-    (Krum's 2f + 2 < K, Bulyan's 4f + 3 ≤ K, ...) for the K updates it sees. Returns f."""
+    (Krum's 2f + 2 < K, Bulyan's 4f + 3 ≤ K, ...) for the K updates it sees. Returns f. (With a
+    topology a gossip rule's limits are a node's neighbourhood's, which the scheduler checks.)"""
+    if topology is not None:
+        return 0 if defence is None or defence.f is None else defence.f
     from raysim.federation.adversary import expected_malicious
     from raysim.federation.robust import DEFENCES, PREAGGREGATORS
 

@@ -76,6 +76,25 @@ def _first_graph(ctx: Ctx, sc: Scenario) -> None:
             topology.check_scenario(sc.topology, sc.data.clients, sc.seed)
         except topology.TopologyError as e:
             ctx.fail("topology", str(e))
+        _gossip_rule(ctx, sc, topology)
+
+
+def _gossip_rule(ctx: Ctx, sc: Scenario, topology) -> None:
+    """A gossip rule that cannot run at a node of the first graph (BRIDGE's n_i ≥ 2b + 1); with
+    failing links or nodes such a round's node mixes plainly instead (``defence_fallbacks``)."""
+    t, dfc = sc.topology, sc.defence
+    if dfc is None or t.link_failure or t.node_failure:
+        return
+    from raysim.federation import robust, robust_gossip
+
+    rule = robust.GOSSIP_RULES[dfc.rule.name]
+    b = robust_gossip.bridge_b(sc)
+    g = topology.scenario_graph(t, sc.data.clients, sc.seed)
+    for node in sorted(g.nodes):
+        n = sum(1 for j in g.neighbors(node) if j != node)
+        bad = rule.check(n, b, dfc.rule.params)
+        if bad:
+            ctx.fail("defence.rule", f"{bad} at client {node} of the {t.kind} graph (set defence.f for b)")
 
 
 def _open_source(ctx: Ctx, sc: Scenario):
