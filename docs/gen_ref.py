@@ -517,7 +517,7 @@ def scenario_page() -> str:
         "algorithm",
         algorithm_extra,
     )
-    from raysim.federation.robust import DEFENCES, PREAGGREGATORS
+    from raysim.federation.robust import DEFENCES, GOSSIP_RULES, PREAGGREGATORS
     from raysim.scenario.adversary_sections import attack_registry, is_data_attack
 
     def attack_summary(spec):
@@ -555,6 +555,19 @@ def scenario_page() -> str:
         "defence.preaggregate.",
         "preaggregate",
         summary_of=lambda s: s.cite + ".",
+        plugins=False,
+    )
+    out += _component_sections(
+        "Gossip rules",
+        f"With a {code('topology')}, {code('defence.rule')} is one of these mixing rules, applied by every "
+        f"node to its own row of W; its options sit beside {code('rule: NAME')}.",
+        GOSSIP_RULES,
+        lambda s: s.params,
+        "defence.",
+        "gossip",
+        summary_of=lambda s: (
+            s.cite + ("; b, the values trimmed from each end, is defence.f (default 1)." if s.needs_f else ".")
+        ),
         plugins=False,
     )
     return "\n".join(out)

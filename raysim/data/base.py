@@ -182,6 +182,9 @@ class PooledSource(FederatedSource):
 
     name = "pool"
     image_shape: tuple[int, int] | None = None
+    # FLTrust's root set (``defence.root_size``): that many pool samples drawn from (seed, "root")
+    # before the partition, so that no client holds them; the server trains on them (``root``)
+    root_size = 0
 
     def __init__(self, clients: int, partition, splits: Splits, seed: int, groups: GroupParams | None = None):
         if partition is None:
@@ -190,6 +193,7 @@ class PooledSource(FederatedSource):
         self.groups = groups or GroupParams()
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the pool, loaded on first use
         self._parts: Any = None  # the partition, made once
+        self._root = np.zeros(0, dtype=np.int64)  # FLTrust's root samples (root_size of them)
         if partition.kind == "mixture":
             s = partition.params.sources
             if self.groups.groups > 1:
@@ -249,12 +253,24 @@ class PooledSource(FederatedSource):
                         f"which this dataset has not; datasets with them: {', '.join(fits)}"
                     )
                 extra[need.split("_")[0]] = value
+            labels = self._arrays[1]
+            keep = None
+            if self.root_size:
+                n = len(labels)
+                if not 0 < self.root_size < n:
+                    raise DataError(f"{self.name}: defence.root_size = {self.root_size}: the pool holds {n} samples")
+                root = np.sort(generator(self.seed, "root").choice(n, self.root_size, replace=False))
+                keep = np.setdiff1d(np.arange(n), root)
+                self._root = root
+                labels = labels[keep]
+                extra = {k: v[keep] if isinstance(v, np.ndarray) and len(v) == n else v for k, v in extra.items()}
             try:
-                self._parts = spec.fn(
-                    self._arrays[1], self.num_clients, self.partition.params, generator(self.seed, "partition"), **extra
+                parts = spec.fn(
+                    labels, self.num_clients, self.partition.params, generator(self.seed, "partition"), **extra
                 )
             except ValueError as e:
                 raise DataError(f"{self.name}: partition {self.partition.kind}: {e}") from None
+            self._parts = parts if keep is None else [keep[np.asarray(p, dtype=np.int64)] for p in parts]
         return (*self._arrays, self._parts)
 
     def prepare(self) -> None:
@@ -293,6 +309,15 @@ class PooledSource(FederatedSource):
         else:
             xs, ys = self.transform(self.stored(self.pool()[0][idx]), self.pool()[1][idx], self.group_of(cid))
         return split_client(cid, xs, ys, self.splits, self.seed, input_dtype=None)
+
+    def root(self, cid: int) -> ClientData:
+        """FLTrust's root set as a shard that is all training data (``cid``: the id its random
+        streams use); the samples no client holds."""
+        x, y, _ = self.pool()
+        idx = self._root
+        xs = torch.from_numpy(np.ascontiguousarray(self.stored(x[idx])))
+        ys = torch.from_numpy(np.asarray(y[idx], dtype=np.int64))
+        return ClientData(cid, xs, ys, xs[:0], ys[:0], xs[:0], ys[:0])
 
     def source_test(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.pool()[2].holdout

@@ -137,19 +137,24 @@ class RoundDriver(FleetRounds):
             fleet.update(outcome)
         by_host = groups_by_host(assignment, self.transport.placement)
         each = self.robust is not None
+        root = self.robust.root_id if self.robust is not None and assignment else None
+        if root is not None:  # FLTrust: the server's update, trained on its root set by host 0
+            by_host[0][root] = 0
         parts = (
             self.transport.train(r, message, by_host, each=each, work=work or None, clip=self.dp_clip)
             if assignment
             else []
         )
         total, losses, compute = self._collect(r, parts)
+        root_reply = total.pop(root) if root is not None else None
+        losses.pop(root, None)
         round_metrics: dict[str, float] = {}
         upload_metrics: dict[str, float] = {}  # privacy's, communication's and the adversary's
         if assignment:  # a round nobody reported in leaves the server as it was
             if each:
                 assert self.robust is not None  # each client's reply is kept only for the robust round
                 with server_math():
-                    reduced, upload_metrics = self.robust.reduce(r, total, self.algo.update_origin(message))
+                    reduced, upload_metrics = self.robust.reduce(r, total, self.algo.update_origin(message), root_reply)
             else:
                 reduced = total.result()
             round_metrics = self._aggregate(r, message, reduced, upload_metrics)

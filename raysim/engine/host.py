@@ -86,7 +86,8 @@ class Host:
     def data(self, cid: int) -> ClientData:
         d = self._data.get(cid)
         if d is None:
-            d = self.source.client(cid)
+            # one past the last client: FLTrust's root set, which the server trains on (robust_round)
+            d = self.source.root(cid) if cid == self.sc.data.clients else self.source.client(cid)
             if cid in self._rank:  # a malicious client trains on its poisoned data
                 d = adversary.poisoned(self.sc, d, self.source.num_classes, self._image_shape(), self._rank[cid])
             d = self._data[cid] = d.to(self.device)
@@ -118,6 +119,8 @@ class Host:
         return {c: float(m[metric]) for c, (m, _) in zip(todo, self._drive(calls))}
 
     def state(self, cid: int) -> Any:
+        if cid == self.sc.data.clients:  # FLTrust's root set trains afresh each round (nothing to checkpoint)
+            self.states.pop(cid, None)
         if cid not in self.states:
             self.states[cid] = to_device(
                 self.algo.init_client(cid, rng.generator(self.sc.seed, "client_init", cid)), self.device

@@ -215,6 +215,17 @@ class FlameParams:
 
 
 @dataclass(frozen=True)
+class FLTrustParams:
+    root_size: int = field(
+        default=100,
+        metadata={
+            "min": 1,
+            "help": "samples drawn from the pool before the partition for the server's root set (the paper's 100)",
+        },
+    )
+
+
+@dataclass(frozen=True)
 class BucketingParams:
     s: int = field(default=2, metadata={"min": 1, "help": "bucket size"})
     weighted: bool = field(default=False, metadata={"help": "bucket means weighted by sample counts"})
@@ -367,7 +378,7 @@ def _signguard(inp: Inputs, p: SignGuardParams) -> Verdict:
     return Verdict(agg, kept)
 
 
-def _fltrust(inp: Inputs, p: NoParams) -> Verdict:
+def _fltrust(inp: Inputs, p: FLTrustParams) -> Verdict:
     if inp.root is None:
         raise ValueError("fltrust needs the server's root update g_0 (root=...)")
     agg, kept, _ = rr.fltrust(inp.U, inp.root.to(inp.U))
@@ -450,7 +461,7 @@ DEFENCES: dict[str, Defence] = {
         ),
         Defence("dnc", "Shejwalkar & Houmansadr, NDSS 2021", DnCParams, True, True, _dnc, _dnc_limit),
         Defence("signguard", "Xu et al., ICDCS 2022", SignGuardParams, False, True, _signguard, _signguard_limit),
-        Defence("fltrust", "Cao, Fang, Liu & Gong, NDSS 2021", NoParams, False, True, _fltrust, needs_root=True),
+        Defence("fltrust", "Cao, Fang, Liu & Gong, NDSS 2021", FLTrustParams, False, True, _fltrust, needs_root=True),
         Defence("flame", "Nguyen et al., USENIX Security 2022", FlameParams, False, True, _flame, _flame_limit),
     )
 }

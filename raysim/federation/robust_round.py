@@ -115,9 +115,18 @@ class RobustRound:
             return dfc.f
         return expected_malicious(self.sc.adversary, k, len(self.train_ids))
 
-    def reduce(self, r: int, replies: dict[int, Accumulator], origin: Any) -> tuple[Any, dict[str, float]]:
+    @property
+    def root_id(self) -> int | None:
+        """The id FLTrust's root set trains under (one past the last client), or None without it."""
+        return self.sc.data.clients if self.rule == "fltrust" else None
+
+    def reduce(
+        self, r: int, replies: dict[int, Accumulator], origin: Any, root: Accumulator | None = None
+    ) -> tuple[Any, dict[str, float]]:
         """The reply the method aggregates from each client's own (``replies``: {cid: its
-        Accumulator}), and the round's metrics (``malicious``, ``attack_*``, ``detection_*``)."""
+        Accumulator}), and the round's metrics (``malicious``, ``attack_*``, ``detection_*``);
+        ``root``: FLTrust's reply trained on the server's root set, whose update is g_0."""
+        root_tree = root.result() if root is not None else None
         cids = sorted(replies)
         total = Accumulator()
         for c in cids:
@@ -138,8 +147,11 @@ class RobustRound:
             U, w, floats = self._updates([at(each[c], path) for c in rows], base, leaf)
             mal = torch.tensor([c in self.malicious for c in rows])
             U = self._attack(r, path, U, mal, rows, K, f, stats)
+            g0 = None
+            if root_tree is not None and (lf := at(root_tree, path)) is not None and lf.weight > 0:
+                g0 = self._updates([lf], base, leaf)[0][0]
             agg, kept = self._defend(
-                r, path, U, w, max(0, math.ceil(f * len(rows) / K)) if K else 0, base, floats, stats
+                r, path, U, w, max(0, math.ceil(f * len(rows) / K)) if K else 0, base, floats, stats, g0
             )
             if kept is not None:
                 flagged += (~kept).tolist()
@@ -234,7 +246,8 @@ class RobustRound:
     def _simulated(self, r, path, f):
         """The defence Fang's attack on Krum simulates: the run's rule where it flags clients, else
         Krum, with f the attackers' count at least."""
-        rule = self.rule if robust.DEFENCES[self.rule].flags else "krum"
+        spec = robust.DEFENCES[self.rule]
+        rule = self.rule if spec.flags and not spec.needs_root else "krum"  # (FLTrust's g_0 is the server's)
         params = self.rule_params if rule == self.rule else None
 
         def kept(U: torch.Tensor):
@@ -244,7 +257,7 @@ class RobustRound:
 
         return kept
 
-    def _defend(self, r, path, U, w, f, base, floats, stats) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _defend(self, r, path, U, w, f, base, floats, stats, root=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The rule's aggregate of U and which rows it kept (None: a rule that flags no one)."""
         key = _key(path)
         g = rng.torch_generator(self.sc.seed, "defence", r, *path)
@@ -254,7 +267,7 @@ class RobustRound:
         if self.pre is not None and not robust.PREAGGREGATORS[self.pre.name].check(U.shape[0], f, self.pre.params):
             mixed = robust.preaggregate(self.pre.name, U, w, f, self.pre.params, generator=g, chunk=self.chunk)
             X, weights, groups = mixed.updates, mixed.weights, mixed.groups
-        if robust.DEFENCES[rule].check(X.shape[0], f, params):
+        if robust.DEFENCES[rule].check(X.shape[0], f, params) or (robust.DEFENCES[rule].needs_root and root is None):
             stats.setdefault("defence_fallbacks", []).append(1.0)
             rule, params = "median", None
         model = None
@@ -268,6 +281,7 @@ class RobustRound:
             params,
             generator=g,
             center=self.center.get(key),
+            root=root if robust.DEFENCES[rule].needs_root else None,
             model=model,
             chunk=self.chunk,
         )

@@ -160,7 +160,7 @@ def adversary_section(
 
 
 def defence_section(
-    ctx: Ctx, mapping, method, algorithm, topology, systems, privacy, communication
+    ctx: Ctx, mapping, method, algorithm, topology, systems, privacy, communication, data=None
 ) -> DefenceCfg | None:
     """The ``defence`` section (None when left out): the rule with its options, f, a pre-aggregator;
     with a topology, a gossip rule (``robust.GOSSIP_RULES``, f being BRIDGE's b)."""
@@ -192,10 +192,7 @@ def defence_section(
         lambda d: d.params,
     )
     if rule.name == "fltrust":
-        ctx.fail(
-            "defence.rule",
-            "fltrust needs a root set on the server, which raysim does not carve yet; choose another rule",
-        )
+        _fltrust(ctx, method, data)
     pre = None
     if mapping.get("preaggregate") not in (None, "none"):
         pre = component(
@@ -209,6 +206,26 @@ def defence_section(
         skip=("rule", "preaggregate"),
     )
     return replace(plain, rule=rule, preaggregate=pre)
+
+
+def _fltrust(ctx: Ctx, method, data) -> None:
+    """FLTrust's root set: carved from a pooled dataset's pool, trained on as FedAvg trains."""
+    from raysim.data import dataset
+
+    if not method.averages_one_model():
+        ctx.fail(
+            "defence.rule",
+            "fltrust scores each update against the server's update of the one model; use a method that "
+            "averages one model (fedavg, fedprox, ...)",
+        )
+    if data is not None:
+        if not dataset(data.dataset.name).pooled:
+            ctx.fail(
+                "defence.rule",
+                f"fltrust carves its root set from a pooled dataset's pool; {data.dataset.name} is not one",
+            )
+        if data.partition is not None and data.partition.name == "mixture":
+            ctx.fail("defence.rule", "fltrust's root set is not drawn from a mixture partition's sources")
 
 
 def byzantine_limits(

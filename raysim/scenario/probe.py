@@ -22,7 +22,11 @@ def make_source(sc: Scenario):
     d = sc.data
     part = PartitionCfg(d.partition.name, d.partition.params) if d.partition is not None else None
     splits = Splits(d.splits.train, d.splits.val, d.splits.test)
-    return build_source(d.dataset.name, d.dataset.params, d.clients, part, splits, sc.seed)
+    source = build_source(d.dataset.name, d.dataset.params, d.clients, part, splits, sc.seed)
+    dfc = getattr(sc, "defence", None)
+    if dfc is not None and dfc.rule.name == "fltrust":  # the server's root set, carved from the pool
+        source.root_size = dfc.rule.params.root_size
+    return source
 
 
 def split_unseen(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:

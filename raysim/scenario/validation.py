@@ -82,7 +82,7 @@ def validate(raw: dict, file: str, check_data: bool = True) -> Scenario:
     )
     robust = (method, algorithm, topology, systems, privacy, communication)
     adversary = adversary_sections.adversary_section(ctx, raw.get("adversary"), *robust, train_clients, data.clients)
-    defence = adversary_sections.defence_section(ctx, raw.get("defence"), *robust)
+    defence = adversary_sections.defence_section(ctx, raw.get("defence"), *robust, data)
     adversary_sections.byzantine_limits(ctx, adversary, defence, per_round, train_clients, topology)
     dataset, checkpoint, tracking, topology = _absolute_paths(data.dataset, checkpoint, tracking, topology)
     sc = Scenario(
