@@ -1,13 +1,13 @@
 """The Byzantine benchmark: every attack against every defence (FedAvg), and personalized and
 clustered methods under attack, as two grids of MLflow runs, their figures and tables in the docs.
 
-    python bench/byzantine.py                      # both grids, about 35 + 25 min on 2 cores
+    python bench/byzantine.py                      # both grids, about 40 + 25 min on 2 cores
     python bench/byzantine.py --only fashion       # one of them (fashion, methods)
-    python bench/byzantine.py --parent fashion=ID --tracking-uri URI   # runs already made
+    python bench/byzantine.py --parent fashion=ID[,ID2] --tracking-uri URI   # runs already made
     python bench/byzantine.py --points             # redraw from the committed points
 
-Runs ``scenarios/byzantine_fashion.yaml`` (7 attacks x 8 defences x {0, 10, 20, 30 %} malicious,
-224 runs) and ``scenarios/byzantine_methods.yaml`` (FedAvg, Ditto, FedRep, FedEM, IFCA x {mean,
+Runs ``scenarios/byzantine_fashion.yaml`` (7 attacks x 9 defences x {0, 10, 20, 30 %} malicious,
+252 runs) and ``scenarios/byzantine_methods.yaml`` (FedAvg, Ditto, FedRep, FedEM, IFCA x {mean,
 median} x 4 attacks x {0, 20 %}, 80 runs) on the serial engine, one after another, into a store
 of its own (``--tracking-uri``; default a temporary SQLite file), or reads the runs of the parents
 given. Each run's point (attack, method / defence, malicious share, the honest clients' final
@@ -51,9 +51,13 @@ def run_points(grid: str, uri: str, parent: str | None) -> tuple[list, float | N
         os.environ["MLFLOW_TRACKING_URI"] = uri
         sweep = raysim.run(str(GRIDS[grid]), engine="serial", concurrent=1)
     else:
-        sweep = raysim.load(parent, tracking_uri=uri)
+        sweep = None
+    results = list(sweep.runs.values()) if sweep is not None else []
+    for pid in (parent or "").split(","):  # a grid run in parts: several parents
+        if pid:
+            results += list(raysim.load(pid, tracking_uri=uri).runs.values())
     wall = time.perf_counter() - t0 if parent is None else None
-    runs = [Compared(r.summary, resolved(r.scenario) if r.scenario is not None else None) for r in sweep.runs.values()]
+    runs = [Compared(r.summary, resolved(r.scenario) if r.scenario is not None else None) for r in results]
     return points(runs), wall
 
 

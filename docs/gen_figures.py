@@ -33,6 +33,11 @@ ROUND = [
     ("host", "the replies summed in float64, in client-id order", "raysim.core.replies.Accumulator.add"),
     ("server", "the hosts' partial sums merged, in host order", "raysim.core.replies.Accumulator.merge"),
     ("server", "privacy: Gaussian noise on the sum", "raysim.federation.privacy.privatize"),
+    (
+        "server",
+        "Byzantine runs: the attack and the robust rule on each reply",
+        "raysim.federation.robust_round.RobustRound.reduce",
+    ),
     ("server", "the method's aggregation: the new server state", "raysim.algorithms.base.Algorithm.aggregate"),
     ("server", "the round's record into MLflow", "raysim.results.tracking.Tracker.log_round"),
 ]
