@@ -169,6 +169,11 @@ def test_min_sum_gamma_matches_its_closed_form():
     exact = math.sqrt((bound - spread) / (len(H) * (p @ p)))
     gamma = A.min_sum(t64(H), torch.zeros(1, 4, dtype=torch.float64), A.MinMaxParams(), gen()).info["gamma"]
     assert exact - 2e-5 <= gamma <= exact
+    # the official code's threshold, min_i Σ_j ‖∇_i − ∇_j‖² (bound: code): a smaller γ
+    low = ((H[:, None] - H[None]) ** 2).sum(-1).sum(1).min()
+    exact_code = math.sqrt(max(0.0, low - spread) / (len(H) * (p @ p)))
+    code = A.min_sum(t64(H), torch.zeros(1, 4, dtype=torch.float64), A.MinMaxParams(bound="code"), gen()).info["gamma"]
+    assert exact_code - 2e-5 <= code <= exact_code and code < gamma
 
 
 def test_the_search_is_algorithm_1s_halving():

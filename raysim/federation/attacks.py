@@ -33,7 +33,7 @@ not import the defences; Mimic keeps a ``MimicState`` that the caller passes bac
   run dev_type='std'), ``unit_vec`` −μ/‖μ‖, ``sign`` −sign(μ). γ is the largest
   that keeps max_i ‖∇m − ∇_i‖ ≤ max_{i,j} ‖∇_i − ∇_j‖ (Min-Max) or Σ_i ‖∇m − ∇_i‖² ≤ max_i Σ_j
   ‖∇_i − ∇_j‖² (Min-Sum; the official code compares with the min over i instead of the paper's
-  max), ∇_i the honest updates, found by Algorithm 1's search: γ = γ_init, step = γ_init; while
+  max: ``bound: code``), ∇_i the honest updates, found by Algorithm 1's search: γ = γ_init, step = γ_init; while
   |γ_succ − γ| > τ: on success γ_succ = γ, γ += step/2, else γ −= step/2; step /= 2 (the official
   code's halving). γ_init = 10, τ = 1e-5 as in the code; γ is at most 2γ_init. Every attacker sends ∇m.
 - ``fang`` (Fang, Cao, Jia & Gong, "Local Model Poisoning Attacks to Byzantine-Robust Federated
@@ -137,6 +137,13 @@ class MinMaxParams:
     )
     gamma_init: float = field(default=10.0, metadata={"gt": 0.0, "help": "γ_init, where the search starts"})
     tau: float = field(default=1e-5, metadata={"gt": 0.0, "help": "τ, the search's tolerance"})
+    bound: str = field(
+        default="paper",
+        metadata={
+            "choices": ("paper", "code"),
+            "help": "Min-Sum: the threshold max_i Σ_j ‖∇_i − ∇_j‖² (paper) or the official code's min_i",
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -255,7 +262,8 @@ def _agr_agnostic(H: torch.Tensor, M: torch.Tensor, p: MinMaxParams, objective: 
         def ok(gamma: float) -> bool:
             return float((gamma * gamma * pp - 2 * gamma * px + xx).max()) <= bound
     else:
-        bound = float(D.sum(1).max())
+        sums = D.sum(1)
+        bound = float(sums.max() if p.bound == "paper" else sums.min())
 
         def ok(gamma: float) -> bool:
             return float((gamma * gamma * pp - 2 * gamma * px + xx).sum()) <= bound
