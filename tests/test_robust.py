@@ -205,6 +205,16 @@ def test_dnc_scores_on_the_obvious_singular_vector():
     assert v.kept.tolist() == [False, True, True, False] and close(v.aggregate, [0.5, -0.5])
 
 
+@pytest.mark.parametrize("shape", [(7, 30), (30, 7)])
+def test_dnc_scores_from_the_gram_matrix_equal_numpys_svd(shape):
+    # the hand case above has K > b (4 rows, 2 columns); here both regimes against numpy's SVD
+    S = np.random.default_rng(1).normal(size=shape)
+    C = S - S.mean(axis=0)
+    v = np.linalg.svd(C, full_matrices=False)[2][0]
+    expected = (C @ v) ** 2
+    assert np.allclose(rr.dnc_scores(torch.from_numpy(S.copy())).numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
 def test_dnc_keeps_the_intersection_over_its_subsamples():
     # 6 clients in R^40: x4 is off in coordinates 0–19, x5 in 20–39; one coordinate at a time
     # (b = 1) over 30 draws, each draw removes the 2 highest, and a client survives only if

@@ -38,12 +38,16 @@ def points(runs: list[Compared]) -> list[Point]:
             continue
         clients = (sc.get("data") or {}).get("clients") or 1
         share = adv["fraction"] if adv.get("fraction") is not None else len(adv.get("clients") or ()) / clients
-        defence = (sc.get("defence") or {}).get("rule", "mean")
+        gossip = sc.get("topology") is not None
+        defence = (sc.get("defence") or {}).get("rule", "gossip" if gossip else "mean")
+        method = sc["algorithm"]["name"]
+        if gossip:  # a decentralized run: D-SGD, D-FedEM, ...
+            method = "d-sgd" if method == "fedavg" else f"d-{method}"
         asr = final.get("attack_success_rate")
         out.append(
             Point(
                 adv["attack"]["name"],
-                f"{sc['algorithm']['name']} / {defence}",
+                f"{method} / {defence}",
                 round(100 * float(share), 6),
                 float(final["honest_accuracy"]),
                 None if asr is None else float(asr),
