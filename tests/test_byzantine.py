@@ -384,11 +384,11 @@ def test_the_root_set_is_carved_from_the_pool_before_the_partition(tmp_path):
     sc = load(tmp_path, DIGITS, "defence={rule: fltrust, root_size: 100}")
     source = make_source(sc)
     held = np.concatenate([source._indices(c) for c in range(20)])
-    root = source.root(20)
+    root = source.root_set(20)
     assert root.num_train == 100 and len(source._root) == 100 and root.cid == 20
     assert len(held) == 1797 - 100 and not set(held.tolist()) & set(source._root.tolist())
     again = make_source(sc)
-    assert again.root(20).train_y.tolist() == root.train_y.tolist()  # drawn from (seed, "root")
+    assert again.root_set(20).train_y.tolist() == root.train_y.tolist()  # drawn from (seed, "root")
     plain = make_source(load(tmp_path, DIGITS))
     assert sum(plain.num_samples(c) for c in range(20)) == 1797
 

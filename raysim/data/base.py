@@ -183,7 +183,7 @@ class PooledSource(FederatedSource):
     name = "pool"
     image_shape: tuple[int, int] | None = None
     # FLTrust's root set (``defence.root_size``): that many pool samples drawn from (seed, "root")
-    # before the partition, so that no client holds them; the server trains on them (``root``)
+    # before the partition, so that no client holds them; the server trains on them (``root_set``)
     root_size = 0
 
     def __init__(self, clients: int, partition, splits: Splits, seed: int, groups: GroupParams | None = None):
@@ -310,7 +310,7 @@ class PooledSource(FederatedSource):
             xs, ys = self.transform(self.stored(self.pool()[0][idx]), self.pool()[1][idx], self.group_of(cid))
         return split_client(cid, xs, ys, self.splits, self.seed, input_dtype=None)
 
-    def root(self, cid: int) -> ClientData:
+    def root_set(self, cid: int) -> ClientData:
         """FLTrust's root set as a shard that is all training data (``cid``: the id its random
         streams use); the samples no client holds."""
         x, y, _ = self.pool()

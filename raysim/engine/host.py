@@ -87,7 +87,7 @@ class Host:
         d = self._data.get(cid)
         if d is None:
             # one past the last client: FLTrust's root set, which the server trains on (robust_round)
-            d = self.source.root(cid) if cid == self.sc.data.clients else self.source.client(cid)
+            d = self.source.root_set(cid) if cid == self.sc.data.clients else self.source.client(cid)
             if cid in self._rank:  # a malicious client trains on its poisoned data
                 d = adversary.poisoned(self.sc, d, self.source.num_classes, self._image_shape(), self._rank[cid])
             d = self._data[cid] = d.to(self.device)
