@@ -203,6 +203,20 @@ def test_fashion_mnist_reads_idx_files_and_its_pixels_decode_normalized(tmp_path
     assert abs(x[i == 0][0, 0, 5, 5].item() + 0.810198) < 1e-5
 
 
+def test_fltrusts_root_set_of_fashion_mnist_holds_pool_images_no_client_holds(tmp_path):
+    fashion_root(tmp_path, False)
+    src = fashion(tmp_path)
+    src.root_size = 5  # what defence: {rule: fltrust, root_size: 5} sets
+    root = src.root_set(5)
+    assert root.num_train == 5 and root.train_x.dtype == torch.uint8 and root.train_x.shape == (5, 1, 28, 28)
+
+    def index(x):  # each image's index, from its pixel (0, 0) = 5i
+        return set(torch.round((src.pixels(x)[:, 0, 0, 0] * STD + MEAN) * 255 / 5).long().tolist())
+
+    held = set().union(*(index(torch.cat([p.train_x, p.test_x])) for p in map(src.client, range(5))))
+    assert len(held) == 45 and not held & index(root.train_x) and held | index(root.train_x) == set(range(50))
+
+
 @pytest.mark.parametrize("dataset", ["fashion_mnist", "cifar10", "cifar100", "emnist"])
 def test_pixels_decode_to_the_floats_numpy_normalization_of_the_pool_gave(dataset):
     """Every value of every channel, bit for bit: (x / 255 - mean) / std in float32, as the
