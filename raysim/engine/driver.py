@@ -146,8 +146,10 @@ class RoundDriver(FleetRounds):
             else []
         )
         total, losses, compute = self._collect(r, parts)
-        root_reply = total.pop(root) if root is not None else None
-        losses.pop(root, None)
+        root_reply = None
+        if root is not None:
+            root_reply = total.pop(root)
+            losses.pop(root, None)
         round_metrics: dict[str, float] = {}
         upload_metrics: dict[str, float] = {}  # privacy's, communication's and the adversary's
         if assignment:  # a round nobody reported in leaves the server as it was

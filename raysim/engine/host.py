@@ -407,8 +407,8 @@ class Host:
             for bundle in inbox:
                 sources.update({j: to_device(m, self.device) for j, m in bundle.items()})
             if self.sc.adversary is not None or self.sc.defence is not None:
-                own = {c: self._honest.get(c, self._flat[c]) for c in self._rows.cids}
-                mixed = robust_gossip.robust_mix(self.sc, self._rows, sources, own)
+                mine = {c: self._honest.get(c, self._flat[c]) for c in self._rows.cids}
+                mixed = robust_gossip.robust_mix(self.sc, self._rows, sources, mine)
             else:
                 mixed = self._rows.mix(sources)
             if self.sc.communication is not None:  # CHOCO: x_i + γ (Σ_j w_ij x̂_j − x̂_i)

@@ -24,7 +24,10 @@ def make_source(sc: Scenario):
     splits = Splits(d.splits.train, d.splits.val, d.splits.test)
     source = build_source(d.dataset.name, d.dataset.params, d.clients, part, splits, sc.seed)
     dfc = getattr(sc, "defence", None)
-    if dfc is not None and dfc.rule.name == "fltrust":  # the server's root set, carved from the pool
+    if dfc is not None and dfc.rule is not None and dfc.rule.name == "fltrust":  # the server's root set
+        from raysim.data import PooledSource
+
+        assert isinstance(source, PooledSource)  # validation: fltrust needs a pooled dataset
         source.root_size = dfc.rule.params.root_size
     return source
 
@@ -87,7 +90,7 @@ def _gossip_rule(ctx: Ctx, sc: Scenario, topology) -> None:
     """A gossip rule that cannot run at a node of the first graph (BRIDGE's n_i ≥ 2b + 1); with
     failing links or nodes such a round's node mixes plainly instead (``defence_fallbacks``)."""
     t, dfc = sc.topology, sc.defence
-    if dfc is None or t.link_failure or t.node_failure:
+    if t is None or dfc is None or dfc.rule is None or t.link_failure or t.node_failure:
         return
     from raysim.federation import robust, robust_gossip
 
