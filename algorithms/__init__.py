@@ -18,6 +18,7 @@ from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedem import FedEM
+from .fedlc import FedLC
 from .fednova import FedNova
 from .fedper import FedPer
 from .fedprox import FedProx
@@ -69,7 +70,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
         FedBABU,
     )
 }
-REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova)})
+REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC)})
 
 
 def get(name: str) -> type[Algorithm]:

@@ -166,3 +166,43 @@ class Supervised(Objective):
                     grads[i].addcmul_(d, mu.to(d.dtype).view(-1, *[1] * (d.dim() - 1)))
         if "linear" in consts:
             torch._foreach_add_([grads[i] for i in keep], [consts["linear"][i] for i in keep])
+
+
+class LogitAdjusted(Objective):
+    """Logit adjustment: the task's loss on the outputs plus a per-job constant per class,
+    ℓ(z + o, y) with o the job's constant ``logit_offset`` (K, C) (FedLC's calibration
+    −τ·n_c^(−1/4); a balanced softmax's log prior is the same with o = log π). The data loss
+    reported is the plain ℓ(z, y). Its gradient is the task loss's at the model with the outputs
+    offset (``grad(params, offset=...)``), so chains of linear layers take the loop's by-hand
+    path. Classification: o has one entry per class logit."""
+
+    def __init__(self, task, trainable: tuple[bool, ...] | None = None):
+        self.task = task
+        self.trainable = trainable
+
+    def adjusted_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The per-sample loss of the offset outputs (K, B, C)."""
+        return self.task.per_sample(out, y)
+
+    def loss(self, forward, params, batch, consts, draws):
+        out = forward(params, batch.x)
+        per = self.adjusted_loss(out + consts["logit_offset"].unsqueeze(1), batch.y)
+        plain = self.task.per_sample(out.detach(), batch.y)
+        return (per * batch.weight).sum(1), (plain * batch.valid).sum(1)
+
+    def gradients(self, grad, params, batch, consts, draws):
+        _, g, out = grad(params, offset=consts["logit_offset"].unsqueeze(1), outputs=True)
+        return (self.task.per_sample(out, batch.y) * batch.valid).sum(1), g, {}
+
+
+class LogitAdjustedNotTrue(LogitAdjusted):
+    """``LogitAdjusted`` whose softmax leaves the sample's own class out of the denominator:
+    −z̃_y + log Σ_{j≠y} e^(z̃_j), z̃ = z + o (FedLC's loss as its paper prints it; unbounded
+    below, so it needs few local steps). Differentiated by autograd from ``loss``."""
+
+    gradients = Objective.gradients  # not the task loss at a point: the loop differentiates ``loss``
+
+    def adjusted_loss(self, out, y):
+        true = out.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        others = out.scatter(-1, y.unsqueeze(-1), float("-inf"))
+        return torch.logsumexp(others, dim=-1) - true
