@@ -19,6 +19,7 @@ from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedem import FedEM
 from .fedlc import FedLC
+from .fedntd import FedNTD
 from .fednova import FedNova
 from .fedper import FedPer
 from .fedprox import FedProx
@@ -70,7 +71,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
         FedBABU,
     )
 }
-REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC)})
+REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC, FedNTD)})
 
 
 def get(name: str) -> type[Algorithm]:

@@ -204,5 +204,12 @@ class LogitAdjustedNotTrue(LogitAdjusted):
 
     def adjusted_loss(self, out, y):
         true = out.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-        others = out.scatter(-1, y.unsqueeze(-1), float("-inf"))
-        return torch.logsumexp(others, dim=-1) - true
+        return torch.logsumexp(not_true(out, y), dim=-1) - true
+
+
+def not_true(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The logits of the classes other than each sample's own: (..., C) outputs and (...) class
+    ids -> (..., C − 1), the remaining classes in their order (FedLC's printed denominator,
+    FedNTD's not-true distillation)."""
+    keep = torch.ones_like(out, dtype=torch.bool).scatter(-1, y.unsqueeze(-1), False)
+    return out[keep].reshape(*out.shape[:-1], out.shape[-1] - 1)
