@@ -19,8 +19,8 @@ from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedem import FedEM
 from .fedlc import FedLC
-from .fedntd import FedNTD
 from .fednova import FedNova
+from .fedntd import FedNTD
 from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
