@@ -107,7 +107,10 @@ def draw(pts: list[Point], out: Path, stem: str = "byzantine") -> Path:
     plt = _plt()
     cols = min(4, len(attacks))
     rows = -(-len(attacks) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows + 0.9), squeeze=False, sharey=True)
+    legend_rows = -(-len(lines) // 4)
+    below = 0.15 + 0.2 * legend_rows  # inches under the panels for the legend
+    height = 3.2 * rows + below
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, height), squeeze=False, sharey=True)
     colors = {line: plt.cm.tab10(i % 10) for i, line in enumerate(lines)}
     table = []
     for ax, attack in zip(axes.flat, attacks):
@@ -125,12 +128,12 @@ def draw(pts: list[Point], out: Path, stem: str = "byzantine") -> Path:
         ax.set(title=attack, xlabel="malicious clients (%)")
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
-        ax.set_ylabel("honest accuracy (dashed: backdoor success)")
+        ax.set_ylabel("honest accuracy (dashed: ASR)")
     for ax in list(axes.flat)[len(attacks) :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(lines)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(lines) // 4), 1, 1))
+    fig.tight_layout(rect=(0, below / height, 1, 1))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{stem}.csv", "w", newline="") as f:
         w = csv.writer(f)
