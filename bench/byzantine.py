@@ -1,16 +1,17 @@
-"""The Byzantine benchmark: every attack against every defence (FedAvg), and personalized and
-clustered methods under attack, as two grids of MLflow runs, their figures and tables in the docs.
+"""The Byzantine benchmark: every attack against every defence (FedAvg), personalized and
+clustered methods under attack, and decentralized ones against robust gossip, as three grids of
+MLflow runs, their figures and tables in the docs.
 
-    python bench/byzantine.py                      # the three grids, about 40 + 25 + 15 min on 2 cores
+    python bench/byzantine.py                      # the three grids, about 40 + 30 + 35 min on 2 cores
     python bench/byzantine.py --only fashion       # one of them (fashion, methods, gossip)
     python bench/byzantine.py --parent fashion=ID[,ID2] --tracking-uri URI   # runs already made
     python bench/byzantine.py --points             # redraw from the committed points
 
 Runs ``scenarios/byzantine_fashion.yaml`` (7 attacks x 9 defences x {0, 10, 20, 30 %} malicious,
 252 runs) and ``scenarios/byzantine_methods.yaml`` (FedAvg, Ditto, FedRep, FedEM, IFCA x {mean,
-median} x 4 attacks x {0, 20 %}, 80 runs) and ``scenarios/byzantine_gossip.yaml`` (D-SGD and D-FedEM
-x {plain gossip, ClippedGossip, BRIDGE} x 4 attacks x {0, 20 %}, 48 runs) on the serial engine, one after another, into a store
-of its own (``--tracking-uri``; default a temporary SQLite file), or reads the runs of the parents
+median} x 4 attacks x {0, 20 %}, 80 runs) and ``scenarios/byzantine_gossip.yaml`` (D-SGD and
+D-FedEM x {plain gossip, ClippedGossip, BRIDGE} x 4 attacks x {0, 20 %}, 48 runs) on the serial
+engine, one after another, into a store of its own (``--tracking-uri``; default a temporary SQLite file), or reads the runs of the parents
 given. Each run's point (attack, method / defence, malicious share, the honest clients' final
 accuracy, the backdoor's success rate) goes to ``bench/results/byzantine_<grid>.csv``; the figure
 ``docs/results/byzantine_<grid>.png`` and the tables between the ``<!-- byzantine-<grid> -->``
@@ -33,6 +34,7 @@ ROOT = HERE.parent
 GRIDS = {
     "fashion": ROOT / "scenarios" / "byzantine_fashion.yaml",
     "methods": ROOT / "scenarios" / "byzantine_methods.yaml",
+    "gossip": ROOT / "scenarios" / "byzantine_gossip.yaml",
 }
 PAGE = ROOT / "docs" / "results" / "byzantine.md"
 FIELDS = ("attack", "line", "share", "honest", "asr")
