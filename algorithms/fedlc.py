@@ -79,7 +79,8 @@ class FedLC(FedAvg):
     personal = "nothing"
     sends = "its model, weighted by n_k"
     Hyper = FedLCHyper
-    decentralized = False  # the paper has a server
+    decentralized = False
+    no_gossip = "its paper and ports define it on a server's FedAvg round; no gossip form is published"
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)

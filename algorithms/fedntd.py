@@ -80,7 +80,8 @@ class FedNTD(FedAvg):
     personal = "nothing"
     sends = "its model, weighted by n_k"
     Hyper = FedNTDHyper
-    decentralized = False  # the teacher is the server's global model
+    decentralized = False
+    no_gossip = "its teacher is the server's global model, which a gossip network does not have"
 
     def __init__(self, hyper, model_fn, rounds, task):
         super().__init__(hyper, model_fn, rounds, task)
