@@ -51,15 +51,13 @@ trained model is mixed with its neighbours, and the previous local model stays o
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
-from raysim.core import forward as fwd
+from raysim.core.features import Features
 
 from .base import Objective
 from .fedavg import FedAvg, FedAvgHyper
@@ -82,49 +80,6 @@ class MOONState:
     prev: list[torch.Tensor]  # the client's local model after its last round
 
 
-def split_model(model: nn.Module, body: tuple[int, ...]) -> tuple[nn.Sequential, nn.Sequential]:
-    """A sequence of layers (``nn.Sequential``) as (body, head) sequences whose parameters are,
-    in order, the body's and the head's: the body ends before the first layer with a head
-    parameter (activations and flattening before it are the body's). ValueError where the model
-    is not a sequence of layers or its head is not its last layers."""
-    if not isinstance(model, nn.Sequential):
-        raise ValueError(f"{type(model).__name__} is not a sequence of layers (nn.Sequential)")
-    leaves = fwd.layers(model)
-    ids = [id(p) for p in model.parameters()]
-    body_ids = {ids[i] for i in body}
-    cut = next((i for i, m in enumerate(leaves) if any(id(p) not in body_ids for p in m.parameters())), len(leaves))
-    first, second = nn.Sequential(*leaves[:cut]), nn.Sequential(*leaves[cut:])
-    if [id(p) for p in first.parameters()] + [id(p) for p in second.parameters()] != ids or {
-        id(p) for p in first.parameters()
-    } != body_ids:
-        raise ValueError("MOON needs the head to be the model's last layers (model.head)")
-    return first, second
-
-
-class _HeadInput:
-    """Any other model: the whole model run set by set (``functional_call``), the input of its
-    head's first layer caught by a forward pre-hook. The representation is then whatever that
-    layer receives (for the zoo's ResNets and VGGs the pooled, flattened features)."""
-
-    def __init__(self, model: nn.Module, head: tuple[int, ...]):
-        self.model = model
-        self.names = [n for n, _ in model.named_parameters()]
-        target = list(model.parameters())[head[0]]
-        layer = next(m for m in model.modules() if any(p is target for p in m.parameters(recurse=False)))
-        self.caught: list[torch.Tensor] = []
-        layer.register_forward_pre_hook(lambda _m, args: self.caught.append(args[0]))
-
-    def __call__(self, params: list[torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(representations (K, B, ...), outputs (K, B, ...)) of the K stacked sets."""
-        outs, zs = [], []
-        for k in range(x.shape[0]):
-            self.caught.clear()
-            outs.append(functional_call(self.model, {n: p[k] for n, p in zip(self.names, params)}, (x[k],)))
-            zs.append(self.caught[0])
-        self.caught.clear()
-        return torch.stack(zs), torch.stack(outs)
-
-
 class MOONObjective(Objective):
     """CE of the model + μ·ℓ_con on the body's outputs; constants ``glob`` and ``prev``: the
     parameters of the global and of the previous local model (frozen; a sequence of layers
@@ -133,31 +88,13 @@ class MOONObjective(Objective):
     def __init__(self, task, model: nn.Module, body: tuple[int, ...], head: tuple[int, ...], mu: float, tau: float):
         self.task, self.mu, self.tau = task, mu, tau
         self.body_idx, self.head_idx = body, head
-        try:
-            b, h = split_model(model, body)
-            self.body_only = True
-        except ValueError:
-            self.body_only = False
-        if self.body_only:
-            frozen = copy.deepcopy(b).eval()
-            self.modules = [b, h, frozen]
-            self.body, self.head, self.frozen = fwd.make_forward(b), fwd.make_forward(h), fwd.make_forward(frozen)
-        else:
-            frozen = copy.deepcopy(model).eval()
-            self.modules = [model, frozen]
-            self.whole, self.frozen_whole = _HeadInput(model, head), _HeadInput(frozen, head)
-        self.device = torch.device("cpu")
-
-    def to(self, device: torch.device) -> None:
-        """The layers' buffers, if any, where the parameters are (the first call on a device)."""
-        if device != self.device:
-            for m in self.modules:
-                m.to(device)
-            self.device = device
+        self.live = Features(model, body, head)
+        self.frozen = Features(model, body, head, frozen=True)
+        self.body_only = self.live.body_only
 
     def const_params(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """What of a frozen model's parameters the job carries."""
-        return [params[i] for i in self.body_idx] if self.body_only else list(params)
+        return self.frozen.carried(params)
 
     def contrastive(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
         """ℓ_con per sample: (K, B, d) representations -> (K, B)."""
@@ -166,12 +103,7 @@ class MOONObjective(Objective):
         return -pos + torch.logaddexp(pos, neg)
 
     def loss(self, forward, params, batch, consts, draws):
-        self.to(batch.x.device)
-        if self.body_only:
-            z = self.body([params[i] for i in self.body_idx], batch.x)
-            out = self.head([params[i] for i in self.head_idx], z)
-        else:
-            z, out = self.whole(params, batch.x)
+        z, out = self.live(params, batch.x)
         per = self.task.per_sample(out, batch.y)
         loss = (per * batch.weight).sum(1)
         if self.mu:
@@ -183,9 +115,7 @@ class MOONObjective(Objective):
     def frozen_reps(self, x: torch.Tensor, consts: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """z_glob and z_prev: the frozen models' representations of the batch."""
         with torch.no_grad():
-            if self.body_only:
-                return self.frozen(consts["glob"], x), self.frozen(consts["prev"], x)
-            return self.frozen_whole(consts["glob"], x)[0], self.frozen_whole(consts["prev"], x)[0]
+            return self.frozen.z(consts["glob"], x), self.frozen.z(consts["prev"], x)
 
     # the contrastive gradient enters the hand-written backward pass at the head's input
     # (``grad(..., hidden=...)``), which only chains of linear layers have; other models train
@@ -196,7 +126,6 @@ class MOONObjective(Objective):
         """``loss``'s gradients by the loop's hand-written backward pass: the cross-entropy's
         error passed down through the head, plus μ·∂ℓ_con/∂z at the representation z (the
         head's input), taken by autograd over the (K, B, d) representations alone."""
-        self.to(batch.x.device)
         if not self.mu:
             seen, g = grad(params)
             return seen, g, {}

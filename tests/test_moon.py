@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from raysim.algorithms.base import Received
-from raysim.algorithms.moon import MOONState, split_model
+from raysim.algorithms.moon import MOONState
+from raysim.core.features import split_model
 from raysim.core.loop import Batch
 from raysim.engine.serial import serial_driver
 from raysim.scenario import config
