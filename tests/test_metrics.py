@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 from conftest import write_scenario
 
@@ -264,3 +265,20 @@ def test_compare_over_clients_and_chosen_metrics(digits, tmp_path):
         in (tmp_path / "compare.md").read_text().splitlines()
     )
     assert cli.main(["compare", rid, "--tracking-uri", uri, "--out", str(tmp_path), "--metrics", "nope"]) == 2
+
+
+def test_fairness_numbers_of_the_clients_accuracies_by_hand():
+    # accuracies .2, .5, .9, .4 (N = 4: the worst and best 10 % are one client each)
+    got = summarize({c: ({"accuracy": a}, 5 + c) for c, a in enumerate([0.2, 0.5, 0.9, 0.4])})
+    assert got["worst_accuracy"] == 0.2 and got["worst10_accuracy"] == 0.2 and got["best10_accuracy"] == 0.9
+    # normalized: (.1, .25, .45, .2); H = .230259 + .346574 + .359328 + .321888 = 1.258048, scipy's entropy agrees
+    assert got["entropy_accuracy"] == pytest.approx(1.258048, abs=1e-6)
+    assert got["entropy_accuracy"] == pytest.approx(scipy.stats.entropy([0.2, 0.5, 0.9, 0.4]))
+    # N = 20: ⌊0.1·N⌋ = 2 clients; a client with a 0 adds nothing to the entropy (0·log 0 = 0)
+    accs = [0.0, 0.1] + [0.5] * 16 + [0.8, 1.0]
+    got = summarize({c: ({"accuracy": a, "test_loss": 1.0}, 3) for c, a in enumerate(accs)}, "val_")
+    assert got["val_worst10_accuracy"] == pytest.approx(0.05) and got["val_best10_accuracy"] == pytest.approx(0.9)
+    assert got["val_entropy_accuracy"] == pytest.approx(scipy.stats.entropy(accs))
+    assert "val_worst_test_loss" not in got  # accuracies only
+    # every client equal: the entropy is log N, its largest value
+    assert summarize({c: ({"accuracy": 0.7}, 1) for c in range(8)})["entropy_accuracy"] == pytest.approx(math.log(8))

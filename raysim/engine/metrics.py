@@ -1,6 +1,6 @@
 """The clients' numbers as the server reduces them: the checks that stop a diverged run
 (``Diverged``), the mean training loss, and an evaluation's summaries (means, spreads, bottom
-deciles; the validation metrics), summed in client-id order so that no host count changes them."""
+deciles, the fairness papers' worst-client numbers; the validation metrics), summed in client-id order so that no host count changes them."""
 
 from __future__ import annotations
 
@@ -78,6 +78,25 @@ def summarize(results: dict[int, tuple[dict[str, float], int]], prefix: str = ""
         v = np.array([x for x, _ in vals], dtype=np.float64)
         out[f"{prefix}{name}"], out[f"{prefix}{name}_std"] = mean_std(v, [n for _, n in vals])
         out[f"{prefix}bottom_decile_{name}"] = float(np.percentile(v, 90 if lower_is_better(name) else 10))
+        if name.endswith("accuracy"):
+            out.update({f"{prefix}{k}_{name}": x for k, x in fairness(v).items()})
+    return out
+
+
+def fairness(acc: np.ndarray) -> dict[str, float]:
+    """What the fairness papers report of the clients' accuracies a_k (one per client with a
+    test split, unweighted): the worst client's (AFL's worst domain); the mean of the worst and
+    of the best 10 % (q-FFL's: the ⌊0.1·N⌋ lowest and highest, at least one client); and the
+    entropy H(ā) = −Σ_k ā_k·log ā_k of the normalized accuracies ā_k = a_k / Σ_j a_j (q-FFL's
+    appendix; log N at perfect uniformity, its KL from uniform is log N − H). Keys: ``worst``,
+    ``worst10``, ``best10``, ``entropy`` (the last absent where every accuracy is 0)."""
+    a = np.sort(acc)
+    m = max(1, int(0.1 * len(a)))
+    out = {"worst": float(a[0]), "worst10": float(a[:m].mean()), "best10": float(a[-m:].mean())}
+    total = a.sum()
+    if total > 0:
+        p = a[a > 0] / total
+        out["entropy"] = float(-(p * np.log(p)).sum())
     return out
 
 
