@@ -8,6 +8,7 @@ imports nothing of raysim's but ``raysim.core`` and ``raysim.plugins``.
 
 from raysim import plugins
 
+from .afl import AFL
 from .apfl import APFL
 from .base import Algorithm
 from .cfl import CFL
@@ -35,9 +36,11 @@ from .moon import MOON
 from .perfedavg import PerFedAvg
 from .pfedhn import PFedHN
 from .pfedme import PFedMe
+from .qffl import QFFL
 from .scaffold import Scaffold
 from .sosicfl import SosicFL, SosicFLPlus
 from .superfed import SuPerFedLM, SuPerFedMM
+from .term import TERM
 
 REGISTRY: dict[str, type[Algorithm]] = {
     a.name: a
@@ -71,7 +74,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
         FedBABU,
     )
 }
-REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC, FedNTD)})
+REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC, FedNTD, QFFL, TERM, AFL)})
 
 
 def get(name: str) -> type[Algorithm]:

@@ -203,6 +203,13 @@ class Algorithm:
         out = self.outputs(sets, x, device)
         return self.task.per_sample(out, y.expand(out.shape[0], *y.shape))
 
+    def train_loss(self, params: list[torch.Tensor], data: ClientData, ctx: Context) -> float:
+        """F_k(w): the mean task loss of ``params`` over the client's whole train split, before it
+        trains (q-FFL's, TERM's and AFL's client loss; one pass, no gradient)."""
+        if data.num_train == 0:
+            return 0.0
+        return float(self.losses([params], data.train_x, data.train_y, ctx.device).to(torch.float64).mean())
+
     def warm_up(self, input_shape: tuple[int, ...], device: torch.device) -> None:
         """One forward/backward pass on zeros, so one-time setup (oneDNN primitives, the
         autograd engine, a CUDA context) happens when a host starts, not in round 1's timing."""
