@@ -20,6 +20,9 @@ paths of their own, in one sweep (one Ray start):
   each job's noise from its client's generator, the server's count of each client's rounds;
 - FedLC: each client's calibration from its own label counts (a job constant);
 - FedNTD: the received global model as the distillation's frozen teacher (a job constant);
+- AFL: a statistics round over every client each round, each client's λ_k its own group's
+  part, and the clients scored with the average of the iterates (an evaluation group);
+- TERM: a statistics round over the round's sampled clients, their tilted weights as parts;
 
 each also scoring its clients' validation split (``val_*``, the summary's ``val_best_round`` and
 ``test_at_val_best_*``). The Ray runs go one after another, each finished run's host actors
@@ -49,6 +52,8 @@ sweep:
   dp-sgd: {privacy: {level: sample, clip: 0.5, noise_multiplier: 1.0}}
   fedlc: {algorithm.name: fedlc, model: {name: mlp, hidden: [8]}}
   fedntd: {algorithm.name: fedntd, model: {name: mlp, hidden: [8]}}
+  afl: {algorithm: {name: afl, lambda_lr: 0.5}}
+  term: {algorithm: {name: term, t: 2.0}}
 """
 
 
@@ -70,7 +75,7 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
         ).stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())["variants"]
     # hosts started (Ray itself by the sweep, before its runs): the first run's, FedBN's (other
-    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other ten took the last run's.
+    # CPUs) and pFedHN's (the parked ones have FedBN's shape); the other twelve took the last run's.
     # Host 0 runs in the driver's process, so each run has two actors
     boots = [ln.split("raysim: ")[-1] for ln in said["ray"].splitlines() if "host actor" in ln]
     three = "2 host actors (host 0 in this process) ..."
@@ -78,9 +83,9 @@ def test_stateful_methods_on_three_ray_hosts_equal_the_serial_engine(tmp_path):
         [f"starting {three}"]
         + [f"reusing the previous run's {three}"] * 5
         + [f"starting {three}"] * 2
-        + [f"reusing the previous run's {three}"] * 5
+        + [f"reusing the previous run's {three}"] * 7
     )
-    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 13
+    assert sorted(out["ray"]) == sorted(out["serial"]) and len(out["ray"]) == 15
     for variant, serial in out["serial"].items():
         on_ray = out["ray"][variant]
         assert on_ray["final"] == serial["final"], variant
