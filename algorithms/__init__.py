@@ -23,6 +23,7 @@ from .fedlc import FedLC
 from .fednova import FedNova
 from .fedntd import FedNTD
 from .fedper import FedPer
+from .fedproto import FedProto
 from .fedprox import FedProx
 from .fedrep import FedRep
 from .fedrod import FedRoD
@@ -74,7 +75,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
         FedBABU,
     )
 }
-REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC, FedNTD, QFFL, TERM, AFL)})
+REGISTRY.update({a.name: a for a in (PerFedAvg, FedRoD, FedNova, FedLC, FedNTD, QFFL, TERM, AFL, FedProto)})
 
 
 def get(name: str) -> type[Algorithm]:
