@@ -282,3 +282,10 @@ def test_fairness_numbers_of_the_clients_accuracies_by_hand():
     assert "val_worst_test_loss" not in got  # accuracies only
     # every client equal: the entropy is log N, its largest value
     assert summarize({c: ({"accuracy": 0.7}, 1) for c in range(8)})["entropy_accuracy"] == pytest.approx(math.log(8))
+
+
+def test_the_compare_table_shows_accuracies_in_percent_but_not_their_entropy():
+    from raysim.results.tables import percent
+
+    assert percent("worst_accuracy") and percent("val_worst10_accuracy") and percent("accuracy")
+    assert not percent("entropy_accuracy") and not percent("test_loss")

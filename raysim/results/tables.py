@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 def percent(metric: str) -> bool:
-    """Shown in %: accuracies (top-1, top-5, global, best, ...)."""
-    return "accuracy" in metric.split("_")
+    """Shown in %: accuracies (top-1, top-5, global, best, worst, ...), not the entropy of their
+    distribution over clients (``entropy_accuracy``, in nats)."""
+    parts = metric.split("_")
+    return "accuracy" in parts and "entropy" not in parts
 
 
 def _fmt(metric: str, mean: float | None, std: float | None) -> str:
