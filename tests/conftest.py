@@ -39,3 +39,16 @@ def tiny_scenario(tmp_path):
         TINY + f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\ncheckpoint: {{every: 1, dir: '{tmp_path}/ck'}}\n"
     )
     return write_scenario(tmp_path, text)
+
+
+def last_record(tmp_path: Path, text: str, *overrides: str) -> dict:
+    """The last history record of the scenario ``text`` (with ``overrides``) run by the serial
+    engine on 2 hosts through all its rounds: what the methods' learning tests compare."""
+    from raysim.engine.serial import serial_driver
+    from raysim.scenario import config
+
+    sc = config.load(write_scenario(tmp_path, text), list(overrides))
+    d = serial_driver(sc, 2)
+    for _ in range(sc.rounds):
+        d.step()
+    return d.history[-1]

@@ -119,15 +119,10 @@ resources: {hosts: 2}
 
 
 def test_afl_and_term_raise_the_worst_clients_accuracy_above_fedavgs(tmp_path):
-    from raysim.engine.serial import serial_driver
-    from raysim.scenario import config
-    from tests.conftest import write_scenario
+    from tests.conftest import last_record
 
     def final(name, *over):
-        d = serial_driver(config.load(write_scenario(tmp_path, SKEWED.replace("NAME", name)), list(over)), 2)
-        for _ in range(30):
-            d.step()
-        return d.history[-1]
+        return last_record(tmp_path, SKEWED.replace("NAME", name), *over)
 
     fedavg, afl, term, qffl = final("fedavg"), final("afl"), final("term", "algorithm.t=5"), final("qffl")
     # measured: worst client FedAvg .263, AFL .526, TERM (t 5) .368; mean accuracy .861, .861,

@@ -99,15 +99,10 @@ resources: {hosts: 2}
 
 
 def test_fedntd_learns_a_label_skewed_split_at_least_as_well_as_fedavg(tmp_path):
-    from raysim.engine.serial import serial_driver
-    from raysim.scenario import config
-    from tests.conftest import write_scenario
+    from tests.conftest import last_record
 
     def final(name):
-        d = serial_driver(config.load(write_scenario(tmp_path, DIRICHLET.replace("NAME", name))), 2)
-        for _ in range(30):
-            d.step()
-        return d.history[-1]["accuracy"]
+        return last_record(tmp_path, DIRICHLET.replace("NAME", name))["accuracy"]
 
     fedavg, fedntd = final("fedavg"), final("fedntd")
     # measured: FedAvg 0.787, FedNTD 0.828 (chance 0.1)

@@ -106,15 +106,10 @@ resources: {hosts: 2}
 
 
 def test_fedproto_learns_two_classes_per_client_above_fedavg(tmp_path):
-    from raysim.engine.serial import serial_driver
-    from raysim.scenario import config
-    from tests.conftest import write_scenario
+    from tests.conftest import last_record
 
     def final(name):
-        d = serial_driver(config.load(write_scenario(tmp_path, SHARDS.replace("NAME", name))), 2)
-        for _ in range(30):
-            d.step()
-        return d.history[-1]
+        return last_record(tmp_path, SHARDS.replace("NAME", name))
 
     fedavg, fedproto = final("fedavg"), final("fedproto")
     # measured: FedAvg 0.836; FedProto 0.989 by nearest prototype, 0.978 by its own classifier
